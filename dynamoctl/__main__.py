@@ -1,0 +1,3 @@
+from dynamoctl.cli import main
+
+main()

@@ -1,0 +1,268 @@
+"""A process's handle on discovery: one lease kept alive, keys registered under it,
+watches that survive outages.
+
+Policy (DESIGN §3): losing the lease never ends the process. The keepalive loop notices
+(the store says the lease is gone, or a put names a dead lease), grants a new lease with
+jittered backoff and writes every registered key again. Dynamo instead exits on lease
+loss (ai-dynamo issue #3493); a 70B worker that takes ten minutes to load must not die
+because etcd blinked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from types import TracebackType
+from typing import TypeVar
+
+from dynamoctl.discovery.api import (
+    DiscoveryError,
+    EventKind,
+    LeaseNotFound,
+    Store,
+    StoreUnavailable,
+    WatchCompacted,
+    WatchEvent,
+)
+from dynamoctl.util.backoff import Backoff
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+class DiscoveryUnavailable(DiscoveryError):
+    """Discovery could not be reached within the caller's bound."""
+
+
+class Discovery:
+    """Registration and lookup for one process.
+
+    Use as ``async with Discovery(store, lease_ttl=10) as disc: await disc.register(...)``.
+    Keys given to :meth:`register` live exactly as long as this process keeps its lease;
+    :meth:`close` revokes the lease so they vanish at once on a clean exit.
+    """
+
+    def __init__(self, store: Store, lease_ttl: float = 10.0, connect_timeout: float = 30.0):
+        if lease_ttl < 2:
+            raise ValueError(f"lease_ttl must be >= 2 s (etcd's floor), got {lease_ttl}")
+        self.store = store
+        self.lease_ttl = lease_ttl
+        self.connect_timeout = connect_timeout
+        self.lease_epoch = 0
+        """Incremented on every lease grant: 1 after start, +1 per recovery."""
+        self._lease: int | None = None
+        self._registered: dict[str, bytes] = {}
+        self._dirty = False  # some registered key may be missing from the store
+        self._keepalive: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()  # serialises lease (re)grants with registrations
+
+    @property
+    def lease(self) -> int | None:
+        return self._lease
+
+    async def start(self) -> Discovery:
+        """Grant the lease (retrying up to ``connect_timeout``) and start keeping it alive."""
+        await self._retry(self._grant, "grant a lease")
+        self._keepalive = asyncio.create_task(self._keepalive_loop(), name="discovery-keepalive")
+        return self
+
+    async def close(self, revoke: bool = True) -> None:
+        """Stop the keepalive; with ``revoke`` every registered key disappears now."""
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keepalive
+            self._keepalive = None
+        if revoke and self._lease is not None:
+            try:
+                await asyncio.wait_for(self.store.revoke(self._lease), 2.0)
+            except (DiscoveryError, asyncio.TimeoutError) as exc:
+                log.warning(
+                    "could not revoke lease at %s (%s): keys expire within %.0fs",
+                    self.store.location,
+                    exc,
+                    self.lease_ttl,
+                )
+        self._lease = None
+        await self.store.close()
+
+    async def __aenter__(self) -> Discovery:
+        return await self.start()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # -- registration -------------------------------------------------------------
+
+    async def register(self, key: str, value: bytes) -> None:
+        """Write ``key`` under this process's lease; rewritten after any lease loss.
+
+        Retries while the store is unreachable, up to ``connect_timeout``.
+        """
+        if self._keepalive is None:
+            raise RuntimeError("Discovery.start() must run before register()")
+        self._registered[key] = value
+
+        async def put() -> None:
+            async with self._lock:
+                assert self._lease is not None
+                try:
+                    await self.store.put(key, value, self._lease)
+                except LeaseNotFound:
+                    await self._recover("a put found the lease gone")
+
+        await self._retry(put, f"register {key}")
+
+    async def unregister(self, key: str) -> None:
+        self._registered.pop(key, None)
+        await self._retry(lambda: self.store.delete(key), f"unregister {key}")
+
+    async def get(self, key: str) -> bytes | None:
+        return await self.store.get(key)
+
+    async def list(self, prefix: str) -> dict[str, bytes]:
+        return (await self.store.list(prefix)).items
+
+    async def put(self, key: str, value: bytes) -> None:
+        """Write a key that outlives this process (no lease): supervisor state only."""
+        await self.store.put(key, value)
+
+    async def delete(self, key: str) -> bool:
+        return await self.store.delete(key)
+
+    # -- watching -----------------------------------------------------------------
+
+    async def watch(self, prefix: str, initial: bool = True) -> AsyncIterator[WatchEvent]:
+        """Every change under ``prefix``, forever; with ``initial``, current keys first.
+
+        Outages and compaction are healed by re-listing: the consumer then receives the
+        difference (PUT for new or changed keys, DELETE for vanished ones), so its view
+        converges on the store's without ever seeing a gap.
+        """
+        known: dict[str, bytes] = {}
+        first = True
+        backoff = Backoff(base=0.1, cap=max(0.5, self.lease_ttl / 3))
+        while True:
+            try:
+                listing = await self.store.list(prefix)
+            except StoreUnavailable as exc:
+                log.warning("watch %s: %s; retrying", prefix, exc)
+                await asyncio.sleep(backoff.next())
+                continue
+            for key in sorted(known.keys() - listing.items.keys()):
+                yield WatchEvent(EventKind.DELETE, key)
+            for key, value in listing.items.items():
+                if (initial or not first) and known.get(key) != value:
+                    yield WatchEvent(EventKind.PUT, key, value)
+            known, first = dict(listing.items), False
+            try:
+                async for event in self.store.watch(prefix, listing.revision):
+                    backoff.reset()
+                    if event.kind is EventKind.DELETE:
+                        if known.pop(event.key, None) is None:
+                            continue  # delete of a key we never saw: nothing to report
+                    else:
+                        assert event.value is not None
+                        known[event.key] = event.value
+                    yield event
+            except (StoreUnavailable, WatchCompacted) as exc:
+                log.warning("watch %s interrupted (%s); re-listing", prefix, exc)
+                await asyncio.sleep(backoff.next())
+
+    # -- lease upkeep ---------------------------------------------------------------
+
+    async def _grant(self) -> None:
+        self._lease = await self.store.grant(self.lease_ttl)
+        self.lease_epoch += 1
+
+    async def _recover(self, why: str) -> None:
+        """Grant a new lease and rewrite every registered key (caller holds the lock)."""
+        log.warning(
+            "discovery lease lost (%s); re-registering %d key(s) at %s",
+            why,
+            len(self._registered),
+            self.store.location,
+        )
+        self._dirty = True
+        await self._grant()
+        await self._rewrite()
+
+    async def _rewrite(self) -> None:
+        assert self._lease is not None
+        for key, value in list(self._registered.items()):
+            await self.store.put(key, value, self._lease)
+        self._dirty = False
+
+    async def _keepalive_loop(self) -> None:
+        interval = self.lease_ttl / 3
+        backoff = Backoff(base=0.1, cap=interval)
+        down_since: float | None = None
+        delay = interval
+        while True:
+            await asyncio.sleep(delay)
+            try:
+                async with self._lock:
+                    assert self._lease is not None
+                    if not await self.store.keepalive(self._lease):
+                        await self._recover("keepalive found it expired")
+                    elif self._dirty:
+                        await self._rewrite()
+            except StoreUnavailable as exc:
+                if down_since is None:
+                    down_since = time.monotonic()
+                    log.warning(
+                        "%s; registrations expire after %.0fs without it, retrying",
+                        exc,
+                        self.lease_ttl,
+                    )
+                self._dirty = True  # the store may come back empty (a wiped etcd)
+                delay = backoff.next()
+                continue
+            except LeaseNotFound:
+                self._dirty = True
+                delay = backoff.next()
+                continue
+            if down_since is not None:
+                log.info(
+                    "discovery at %s reachable again after %.1fs",
+                    self.store.location,
+                    time.monotonic() - down_since,
+                )
+                down_since = None
+            backoff.reset()
+            delay = interval
+
+    async def _retry(self, op: Callable[[], Awaitable[T]], what: str) -> T:
+        """Run ``op`` until it stops raising StoreUnavailable or ``connect_timeout`` passes."""
+        deadline = time.monotonic() + self.connect_timeout
+        backoff = Backoff(base=0.1, cap=2.0)
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return await op()
+            except StoreUnavailable as exc:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise DiscoveryUnavailable(
+                        f"could not {what}: {self.store.backend} discovery at "
+                        f"{self.store.location} unreachable for {self.connect_timeout:.0f}s "
+                        f"({exc}). Is it running, and are the recipe's discovery settings "
+                        "right?"
+                    ) from exc
+                log.warning(
+                    "could not %s (attempt %d): %s; retrying, giving up in %.0fs",
+                    what,
+                    attempt,
+                    exc,
+                    left,
+                )
+                await asyncio.sleep(min(backoff.next(), left))

@@ -1,0 +1,254 @@
+"""Embedded discovery: etcd's lease/watch semantics in a SQLite file, no server to run.
+
+Every process on the host opens the same database file (WAL mode, so readers never block
+the writer). Expiry needs no daemon: a lease stores its deadline, and every transaction
+first reaps expired leases, deleting their keys and logging the deletions, so a process
+killed with -9 loses its keys within TTL plus one watcher poll. Watches poll an
+append-only change log by revision; the log is pruned, and a watcher that fell behind the
+pruned head gets :class:`WatchCompacted` and re-lists, exactly like an etcd watch.
+
+Deadlines use ``CLOCK_MONOTONIC``, which Linux shares across processes: wall-clock jumps
+(NTP, an operator's ``date``) cannot expire every lease at once. Monotonic time restarts
+at boot, so the file records the boot id and forgets the leases of an earlier boot.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from dynamoctl.discovery.api import (
+    EventKind,
+    LeaseNotFound,
+    Listing,
+    Store,
+    StoreUnavailable,
+    WatchCompacted,
+    WatchEvent,
+)
+
+T = TypeVar("T")
+
+DB_NAME = "discovery.sqlite3"
+LOG_KEEP = 20_000
+"""Change-log rows kept behind the head; older ones are pruned."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS leases (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, ttl REAL NOT NULL, expires REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS kv (
+    key TEXT PRIMARY KEY, value BLOB NOT NULL, lease INTEGER);
+CREATE INDEX IF NOT EXISTS kv_lease ON kv (lease);
+CREATE TABLE IF NOT EXISTS log (
+    rev INTEGER PRIMARY KEY AUTOINCREMENT, key TEXT NOT NULL, value BLOB);
+"""
+
+
+def default_path() -> Path:
+    """``$XDG_RUNTIME_DIR/dynamoctl`` when set, else ``~/.cache/dynamoctl``."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    base = Path(runtime) if runtime else Path.home() / ".cache"
+    return base / "dynamoctl"
+
+
+def _boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:  # not Linux: monotonic clocks are then per-process, see module doc
+        return f"pid-{os.getpid()}"
+
+
+def _prefix_end(prefix: str) -> str:
+    """The smallest string greater than every string starting with ``prefix``."""
+    return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\U0010ffff"
+
+
+class EmbeddedStore(Store):
+    """A :class:`Store` in a SQLite file shared by the processes of one host."""
+
+    backend = "embedded"
+    POLL_INTERVAL = 0.05
+    """Seconds between a watcher's looks at the change log."""
+
+    def __init__(self, path: str | os.PathLike[str] | None = None) -> None:
+        directory = Path(path) if path else default_path()
+        self._file = directory / DB_NAME if directory.suffix != ".sqlite3" else directory
+        # One thread owns the connection: SQLite calls block, the event loop must not.
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="discovery-embedded")
+        self._conn: sqlite3.Connection | None = None
+
+    @property
+    def location(self) -> str:
+        return str(self._file)
+
+    # -- plumbing ---------------------------------------------------------------
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is None:
+            self._file.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(
+                self._file, timeout=10.0, isolation_level=None, check_same_thread=False
+            )
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+            self._conn = conn
+            self._tx(self._forget_other_boot)
+        return self._conn
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        """Run ``fn`` in one write transaction, after reaping expired leases."""
+        conn = self._connect()
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            self._reap(conn)
+            result = fn(conn)
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        conn.execute("COMMIT")
+        return result
+
+    async def _run(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._executor, self._tx, fn)
+        except sqlite3.Error as exc:
+            raise StoreUnavailable(f"embedded discovery at {self._file}: {exc}") from exc
+
+    @staticmethod
+    def _forget_other_boot(conn: sqlite3.Connection) -> None:
+        boot = _boot_id()
+        row = conn.execute("SELECT v FROM meta WHERE k = 'boot_id'").fetchone()
+        if row and row[0] != boot:
+            for (key,) in conn.execute("SELECT key FROM kv WHERE lease IS NOT NULL").fetchall():
+                conn.execute("INSERT INTO log (key, value) VALUES (?, NULL)", (key,))
+            conn.execute("DELETE FROM kv WHERE lease IS NOT NULL")
+            conn.execute("DELETE FROM leases")
+        conn.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('boot_id', ?)", (boot,))
+
+    @staticmethod
+    def _reap(conn: sqlite3.Connection) -> None:
+        expired = conn.execute(
+            "SELECT id FROM leases WHERE expires <= ?", (time.monotonic(),)
+        ).fetchall()
+        for (lease,) in expired:
+            EmbeddedStore._drop_lease(conn, lease)
+
+    @staticmethod
+    def _drop_lease(conn: sqlite3.Connection, lease: int) -> None:
+        keys = conn.execute("SELECT key FROM kv WHERE lease = ?", (lease,)).fetchall()
+        conn.executemany("INSERT INTO log (key, value) VALUES (?, NULL)", keys)
+        conn.execute("DELETE FROM kv WHERE lease = ?", (lease,))
+        conn.execute("DELETE FROM leases WHERE id = ?", (lease,))
+
+    @staticmethod
+    def _log(conn: sqlite3.Connection, key: str, value: bytes | None) -> None:
+        cur = conn.execute("INSERT INTO log (key, value) VALUES (?, ?)", (key, value))
+        rev = cur.lastrowid or 0
+        if rev % 1000 == 0:  # prune rarely; pruning is what WatchCompacted reports
+            conn.execute("DELETE FROM log WHERE rev <= ?", (rev - LOG_KEEP,))
+
+    @staticmethod
+    def _revision(conn: sqlite3.Connection) -> int:
+        row = conn.execute("SELECT seq FROM sqlite_sequence WHERE name = 'log'").fetchone()
+        return int(row[0]) if row else 0
+
+    # -- Store ------------------------------------------------------------------
+
+    async def grant(self, ttl: float) -> int:
+        def grant(conn: sqlite3.Connection) -> int:
+            cur = conn.execute(
+                "INSERT INTO leases (ttl, expires) VALUES (?, ?)", (ttl, time.monotonic() + ttl)
+            )
+            assert cur.lastrowid is not None
+            return cur.lastrowid
+
+        return await self._run(grant)
+
+    async def keepalive(self, lease: int) -> bool:
+        def refresh(conn: sqlite3.Connection) -> bool:
+            cur = conn.execute(
+                "UPDATE leases SET expires = ? + ttl WHERE id = ?", (time.monotonic(), lease)
+            )
+            return cur.rowcount == 1
+
+        return await self._run(refresh)
+
+    async def revoke(self, lease: int) -> None:
+        await self._run(lambda conn: self._drop_lease(conn, lease))
+
+    async def put(self, key: str, value: bytes, lease: int | None = None) -> None:
+        def put(conn: sqlite3.Connection) -> None:
+            if (
+                lease is not None
+                and not conn.execute("SELECT 1 FROM leases WHERE id = ?", (lease,)).fetchone()
+            ):
+                raise LeaseNotFound(f"lease {lease} not found in {self._file}")
+            conn.execute(
+                "INSERT OR REPLACE INTO kv (key, value, lease) VALUES (?, ?, ?)",
+                (key, value, lease),
+            )
+            self._log(conn, key, value)
+
+        await self._run(put)
+
+    async def delete(self, key: str) -> bool:
+        def delete(conn: sqlite3.Connection) -> bool:
+            if conn.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount == 0:
+                return False
+            self._log(conn, key, None)
+            return True
+
+        return await self._run(delete)
+
+    async def get(self, key: str) -> bytes | None:
+        def get(conn: sqlite3.Connection) -> bytes | None:
+            row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+            return bytes(row[0]) if row else None
+
+        return await self._run(get)
+
+    async def list(self, prefix: str) -> Listing:
+        def listing(conn: sqlite3.Connection) -> Listing:
+            rows = conn.execute(
+                "SELECT key, value FROM kv WHERE key >= ? AND key < ? ORDER BY key",
+                (prefix, _prefix_end(prefix)),
+            ).fetchall()
+            return Listing({k: bytes(v) for k, v in rows}, self._revision(conn))
+
+        return await self._run(listing)
+
+    async def watch(self, prefix: str, after: int) -> AsyncIterator[WatchEvent]:
+        def changes(conn: sqlite3.Connection) -> tuple[int, list[tuple[str, bytes | None]]]:
+            oldest = conn.execute("SELECT MIN(rev) FROM log").fetchone()[0]
+            if oldest is not None and oldest > after + 1:
+                raise WatchCompacted(f"revision {after} pruned (oldest kept: {oldest})")
+            rows = conn.execute(
+                "SELECT key, value FROM log WHERE rev > ? AND key >= ? AND key < ? ORDER BY rev",
+                (after, prefix, _prefix_end(prefix)),
+            ).fetchall()
+            # Advance to the head even when nothing matched, so churn on other
+            # prefixes never makes this watcher look compacted.
+            return self._revision(conn), rows
+
+        while True:
+            after, rows = await self._run(changes)
+            for key, value in rows:
+                if value is None:
+                    yield WatchEvent(EventKind.DELETE, key)
+                else:
+                    yield WatchEvent(EventKind.PUT, key, bytes(value))
+            await asyncio.sleep(self.POLL_INTERVAL)
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await asyncio.get_running_loop().run_in_executor(self._executor, conn.close)
+        self._executor.shutdown(wait=False)

@@ -1,0 +1,68 @@
+"""Discovery key layout (DESIGN §3): one prefix per deployment namespace.
+
+Every key a process writes is attached to that process's lease, so a dead process's
+keys vanish on their own within the lease TTL.
+"""
+
+from __future__ import annotations
+
+_SEP = "/"
+
+
+def _check(part: str, what: str) -> str:
+    if not part or _SEP in part:
+        raise ValueError(f"{what} must be non-empty and contain no '/', got {part!r}")
+    return part
+
+
+def namespace_prefix(ns: str) -> str:
+    return f"{_check(ns, 'namespace')}/"
+
+
+def instances_prefix(ns: str, component: str | None = None) -> str:
+    """``{ns}/instances/`` or ``{ns}/instances/{component}/``."""
+    base = f"{namespace_prefix(ns)}instances/"
+    return base if component is None else f"{base}{_check(component, 'component')}/"
+
+
+def instance_key(ns: str, component: str, endpoint: str, instance_id: str) -> str:
+    """Address, host, pid, role and model of one serving instance."""
+    return (
+        f"{instances_prefix(ns, component)}{_check(endpoint, 'endpoint')}/"
+        f"{_check(instance_id, 'instance_id')}"
+    )
+
+
+def models_prefix(ns: str, model: str | None = None) -> str:
+    base = f"{namespace_prefix(ns)}models/"
+    # Served model names may contain '/' (``meta-llama/Llama-3``): they are kept whole
+    # as the segment between ``models/`` and the trailing instance id.
+    return base if model is None else f"{base}{model}/"
+
+
+def model_key(ns: str, model: str, instance_id: str) -> str:
+    """The model card one instance serves (tokenizer source, block size, KV capacity...)."""
+    if not model:
+        raise ValueError("model must be non-empty")
+    return f"{models_prefix(ns, model)}{_check(instance_id, 'instance_id')}"
+
+
+def events_key(ns: str, component: str, instance_id: str) -> str:
+    """PUB and replay addresses of one instance's event streams."""
+    return (
+        f"{namespace_prefix(ns)}events/{_check(component, 'component')}/"
+        f"{_check(instance_id, 'instance_id')}"
+    )
+
+
+def supervisor_key(ns: str, name: str) -> str:
+    """Supervisor state: drain marks, scale targets, the control endpoint."""
+    return f"{namespace_prefix(ns)}supervisor/{_check(name, 'name')}"
+
+
+def split_instance_key(key: str) -> tuple[str, str, str, str]:
+    """Inverse of :func:`instance_key`: ``(ns, component, endpoint, instance_id)``."""
+    parts = key.split(_SEP)
+    if len(parts) != 5 or parts[1] != "instances":
+        raise ValueError(f"not an instance key: {key!r}")
+    return parts[0], parts[2], parts[3], parts[4]

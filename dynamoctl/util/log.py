@@ -1,0 +1,37 @@
+"""Logging with a ``[component/instance]`` prefix on every line.
+
+Each process calls :func:`setup` once with the component it runs; library code only
+uses ``logging.getLogger(__name__)`` with lazy ``%`` arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+_FORMAT = "%(asctime)s %(levelname).1s [%(component)s] %(name)s: %(message)s"
+
+
+class _ComponentFilter(logging.Filter):
+    def __init__(self, component: str) -> None:
+        super().__init__()
+        self.component = component
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.component = self.component
+        return True
+
+
+def setup(component: str, level: str | int | None = None) -> None:
+    """Route the root logger to stderr with a ``[component]`` prefix.
+
+    ``level`` defaults to ``$DYNAMOCTL_LOG_LEVEL`` or INFO.
+    """
+    level = level or os.environ.get("DYNAMOCTL_LOG_LEVEL", "INFO")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_FORMAT, datefmt="%H:%M:%S"))
+    handler.addFilter(_ComponentFilter(component))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,122 @@
+"""etcd outages: the server stops, restarts (with or without its data), or never answers.
+
+Each test owns its etcd process, since it kills it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from dynamoctl.discovery import Discovery, DiscoveryUnavailable, EventKind, store_from_url
+from dynamoctl.discovery.etcd import EtcdStore
+from dynamoctl.discovery.etcd_server import ManagedEtcd, free_port
+
+TTL = 2.0
+
+
+@pytest.fixture
+def etcd() -> Iterator[ManagedEtcd]:
+    with ManagedEtcd() as server:
+        yield server
+
+
+def url_of(server: ManagedEtcd) -> str:
+    return f"etcd://{server.host}:{server.client_port}"
+
+
+async def eventually(check, timeout: float) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if await check():
+                return
+        except Exception:  # the store may still be coming back
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail(f"not recovered within {timeout}s")
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("wipe", [False, True], ids=["data-kept", "data-wiped"])
+async def test_registration_and_watch_survive_etcd_restart(etcd: ManagedEtcd, wipe: bool) -> None:
+    key = "ns/instances/worker/generate/w1"
+    async with (
+        Discovery(store_from_url(url_of(etcd)), lease_ttl=TTL) as owner,
+        Discovery(store_from_url(url_of(etcd)), lease_ttl=TTL) as observer,
+    ):
+        await owner.register(key, b"w1")
+        view: dict[str, bytes] = {}
+        seen_puts = 0
+
+        async def follow() -> None:
+            nonlocal seen_puts
+            async for event in observer.watch("ns/"):
+                if event.kind is EventKind.PUT:
+                    assert event.value is not None
+                    view[event.key] = event.value
+                    seen_puts += 1
+                else:
+                    view.pop(event.key, None)
+
+        watcher = asyncio.create_task(follow())
+        await eventually(lambda: _true(view.get(key) == b"w1"), 5)
+
+        etcd.kill()
+        if wipe:
+            etcd.wipe()
+        await asyncio.sleep(1.0)  # outage shorter than the TTL: nothing should be lost
+        etcd.start()
+
+        async def registered() -> bool:
+            return await observer.get(key) == b"w1"
+
+        await eventually(registered, TTL * 2 + 3)
+        # The watch heals by re-listing: its view converges on the store's.
+        await eventually(lambda: _true(view == {key: b"w1"}), 5)
+        if wipe:
+            assert owner.lease_epoch >= 2, "a wiped etcd forgets the lease: a new one is due"
+        watcher.cancel()
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_unreachable_etcd_names_endpoint_and_gives_up(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    port = free_port()
+    caplog.set_level(logging.WARNING)
+    disc = Discovery(store_from_url(f"etcd://127.0.0.1:{port}"), lease_ttl=TTL, connect_timeout=1.5)
+    started = time.monotonic()
+    with pytest.raises(DiscoveryUnavailable) as info:
+        await disc.start()
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert f"http://127.0.0.1:{port}" in message
+    assert "unreachable" in message
+    assert any("retrying" in r.getMessage() for r in caplog.records)
+    await disc.store.close()
+
+
+async def test_fails_over_to_a_live_endpoint(etcd: ManagedEtcd) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    store = EtcdStore([dead, etcd.endpoint], request_timeout=0.5)
+    async with Discovery(store, lease_ttl=TTL, connect_timeout=10) as disc:
+        await disc.register("ns/k", b"v")
+        assert await disc.get("ns/k") == b"v"
+        assert store.location == etcd.endpoint
+
+
+def test_bad_endpoints_are_rejected_clearly() -> None:
+    with pytest.raises(ValueError, match="TLS"):
+        EtcdStore(["https://10.0.0.1:2379"])
+    with pytest.raises(ValueError, match="at least one endpoint"):
+        EtcdStore([])
+    with pytest.raises(ValueError, match="valid: embedded, etcd"):
+        store_from_url("zookeeper://x:1")
