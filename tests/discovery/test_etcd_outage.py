@@ -120,3 +120,13 @@ def test_bad_endpoints_are_rejected_clearly() -> None:
         EtcdStore([])
     with pytest.raises(ValueError, match="valid: embedded, etcd"):
         store_from_url("zookeeper://x:1")
+
+
+def test_managed_etcd_reports_a_missing_binary() -> None:
+    with pytest.raises(FileNotFoundError, match="apt-get install etcd-server"):
+        ManagedEtcd(binary="etcd-does-not-exist").start()
+
+
+def test_lease_ttl_below_etcd_floor_is_refused() -> None:
+    with pytest.raises(ValueError, match="lease_ttl must be >= 2"):
+        Discovery(store_from_url("embedded:///tmp/never-used"), lease_ttl=1)
