@@ -1,0 +1,54 @@
+"""Commands that later issues implement; until then each says so and exits with status 2.
+
+They accept any arguments, so scripts and docs written against the final interface (e.g.
+``dynamoctl worker --engine mocker``) already get this clear answer instead of a usage error.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+import typer
+
+NOT_IMPLEMENTED_EXIT_CODE = 2
+
+
+class PendingCommand(NamedTuple):
+    help: str
+    issue: str
+    """The issue that will implement the command."""
+
+
+PENDING: dict[str, PendingCommand] = {
+    "up": PendingCommand("Start the deployment a recipe describes and supervise it.", "supervisor"),
+    "status": PendingCommand("Show the state of every component.", "supervisor"),
+    "drain": PendingCommand(
+        "Drain a worker: deregister, finish in-flight requests, exit.", "supervisor"
+    ),
+    "down": PendingCommand("Stop a deployment and everything it started.", "supervisor"),
+    "logs": PendingCommand("Show or follow a component's logs.", "supervisor"),
+    "scale": PendingCommand("Change a pool's replica count, e.g. prefill=4.", "supervisor"),
+    "frontend": PendingCommand("Run the OpenAI-compatible HTTP frontend.", "frontend"),
+    "router": PendingCommand("Run a standalone router.", "router"),
+    "worker": PendingCommand("Run one worker: an engine behind the request plane.", "worker"),
+}
+
+
+def _not_implemented(name: str, issue: str) -> Callable[[], None]:
+    def command() -> None:
+        typer.echo(
+            f"dynamoctl {name}: not implemented yet (tracked in the {issue} issue)", err=True
+        )
+        raise typer.Exit(NOT_IMPLEMENTED_EXIT_CODE)
+
+    return command
+
+
+def register(app: typer.Typer) -> None:
+    for name, pending in PENDING.items():
+        app.command(
+            name,
+            help=pending.help,
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        )(_not_implemented(name, pending.issue))

@@ -1,0 +1,258 @@
+"""Load a recipe file and report every problem as ``FILE:LINE field.path: message``.
+
+YAML is parsed with ruamel's round-trip loader, which remembers the line of every key;
+pydantic's errors are then mapped back onto those lines, with their messages shortened to
+what a person editing the file needs (the knob, the rule, the value that broke it).
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic.fields import FieldInfo
+from pydantic_core import ErrorDetails
+from ruamel.yaml import YAML
+from ruamel.yaml.comments import CommentedMap, CommentedSeq
+from ruamel.yaml.error import MarkedYAMLError, YAMLError
+
+from dynamoctl.recipe.introspect import choices, models_in, union_tag
+from dynamoctl.recipe.models import RULE_ERROR, SCHEMA_VERSION, Recipe
+
+FieldPath = tuple[str | int, ...]
+
+
+@dataclass(frozen=True)
+class Issue:
+    """One problem in a recipe file."""
+
+    file: str
+    """The file as the user named it."""
+    line: int | None
+    """1-based line, or None when the problem is not in the text (unreadable file)."""
+    path: str
+    """Dotted field path, e.g. ``workers.decode.replicas``; empty for file-level problems."""
+    message: str
+    column: int | None = None
+    """1-based column, only for YAML syntax errors."""
+
+    def __str__(self) -> str:
+        where = self.file
+        if self.line is not None:
+            where += f":{self.line}"
+            if self.column is not None:
+                where += f":{self.column}"
+        return f"{where} {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
+
+
+class RecipeError(Exception):
+    """A recipe that cannot be used; ``issues`` lists every problem found, by line."""
+
+    def __init__(self, issues: list[Issue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(map(str, issues)))
+
+
+def load_recipe(path: str | Path) -> Recipe:
+    """Read, parse and validate a recipe file; raise :class:`RecipeError` if it is unusable."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
+        raise RecipeError([Issue(str(path), None, "", f"cannot read: {reason}")]) from exc
+    return load_recipe_text(text, str(path))
+
+
+def load_recipe_text(text: str, filename: str) -> Recipe:
+    """Parse and validate recipe ``text``; ``filename`` only labels the issues."""
+    document = _parse_yaml(text, filename)
+    _check_schema_version(document, filename)
+    try:
+        return Recipe.model_validate(_plain(document))
+    except ValidationError as exc:
+        issues = {
+            _to_issue(error, document, filename)
+            for error in exc.errors()
+            # A field whose default derives from another (namespace ← name) reports that it
+            # was skipped when the other is invalid; the other's own error says it all.
+            if error["type"] != "default_factory_not_called"
+        }
+        raise RecipeError(sorted(issues, key=lambda i: (i.line or 0, i.path))) from exc
+
+
+def _parse_yaml(text: str, filename: str) -> CommentedMap:
+    try:
+        document = YAML(typ="rt").load(text)
+    except MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        message = exc.problem or exc.context or "invalid YAML"
+        if exc.context and exc.context_mark is not None and exc.problem:
+            message += f" ({exc.context} started on line {exc.context_mark.line + 1})"
+        line, column = (mark.line + 1, mark.column + 1) if mark is not None else (None, None)
+        raise RecipeError([Issue(filename, line, "", message, column)]) from exc
+    except YAMLError as exc:
+        raise RecipeError([Issue(filename, None, "", f"invalid YAML: {exc}")]) from exc
+    if document is None:
+        raise RecipeError([Issue(filename, 1, "", "empty recipe; start with 'schema: 1'")])
+    if not isinstance(document, CommentedMap):
+        raise RecipeError(
+            [Issue(filename, 1, "", f"a recipe is a mapping of keys, got {_describe(document)}")]
+        )
+    return document
+
+
+def _check_schema_version(document: CommentedMap, filename: str) -> None:
+    # Checked before anything else: the rest of a file written for another schema is noise.
+    if "schema" not in document:
+        message = f"missing required field; add 'schema: {SCHEMA_VERSION}' at the top"
+        raise RecipeError([Issue(filename, _root_line(document), "schema", message)])
+    version = document["schema"]
+    if type(version) is not int or version != SCHEMA_VERSION:
+        message = (
+            f"unsupported recipe schema version {_describe(version)}; "
+            f"this dynamoctl reads schema {SCHEMA_VERSION}"
+        )
+        raise RecipeError([Issue(filename, document.lc.key("schema")[0] + 1, "schema", message)])
+
+
+def _plain(node: Any) -> Any:
+    """ruamel's node types as plain Python values (pydantic is strict about subclasses)."""
+    if isinstance(node, dict):
+        return {_plain(key): _plain(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_plain(item) for item in node]
+    for scalar in (bool, int, float, str):  # bool first: it is an int
+        if isinstance(node, scalar):
+            return scalar(node)
+    return node
+
+
+# --- pydantic error → Issue -----------------------------------------------------------------
+
+
+def _to_issue(error: ErrorDetails, document: CommentedMap, filename: str) -> Issue:
+    path, owner = _strip_union_tags(error["loc"])
+    message = _message(error, path, owner)
+    kind, ctx = error["type"], error.get("ctx", {})
+    if kind == RULE_ERROR and ctx["at"]:
+        path += tuple(ctx["at"].split("."))
+    elif kind.startswith("union_tag_"):  # point at the tag key itself, e.g. target.kind
+        path += (ctx["discriminator"].strip("'"),)
+    return Issue(filename, _line_of(document, path), _dotted(path), message)
+
+
+def _message(error: ErrorDetails, path: FieldPath, owner: type[BaseModel] | None) -> str:
+    kind, ctx, value = error["type"], error.get("ctx", {}), error["input"]
+    field = str(path[-1]) if path else ""
+    if kind == "missing":
+        return "missing required field"
+    if kind == "extra_forbidden":
+        known = list(owner.model_fields) if owner else []
+        close = difflib.get_close_matches(field, known, n=1)
+        return f"unknown field '{field}'" + (f" (did you mean '{close[0]}'?)" if close else "")
+    if kind == "union_tag_not_found":
+        return f"missing required field (one of {_choices(owner, path)})"
+    if kind == "union_tag_invalid":
+        value = ctx["tag"]
+        message = f"must be one of {_choices(owner, path)}"
+    elif kind == "literal_error":
+        message = f"must be one of {_choices(owner, path)}"
+    elif kind in _BOUNDS:
+        symbol, key = _BOUNDS[kind]
+        bound = ctx[key]
+        message = f"must be {symbol} {int(bound) if bound == int(bound) else bound}"
+    elif kind == "too_short":
+        return "must not be empty"
+    elif kind in ("value_error", RULE_ERROR):
+        message = str(ctx.get("error", error["msg"]))
+    else:
+        message = _EXPECTED.get(kind) or error["msg"][0].lower() + error["msg"][1:]
+    # A mapping or list is only worth naming when the wrong kind of value is the problem.
+    if kind == RULE_ERROR or (isinstance(value, (dict, list)) and kind not in _EXPECTED):
+        return message
+    return f"{message}, got {_describe(value)}"
+
+
+_BOUNDS = {
+    "greater_than_equal": (">=", "ge"),
+    "greater_than": (">", "gt"),
+    "less_than_equal": ("<=", "le"),
+    "less_than": ("<", "lt"),
+}
+_EXPECTED = {
+    "int_type": "expected an integer",
+    "float_type": "expected a number",
+    "bool_type": "expected true or false",
+    "string_type": "expected a string",
+    "list_type": "expected a list",
+    "dict_type": "expected a mapping",
+    "model_type": "expected a mapping",
+    "model_attributes_type": "expected a mapping",
+    "path_type": "expected a path",
+}
+
+
+def _strip_union_tags(loc: tuple[str | int, ...]) -> tuple[FieldPath, type[BaseModel] | None]:
+    """Drop the discriminator tags pydantic puts in ``loc`` (``target.ssh.hosts`` →
+    ``target.hosts``); also return the model that owns the last field of the path."""
+    path: list[str | int] = []
+    owner: type[BaseModel] | None = None
+    models: list[type[BaseModel]] = [Recipe]  # what the next step is a field of
+    union: FieldInfo | None = None  # set when the next step is this union's tag
+    for step in loc:
+        if union is not None:
+            models = [model for model in models if step == union_tag(model, union)]
+            union = None
+            continue
+        owner = models[0] if len(models) == 1 else None
+        field = owner.model_fields.get(step) if owner and isinstance(step, str) else None
+        models = models_in(field.annotation) if field else []
+        union = field if field is not None and field.discriminator is not None else None
+        path.append(step)
+    return tuple(path), owner
+
+
+def _choices(owner: type[BaseModel] | None, path: FieldPath) -> str:
+    field = owner.model_fields.get(str(path[-1])) if owner and path else None
+    return ", ".join(repr(value) for value in choices(field)) if field else "?"
+
+
+def _line_of(document: CommentedMap, path: FieldPath) -> int:
+    """1-based line of the deepest key of ``path`` present in the file: the key itself,
+    or for a missing field the key of the mapping that should hold it."""
+    line, node = _root_line(document), document
+    for step in path:
+        position = None
+        if isinstance(node, (CommentedMap, CommentedSeq)) and node.lc.data:
+            # Keys merged in from an anchor (``<<: *x``) have no position of their own.
+            position = node.lc.data.get(step)
+        if position is None:
+            break
+        line, node = position[0] + 1, node[step]
+    return line
+
+
+def _root_line(document: CommentedMap) -> int:
+    return int(document.lc.line) + 1
+
+
+def _dotted(path: FieldPath) -> str:
+    return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)[1:]
+
+
+def _describe(value: Any) -> str:
+    """A value as the YAML author wrote it, or the kind of thing it is."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return repr(value)
+    if isinstance(value, dict):
+        return "a mapping"
+    if isinstance(value, list):
+        return "a list"
+    return type(value).__name__

@@ -1,0 +1,325 @@
+"""Recipe schema, version 1: everything a deployment is made of, checked when it is loaded.
+
+Every field carries a docstring; pydantic turns them into JSON-schema descriptions and
+docs/recipes.md is generated from them (``python -m dynamoctl.recipe.reference``).
+
+Models are strict (YAML already gives real types, so ``replicas: "2"`` is a mistake, not a
+string to coerce) and forbid unknown keys (a typo must not pass silently). Cross-field rules
+raise :func:`rule_error` naming the offending field, so the loader can point at its line.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+SCHEMA_VERSION = 1
+"""The only recipe ``schema`` this dynamoctl reads."""
+
+Engine = Literal["mocker", "vllm", "sglang", "trtllm"]
+RouterMode = Literal["round-robin", "random", "least-loaded", "power-of-two", "kv", "kv-approx"]
+Role = Literal["agg", "prefill", "decode"]
+
+RULE_ERROR = "recipe_rule"
+"""Error type of cross-field rules; their ``ctx["at"]`` is the dotted path of the culprit,
+relative to the model whose validator raised it."""
+
+
+def rule_error(at: str, message: str) -> PydanticCustomError:
+    return PydanticCustomError(RULE_ERROR, message, {"at": at})
+
+
+def _check_dns_label(value: str) -> str:
+    if len(value) > 63 or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", value):
+        raise ValueError(
+            "must be lowercase letters, digits and '-', start with a letter or digit "
+            "and be at most 63 characters"
+        )
+    return value
+
+
+def _check_time_limit(value: str) -> str:
+    match = re.fullmatch(r"(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})", value)
+    if match is None or int(match[3]) > 59 or int(match[4]) > 59:
+        raise ValueError("must look like HH:MM:SS or D-HH:MM:SS")
+    return value
+
+
+def _check_etcd_endpoint(value: str) -> str:
+    if not re.fullmatch(r"https?://[^\s/]+:\d+", value):
+        raise ValueError("must look like http://HOST:PORT")
+    return value
+
+
+def _check_unique(values: list[str]) -> list[str]:
+    duplicates = sorted({v for v in values if values.count(v) > 1})
+    if duplicates:
+        raise ValueError(f"lists {', '.join(map(repr, duplicates))} more than once")
+    return values
+
+
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+DnsLabel = Annotated[str, AfterValidator(_check_dns_label)]
+Port = Annotated[int, Field(ge=1, le=65535)]
+# Paths read on the head node; strict mode would refuse the YAML string otherwise.
+LocalPath = Annotated[Path, Field(strict=False)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+
+
+# --- discovery ------------------------------------------------------------------------------
+
+
+class _Discovery(_Model):
+    backend: str
+    """Discovery backend; every process registers itself there under a lease."""
+    lease_ttl: float = Field(default=10.0, ge=2)
+    """Seconds a registration outlives its process's last heartbeat. A process that loses its
+    lease re-acquires it and registers again; it does not exit."""
+
+
+class EmbeddedDiscovery(_Discovery):
+    """Discovery without a server, for a deployment on a single host."""
+
+    backend: Literal["embedded"]
+    """``embedded``: same API and lease semantics as etcd, nothing to install."""
+    path: LocalPath | None = None
+    """State directory. Default: a per-user run directory chosen by dynamoctl."""
+
+
+class EtcdDiscovery(_Discovery):
+    """A real etcd 3.x server: needed as soon as components run on more than one host."""
+
+    backend: Literal["etcd"]
+    """``etcd``: an etcd 3.x cluster, external or started by dynamoctl."""
+    endpoints: list[Annotated[str, AfterValidator(_check_etcd_endpoint)]] = Field(
+        default_factory=list
+    )
+    """Client URLs of an external etcd, e.g. ``http://10.0.0.1:2379``. Required unless
+    ``managed``."""
+    managed: bool = False
+    """dynamoctl starts etcd on the head node, owns it, and stops it on ``dynamoctl down``."""
+
+    @model_validator(mode="after")
+    def _endpoints_or_managed(self) -> EtcdDiscovery:
+        if self.managed and self.endpoints:
+            raise rule_error(
+                "endpoints", "must be empty with managed: true (dynamoctl picks the address)"
+            )
+        if not self.managed and not self.endpoints:
+            raise rule_error(
+                "endpoints", "required unless managed: true (e.g. [http://10.0.0.1:2379])"
+            )
+        return self
+
+
+Discovery = Annotated[EmbeddedDiscovery | EtcdDiscovery, Field(discriminator="backend")]
+
+
+# --- target ---------------------------------------------------------------------------------
+
+
+class LocalTarget(_Model):
+    """Every component on the machine that runs ``dynamoctl up``."""
+
+    kind: Literal["local"]
+    """``local``: child processes of the supervisor, each in its own process group."""
+
+
+class SshTarget(_Model):
+    """Nodes reachable over SSH; remote processes outlive the SSH session."""
+
+    kind: Literal["ssh"]
+    """``ssh``: components are started on ``hosts`` over SSH."""
+    hosts: Annotated[list[NonEmptyStr], AfterValidator(_check_unique)] = Field(min_length=1)
+    """Host names or addresses, as ``ssh`` accepts them; the first one is the head node."""
+    user: str | None = None
+    """Remote user. Default: whatever ``ssh`` picks (``~/.ssh/config``, then the local user)."""
+    port: Port = 22
+    """SSH port."""
+    key: LocalPath | None = None
+    """Private key file. Default: the SSH agent and ``~/.ssh/config``."""
+    python: NonEmptyStr = "python3"
+    """Python interpreter on the hosts that has dynamoctl installed, e.g. a venv's
+    ``bin/python``."""
+    workdir: str | None = None
+    """Remote working directory for components and their logs. Default: the remote home."""
+
+
+class SlurmContainer(_Model):
+    """A container for every job step (pyxis/enroot ``srun --container-*``)."""
+
+    image: NonEmptyStr
+    """Image reference or squashfs file, passed to ``--container-image``."""
+    mounts: list[NonEmptyStr] = Field(default_factory=list)
+    """``SRC:DST[:FLAGS]`` entries, passed to ``--container-mounts``."""
+
+
+class SlurmTarget(_Model):
+    """A Slurm allocation; each component is one ``srun`` job step."""
+
+    kind: Literal["slurm"]
+    """``slurm``: run inside an allocation, or submit one with sbatch from a login node."""
+    partition: NonEmptyStr
+    """Partition to submit to (``--partition``)."""
+    account: str | None = None
+    """Account to charge (``--account``). Default: the user's default account."""
+    nodes: int = Field(default=1, ge=1)
+    """Nodes in the allocation (``--nodes``)."""
+    gpus_per_node: int = Field(ge=0)
+    """GPUs on each node (``--gpus-per-node``); a worker replica must fit on one node."""
+    time_limit: Annotated[str, AfterValidator(_check_time_limit)] | None = None
+    """Wall-clock limit, ``HH:MM:SS`` or ``D-HH:MM:SS`` (``--time``). Default: the partition's."""
+    container: SlurmContainer | None = None
+    """Run every component in this container. Default: on the nodes' own environment."""
+    extra_sbatch_args: list[NonEmptyStr] = Field(default_factory=list)
+    """Extra ``sbatch`` arguments, verbatim, e.g. ``["--exclusive", "--qos=high"]``."""
+
+
+Target = Annotated[LocalTarget | SshTarget | SlurmTarget, Field(discriminator="kind")]
+
+
+# --- model, frontend, workers ---------------------------------------------------------------
+
+
+class ModelSpec(_Model):
+    """The model every worker serves."""
+
+    name: NonEmptyStr
+    """Model name clients pass in OpenAI requests (``"model": ...``)."""
+    path: NonEmptyStr
+    """Weights directory or Hugging Face model id, as the engine receives it."""
+    tokenizer: NonEmptyStr | None = None
+    """Tokenizer directory or Hugging Face id. Default: ``path``."""
+    block_size: int = Field(default=64, ge=1)
+    """KV-cache block size in tokens; engines and the KV router must agree on it."""
+    context_length: int | None = Field(default=None, ge=1)
+    """Longest prompt plus completion, in tokens. Default: the model's own limit."""
+
+
+class Router(_Model):
+    """How the frontend picks a worker for each request."""
+
+    mode: RouterMode = "kv"
+    """``kv`` weighs cached prefix overlap (from engines' KV events) against load;
+    ``kv-approx`` learns overlap from its own decisions (no events); the other modes ignore
+    the cache."""
+    overlap_weight: float = Field(default=1.0, ge=0)
+    """Weight (alpha) of prefill cost against decode load in the KV cost; 0 ignores prefill cost."""
+    temperature: float = Field(default=0.0, ge=0)
+    """Softmax temperature over worker costs; 0 always picks the cheapest worker."""
+    replicas: int = Field(default=0, ge=0)
+    """Standalone router processes; 0 embeds the router in the frontend."""
+
+
+class Frontend(_Model):
+    """The OpenAI-compatible HTTP endpoint."""
+
+    host: NonEmptyStr = "127.0.0.1"
+    """Address to listen on; ``0.0.0.0`` exposes it beyond the head node."""
+    port: Port = 8000
+    """TCP port to listen on."""
+    router: Router = Field(default_factory=Router)
+    """Request routing."""
+
+
+class WorkerPool(_Model):
+    """A set of identical engine replicas in one role."""
+
+    engine: Engine
+    """Engine adapter: ``mocker`` (simulated, no GPU), ``vllm``, ``sglang`` or ``trtllm``."""
+    replicas: int = Field(default=1, ge=0)
+    """Number of replicas; 0 declares the pool with nothing running (``dynamoctl scale``
+    changes it later)."""
+    gpus_per_replica: int = Field(default=1, ge=0)
+    """GPUs each replica gets; 0 for the mocker or CPU engines."""
+    engine_args: dict[str, Any] = Field(default_factory=dict)
+    """Engine command-line arguments without the leading ``--``, passed untouched, e.g.
+    ``{tensor-parallel-size: 8}``; ``true`` is a bare flag."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Extra environment variables for each replica."""
+
+
+class Workers(_Model):
+    """Worker pools. Either aggregated (``agg``: each replica prefills and decodes) or
+    disaggregated (``prefill`` and ``decode``, KV moved between them). Mixing ``agg`` with
+    the other two is rejected. ``decode`` alone is allowed: decode workers then prefill
+    locally until prefill replicas are scaled up."""
+
+    agg: WorkerPool | None = None
+    """Aggregated pool: prefill and decode on the same replica."""
+    prefill: WorkerPool | None = None
+    """Prefill pool of a disaggregated deployment; needs ``decode``."""
+    decode: WorkerPool | None = None
+    """Decode pool of a disaggregated deployment."""
+
+    def pools(self) -> dict[Role, WorkerPool]:
+        """The declared pools by role, in the order agg, prefill, decode."""
+        declared: dict[Role, WorkerPool | None] = {
+            "agg": self.agg,
+            "prefill": self.prefill,
+            "decode": self.decode,
+        }
+        return {role: pool for role, pool in declared.items() if pool is not None}
+
+    @model_validator(mode="after")
+    def _coherent_roles(self) -> Workers:
+        if self.agg is not None and (self.prefill is not None or self.decode is not None):
+            mixed = "prefill" if self.prefill is not None else "decode"
+            raise rule_error(
+                mixed, "cannot be combined with agg; use either agg or prefill + decode"
+            )
+        if self.prefill is not None and self.decode is None:
+            raise rule_error("prefill", "needs a decode pool (add workers.decode)")
+        if not any(pool.replicas > 0 for pool in self.pools().values()):
+            raise rule_error("", "needs at least one pool (agg, prefill, decode) with replicas > 0")
+        return self
+
+
+class Recipe(_Model):
+    """A deployment: where it runs, how its processes find each other, what they serve."""
+
+    schema_version: Literal[1] = Field(alias="schema")
+    """Recipe schema version; must be 1."""
+    name: DnsLabel
+    """Deployment name: lowercase letters, digits and ``-``."""
+    namespace: DnsLabel = Field(default_factory=lambda data: data.get("name", ""))
+    """Prefix of every discovery key, so deployments can share one etcd. Default: ``name``."""
+    discovery: Discovery = Field(default_factory=lambda: EmbeddedDiscovery(backend="embedded"))
+    """How processes find each other."""
+    target: Target = Field(default_factory=lambda: LocalTarget(kind="local"))
+    """Where processes run."""
+    model: ModelSpec
+    """The served model."""
+    frontend: Frontend = Field(default_factory=Frontend)
+    """The HTTP endpoint and its router."""
+    workers: Workers
+    """Worker pools."""
+
+    @model_validator(mode="after")
+    def _fits_target(self) -> Recipe:
+        target = self.target
+        multi_host = (isinstance(target, SshTarget) and len(target.hosts) > 1) or (
+            isinstance(target, SlurmTarget) and target.nodes > 1
+        )
+        if multi_host and isinstance(self.discovery, EmbeddedDiscovery):
+            raise rule_error(
+                "discovery.backend",
+                "embedded discovery serves one host but the target spans several; "
+                "use backend: etcd (with managed: true to let dynamoctl run it)",
+            )
+        if isinstance(target, SlurmTarget):
+            for role, pool in self.workers.pools().items():
+                if pool.gpus_per_replica > target.gpus_per_node:
+                    raise rule_error(
+                        f"workers.{role}.gpus_per_replica",
+                        f"{pool.gpus_per_replica} GPUs per replica exceed target.gpus_per_node"
+                        f" = {target.gpus_per_node}; a replica must fit on one node",
+                    )
+        return self
