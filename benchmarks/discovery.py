@@ -56,14 +56,15 @@ async def expiry_after_kill(url: str, rounds: int) -> list[float]:
     async with Discovery(store_from_url(url), lease_ttl=TTL) as disc:
         for r in range(rounds):
             key = f"expiry/{r}"
-            owner = subprocess.Popen(
-                [sys.executable, str(OWNER), url, key, "v", str(TTL)], stdout=subprocess.PIPE
+            owner = await asyncio.create_subprocess_exec(
+                sys.executable, str(OWNER), url, key, "v", str(TTL), stdout=subprocess.PIPE
             )
-            assert owner.stdout is not None and owner.stdout.readline().strip() == b"registered"
+            assert owner.stdout is not None
+            assert (await owner.stdout.readline()).strip() == b"registered"
             events = disc.watch(key)
             assert (await events.__anext__()).kind is EventKind.PUT
             owner.send_signal(signal.SIGKILL)
-            owner.wait()
+            await owner.wait()
             killed = time.monotonic()
             event = await asyncio.wait_for(events.__anext__(), TTL * 4)
             assert event.kind is EventKind.DELETE
@@ -72,11 +73,7 @@ async def expiry_after_kill(url: str, rounds: int) -> list[float]:
     return out
 
 
-async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="benchmarks/results/discovery.json")
-    parser.add_argument("--rounds", type=int, default=5)
-    args = parser.parse_args()
+async def measure(rounds: int) -> dict[str, object]:
     results: dict[str, object] = {
         "machine": {"platform": platform.platform(), "python": platform.python_version()},
         "lease_ttl_s": TTL,
@@ -85,7 +82,7 @@ async def main() -> None:
         urls = {"embedded": f"embedded://{tmp}", "etcd": f"etcd://127.0.0.1:{etcd.client_port}"}
         for name, url in urls.items():
             lat = await op_latency(url)
-            exp = await expiry_after_kill(url, args.rounds)
+            exp = await expiry_after_kill(url, rounds)
             results[name] = {
                 **{k: round(v, 3) for k, v in lat.items()},
                 "expiry_after_kill_s": [round(x, 3) for x in exp],
@@ -96,10 +93,19 @@ async def main() -> None:
                 f"get p50 {lat['get_p50_ms']:.2f} ms | key gone after kill: "
                 f"min {min(exp):.2f}s max {max(exp):.2f}s (TTL {TTL}s)"
             )
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="benchmarks/results/discovery.json")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    results = asyncio.run(measure(args.rounds))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(results, indent=2) + "\n")
     print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

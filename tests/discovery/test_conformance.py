@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -47,8 +47,11 @@ async def disc(url: str) -> AsyncIterator[Discovery]:
         yield d
 
 
+SpawnOwner = Callable[[str, str], "subprocess.Popen[str]"]
+
+
 @pytest.fixture
-def spawn_owner(url: str) -> Iterator[object]:
+def spawn_owner(url: str) -> Iterator[SpawnOwner]:
     procs: list[subprocess.Popen[str]] = []
 
     def spawn(key: str, value: str) -> subprocess.Popen[str]:
@@ -70,7 +73,7 @@ def spawn_owner(url: str) -> Iterator[object]:
         proc.wait()
 
 
-async def wait_for(predicate_coro, timeout: float) -> float:  # type: ignore[no-untyped-def]
+async def wait_for(predicate_coro: Callable[[], Awaitable[bool]], timeout: float) -> float:
     """Poll an async predicate until true; returns seconds taken, fails on timeout."""
     start = time.monotonic()
     while not await predicate_coro():
@@ -137,8 +140,8 @@ async def test_watch_without_initial_skips_existing(disc: Discovery, prefix: str
 
 
 async def test_key_expires_after_owner_killed(
-    disc: Discovery, prefix: str, spawn_owner
-) -> None:  # type: ignore[no-untyped-def]
+    disc: Discovery, prefix: str, spawn_owner: SpawnOwner
+) -> None:
     key = f"{prefix}instances/worker/generate/victim"
     owner = spawn_owner(key, "alive")
     assert await disc.get(key) == b"alive"
@@ -166,8 +169,8 @@ async def test_keepalive_holds_past_ttl(disc: Discovery, prefix: str) -> None:
 
 
 async def test_lease_loss_reregisters_instead_of_exiting(
-    disc: Discovery, prefix: str, spawn_owner
-) -> None:  # type: ignore[no-untyped-def]
+    disc: Discovery, prefix: str, spawn_owner: SpawnOwner
+) -> None:
     """Freeze the owner past its TTL: its key expires; thawed, it re-registers and lives."""
     key = f"{prefix}instances/worker/generate/sleepy"
     owner = spawn_owner(key, "v")
