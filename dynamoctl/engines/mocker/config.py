@@ -1,0 +1,62 @@
+"""The mocker's arguments: Dynamo's mocker defaults, which mirror vLLM's engine arguments."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import msgspec
+
+
+class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything that shapes a simulated engine (recipe ``engine_args`` for ``mocker``)."""
+
+    model: str = "mocker"
+    """Served model name, as the frontend exposes it."""
+    tokenizer: str = ""
+    """Tokenizer source for the frontend (Hugging Face id or path); the mocker never
+    tokenises, it only advertises this in its model card."""
+    num_gpu_blocks: int = 16384
+    """KV cache size in blocks."""
+    block_size: int = 64
+    """Tokens per KV block (the router hashes prompts with the same size)."""
+    max_num_seqs: int = 256
+    """Most requests running (prefilling or decoding) at once."""
+    max_num_batched_tokens: int = 8192
+    """Token budget of one engine step, prefill and decode tokens together."""
+    max_model_len: int | None = None
+    """Longest prompt + output; None: what fits in the KV cache
+    (``num_gpu_blocks * block_size``)."""
+    speedup_ratio: float = 1.0
+    """Simulated seconds per real second when running on the real clock."""
+    enable_prefix_caching: bool = True
+    """Reuse cached blocks of a shared prefix and publish KV events; off: every prompt is
+    computed in full and no events are published (as vLLM)."""
+    enable_chunked_prefill: bool = True
+    """Split a prompt over several steps when it exceeds the remaining token budget; off:
+    a request's whole (re)computation must fit one step's budget."""
+    vocab_size: int = 32000
+    """Generated token ids are drawn from ``[0, vocab_size)``."""
+    data_parallel_rank: int | None = None
+    """Stamped on KV event batches (vLLM's ``data_parallel_rank``); None outside DP."""
+
+    def __post_init__(self) -> None:
+        for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if not self.speedup_ratio > 0:
+            raise ValueError(f"speedup_ratio must be > 0, got {self.speedup_ratio}")
+        if not 1 <= self.vocab_size <= 2**32:
+            raise ValueError(f"vocab_size must be in [1, 2**32], got {self.vocab_size}")
+
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + output in tokens."""
+        return self.max_model_len or self.num_gpu_blocks * self.block_size
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, Any]) -> MockerConfig:
+        """Build from recipe options; errors name the offending option."""
+        return msgspec.convert(dict(options), cls)

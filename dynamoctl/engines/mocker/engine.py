@@ -1,0 +1,306 @@
+"""``MockerEngine``: a simulated vLLM-like engine behind the :class:`Engine` protocol.
+
+One asyncio task runs the engine loop: schedule a step, compute its duration with the
+:class:`TimingModel`, wait on the :class:`Clock` until the step's end, then apply it
+(emit tokens, publish KV events). Nothing sleeps to fake work, so on a
+:class:`VirtualClock` a whole workload runs as fast as Python can simulate it, with
+exact timestamps, and many engines share one process (an idle one is a parked task).
+
+While busy, each step starts where the previous one ended (not when the loop got round
+to it), so a late wake-up on the real clock is caught up instead of slowing the engine.
+
+Output tokens are ``mock_token(seed, index)``: a pure function of the request's seed (or
+id) and the token's position, so they do not depend on batching or preemption;
+``temperature`` is ignored.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from dynamoctl.engines.api import (
+    Engine,
+    EngineStopped,
+    FinishReason,
+    GenerateChunk,
+    GenerateRequest,
+    KVEventSink,
+    LoadMetrics,
+    ModelCard,
+    RequestRejected,
+)
+from dynamoctl.engines.mocker.clock import Clock, RealClock
+from dynamoctl.engines.mocker.config import MockerConfig
+from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
+from dynamoctl.engines.mocker.timing import TimingModel
+from dynamoctl.kv.events import KVEventBatch
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class MockerStats:
+    """Counters since the engine was made (benchmarks, debugging)."""
+
+    steps: int = 0
+    output_tokens: int = 0
+    prefill_tokens: int = 0
+    """Tokens computed other than decodes (prompts, recomputation after preemption)."""
+    busy_s: float = 0.0
+    """Simulated seconds spent in steps."""
+    lag_s: float = 0.0
+    """How far (simulated seconds) the clock had passed the latest step's deadline when
+    the step ended; stays near 0 while the process keeps up with the clock."""
+
+
+class MockerStream(AsyncIterator[GenerateChunk]):
+    """The output of one request. A chunk carries every token produced since the reader's
+    previous one: one per step while it keeps up, several if it falls behind."""
+
+    __slots__ = (
+        "_done",
+        "_engine",
+        "_error",
+        "_finish",
+        "_header",
+        "_tokens",
+        "_waiter",
+        "request_id",
+    )
+
+    def __init__(self, engine: MockerEngine, request_id: str, prompt_tokens: int) -> None:
+        self._engine = engine
+        self.request_id = request_id
+        self._tokens: list[int] = []
+        self._finish: FinishReason | None = None
+        # (cached_tokens, prompt_tokens) for the first chunk; None once sent.
+        self._header: tuple[int, int] | None = (0, prompt_tokens)
+        self._error: BaseException | None = None
+        self._waiter: asyncio.Future[None] | None = None
+        self._done = False
+
+    def _push(self, token: int | None, finish: FinishReason | None) -> None:
+        if token is not None:
+            self._tokens.append(token)
+        self._finish = finish
+        self._wake()
+
+    def _fail(self, error: BaseException) -> None:
+        self._error = error
+        self._wake()
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def __aiter__(self) -> MockerStream:
+        return self
+
+    async def __anext__(self) -> GenerateChunk:
+        while not (self._done or self._tokens or self._finish or self._error):
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        if self._done:
+            raise StopAsyncIteration
+        if self._error is not None:
+            self._done = True
+            raise self._error
+        chunk = GenerateChunk(self._tokens, self._finish)
+        if self._header is not None:
+            chunk.cached_tokens, chunk.prompt_tokens = self._header
+            self._header = None
+        self._tokens = []
+        self._done = self._finish is not None
+        return chunk
+
+    async def aclose(self) -> None:
+        """Stop reading: aborts the request if it has not finished."""
+        if not self._done:
+            self._done = True
+            await self._engine.abort(self.request_id)
+
+
+class MockerEngine(Engine):
+    """A simulated engine (registered as ``mocker``); see the module docstring."""
+
+    def __init__(
+        self,
+        config: MockerConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        timing: TimingModel | None = None,
+    ) -> None:
+        self.config = config or MockerConfig()
+        self.clock: Clock = clock or RealClock(self.config.speedup_ratio)
+        self.timing = timing or TimingModel()
+        self.stats = MockerStats()
+        self._scheduler = Scheduler(self.config)
+        self._streams: dict[str, MockerStream] = {}
+        self._sink: KVEventSink | None = None
+        self._work = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._failure: BaseException | None = None
+        cfg = self.config
+        self._card = ModelCard(
+            model=cfg.model,
+            tokenizer=cfg.tokenizer,
+            block_size=cfg.block_size,
+            kv_capacity_blocks=cfg.num_gpu_blocks,
+            max_num_seqs=cfg.max_num_seqs,
+            max_num_batched_tokens=cfg.max_num_batched_tokens,
+            context_length=cfg.context_length,
+        )
+
+    @classmethod
+    def from_options(
+        cls, *, clock: Clock | None = None, timing: TimingModel | None = None, **options: Any
+    ) -> MockerEngine:
+        """Registry factory: ``options`` are :class:`MockerConfig` fields."""
+        return cls(MockerConfig.from_options(options), clock=clock, timing=timing)
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    @property
+    def model_card(self) -> ModelCard:
+        return self._card
+
+    async def start(self) -> None:
+        if self._task is not None:
+            return
+        self._failure = None
+        self._task = asyncio.get_running_loop().create_task(
+            self._run(), name=f"mocker[{self.config.model}]"
+        )
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for rid in list(self._streams):
+            self._finish_stream(rid, "abort")
+        self._scheduler.clear()
+
+    def generate(self, request: GenerateRequest) -> MockerStream:
+        """Queue ``request`` now and return its output stream (errors surface when read)."""
+        stream = MockerStream(self, request.request_id, len(request.token_ids))
+        if self._task is None:
+            error = EngineStopped("mocker engine is not running (start() it)")
+            error.__cause__ = self._failure
+            stream._fail(error)
+            return stream
+        try:
+            self._scheduler.add(request)
+        except RequestRejected as exc:
+            stream._fail(exc)
+            return stream
+        self._streams[request.request_id] = stream
+        self._work.set()
+        return stream
+
+    async def abort(self, request_id: str) -> None:
+        self._scheduler.abort(request_id)
+        self._finish_stream(request_id, "abort")
+
+    def set_kv_event_sink(self, sink: KVEventSink | None) -> None:
+        self._sink = sink
+
+    def load_metrics(self) -> LoadMetrics:
+        return self._scheduler.load_metrics()
+
+    # ------------------------------------------------------------------ mocker extras
+
+    def cached_block_hashes(self) -> set[int]:
+        """Sequence hashes in the prefix cache: what a subscriber that applied every KV
+        event since start holds."""
+        return self._scheduler.pool.cached_hashes()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop the prefix cache (publishes ``AllBlocksCleared``); False while any request
+        holds blocks."""
+        ok = self._scheduler.pool.reset()
+        self._publish_events()
+        return ok
+
+    @property
+    def num_preemptions(self) -> int:
+        return self._scheduler.num_preemptions
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The scheduler and its block pool, for introspection (do not drive it)."""
+        return self._scheduler
+
+    # ------------------------------------------------------------------ the loop
+
+    async def _run(self) -> None:
+        sched, clock, timing = self._scheduler, self.clock, self.timing
+        stats = self.stats
+        t = clock.now()  # simulated time the next step starts, while busy
+        try:
+            while True:
+                if not sched.has_work():
+                    self._work.clear()
+                    await self._work.wait()
+                    t = max(t, clock.now())
+                # A step boundary: readers of the last step's tokens run, and requests
+                # they send now join the next step, before it is planned.
+                await asyncio.sleep(0)
+                if not sched.has_work():
+                    continue
+                plan = sched.schedule()
+                if not plan.scheduled:  # every added request can run alone: a bug
+                    raise RuntimeError("mocker scheduler made no progress with work queued")
+                dt = timing.step_ms(plan.prefill_tokens, plan.num_decode, plan.kv_usage) / 1e3
+                t += dt
+                await clock.sleep_until(t)
+                outputs = sched.finish_step(plan)
+                stats.steps += 1
+                stats.busy_s += dt
+                stats.prefill_tokens += plan.prefill_tokens
+                stats.output_tokens += len(outputs)
+                stats.lag_s = clock.now() - t
+                self._emit(outputs)
+                self._publish_events()
+        except Exception as exc:
+            logger.exception("[mocker/%s] engine loop died", self.config.model)
+            self._failure = exc
+            self._task = None
+            error = EngineStopped("mocker engine loop died")
+            error.__cause__ = exc
+            for stream in self._streams.values():
+                stream._fail(error)
+            self._streams.clear()
+            self._scheduler.clear()
+
+    def _emit(self, outputs: list[StepOutput]) -> None:
+        streams = self._streams
+        for seq, token, finish in outputs:
+            stream = streams.get(seq.request_id)
+            if stream is None:
+                continue
+            if seq.num_output == 1 and stream._header is not None:
+                stream._header = (seq.cached_tokens, seq.prompt_len)
+            stream._push(token, finish)
+            if finish is not None:
+                del streams[seq.request_id]
+
+    def _finish_stream(self, request_id: str, reason: FinishReason) -> None:
+        stream = self._streams.pop(request_id, None)
+        if stream is not None:
+            stream._push(None, reason)
+
+    def _publish_events(self) -> None:
+        events = self._scheduler.pool.take_events()
+        if events and self._sink is not None:
+            self._sink(KVEventBatch(time.time(), events, self.config.data_parallel_rank))

@@ -1,0 +1,396 @@
+"""A vLLM-v1-style scheduler over the :class:`BlockPool`, one step at a time.
+
+Each step (:meth:`Scheduler.schedule`, then :meth:`Scheduler.finish_step` once the step's
+time has passed):
+
+1. Running requests first, in order: each gets the tokens it still has to compute (one
+   when decoding, a prompt chunk when prefilling), within the step's token budget
+   ``max_num_batched_tokens``. When the pool cannot supply a block, the most recently
+   admitted running request is preempted: its blocks are released (they stay cached),
+   its progress is dropped, and it goes back to the *front* of the waiting queue. It
+   keeps the tokens it has emitted: on readmission it recomputes prompt + output (mostly
+   prefix-cache hits) and continues with its next token, so nothing is lost or repeated.
+2. Then, unless something was preempted, waiting requests in order while the budget,
+   ``max_num_seqs`` and free blocks allow: the longest cached prefix is reused (at most
+   ``len - 1`` tokens: the last one is always computed, as vLLM does) and the rest is
+   computed, chunked over several steps when it exceeds the budget.
+
+A request samples its next token when a step computes its last known token. Blocks are
+registered in the prefix cache once all their tokens are computed. A request that could
+not complete even alone in the engine is refused when added, so the loop never stalls.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from typing import Final, NamedTuple
+
+import xxhash
+
+from dynamoctl.engines.api import FinishReason, GenerateRequest, LoadMetrics, RequestRejected
+from dynamoctl.engines.mocker.block_pool import BlockPool
+from dynamoctl.engines.mocker.config import MockerConfig
+from dynamoctl.kv import hashing
+
+_U64: Final = (1 << 64) - 1
+_pack_seed_index: Final = struct.Struct("<QQ").pack
+
+
+def mock_token(seed: int, index: int, vocab_size: int) -> int:
+    """Output token ``index`` of a request seeded ``seed``: a pure function of both, so a
+    request yields the same tokens however it is scheduled or preempted."""
+    return xxhash.xxh3_64_intdigest(_pack_seed_index(seed & _U64, index)) % vocab_size
+
+
+def request_seed(request: GenerateRequest) -> int:
+    """The request's seed, or one derived from its id."""
+    if request.seed is not None:
+        return request.seed
+    return xxhash.xxh3_64_intdigest(request.request_id.encode())
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    """Queued; holds no blocks (new, or preempted)."""
+    RUNNING = "running"
+    """Scheduled every step until it finishes or is preempted; holds blocks."""
+    FINISHED = "finished"
+    """Done, aborted or removed; holds nothing."""
+
+
+class SeqState:
+    """A request inside the scheduler."""
+
+    __slots__ = (
+        "blocks",
+        "cached_tokens",
+        "hashes",
+        "ignore_stop",
+        "max_tokens",
+        "num_computed",
+        "num_stored",
+        "prompt_len",
+        "request_id",
+        "seed",
+        "status",
+        "stop_ids",
+        "tokens",
+    )
+
+    def __init__(self, request: GenerateRequest, hashes: list[int]) -> None:
+        self.request_id = request.request_id
+        self.tokens = list(request.token_ids)
+        """Prompt then output; the last one is not computed yet."""
+        self.prompt_len = len(request.token_ids)
+        self.max_tokens = request.max_tokens
+        self.stop_ids = frozenset(request.stop_token_ids)
+        self.ignore_stop = request.ignore_eos
+        self.seed = request_seed(request)
+        self.hashes = hashes
+        """Sequence hash of every full block of ``tokens`` (empty without caching)."""
+        self.blocks: list[int] = []
+        self.num_computed = 0
+        """Tokens whose KV is in ``blocks``."""
+        self.num_stored = 0
+        """Leading blocks already offered to the prefix cache."""
+        self.cached_tokens = -1
+        """Prefix-cache hit at first admission, -1 before it."""
+        self.status = Status.WAITING
+
+    @property
+    def num_output(self) -> int:
+        return len(self.tokens) - self.prompt_len
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """What one step computes."""
+
+    scheduled: list[tuple[SeqState, int]] = field(default_factory=list)
+    """Requests and how many tokens each computes."""
+    prefill_tokens: int = 0
+    """Tokens computed that are not decodes (prompt chunks, recomputation)."""
+    num_decode: int = 0
+    """Requests extending their output by one token."""
+    kv_usage: float = 0.0
+    """Held blocks / total blocks once the step's blocks are allocated."""
+    num_preempted: int = 0
+
+
+class StepOutput(NamedTuple):
+    seq: SeqState
+    token: int
+    finish: FinishReason | None
+
+
+class Scheduler:
+    """Waiting and running queues over a :class:`BlockPool` (see the module docstring)."""
+
+    def __init__(self, config: MockerConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.waiting: deque[SeqState] = deque()
+        self.running: list[SeqState] = []
+        self._seqs: dict[str, SeqState] = {}
+        self._stepping = False
+        self._aborted_in_step: list[SeqState] = []
+        self._caching = config.enable_prefix_caching
+        self.num_preemptions = 0
+        """Preemptions since start (a counter for metrics)."""
+
+    # ------------------------------------------------------------------ requests
+
+    def add(self, request: GenerateRequest) -> SeqState:
+        """Queue ``request``; :class:`RequestRejected` if it could never complete."""
+        self._check(request)
+        hashes = (
+            hashing.sequence_hashes(request.token_ids, self.config.block_size)
+            if self._caching
+            else []
+        )
+        seq = SeqState(request, hashes)
+        self._seqs[seq.request_id] = seq
+        self.waiting.append(seq)
+        return seq
+
+    def _check(self, request: GenerateRequest) -> None:
+        cfg, rid = self.config, request.request_id
+        prompt, max_tokens = len(request.token_ids), request.max_tokens
+        if rid in self._seqs:
+            raise RequestRejected(f"request id {rid!r} is already in use")
+        if prompt == 0:
+            raise RequestRejected(f"request {rid!r} has an empty prompt")
+        if max_tokens < 1:
+            raise RequestRejected(f"request {rid!r}: max_tokens must be >= 1, got {max_tokens}")
+        if min(request.token_ids) < 0 or max(request.token_ids) >= 2**32:
+            raise RequestRejected(f"request {rid!r}: token ids must be in [0, 2**32)")
+        if prompt + max_tokens > cfg.context_length:
+            raise RequestRejected(
+                f"request {rid!r}: prompt ({prompt}) + max_tokens ({max_tokens}) exceeds the "
+                f"context length {cfg.context_length} (max_model_len)"
+            )
+        # The last output token is never computed into KV; everything before it may be.
+        kv_tokens = prompt + max_tokens - 1
+        blocks = -(-kv_tokens // cfg.block_size)
+        if blocks > cfg.num_gpu_blocks:
+            raise RequestRejected(
+                f"request {rid!r} needs {blocks} KV blocks (prompt {prompt} + max_tokens "
+                f"{max_tokens}) but the engine has {cfg.num_gpu_blocks} (num_gpu_blocks)"
+            )
+        if not cfg.enable_chunked_prefill and kv_tokens > cfg.max_num_batched_tokens:
+            raise RequestRejected(
+                f"request {rid!r}: prompt ({prompt}) + max_tokens ({max_tokens}) may need "
+                f"{kv_tokens} tokens computed in one step but max_num_batched_tokens is "
+                f"{cfg.max_num_batched_tokens} (or set enable_chunked_prefill)"
+            )
+
+    def abort(self, request_id: str) -> bool:
+        """Remove a request and free its blocks; False if unknown or already finished."""
+        seq = self._seqs.pop(request_id, None)
+        if seq is None:
+            return False
+        if seq.status is Status.WAITING:
+            self.waiting.remove(seq)
+        elif self._stepping:  # blocks are in use by the step: free them when it ends
+            self._aborted_in_step.append(seq)
+        else:
+            self.running.remove(seq)
+            self.pool.release(seq.blocks)
+            seq.blocks = []
+        seq.status = Status.FINISHED
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def clear(self) -> None:
+        """Drop every request and release its blocks (engine stop); the cache stays."""
+        for seq in self.running:
+            self.pool.release(seq.blocks)
+            seq.blocks = []
+        for seq in self._seqs.values():
+            seq.status = Status.FINISHED
+        self.running = []
+        self.waiting.clear()
+        self._seqs.clear()
+        self._aborted_in_step.clear()
+        self._stepping = False
+
+    # ------------------------------------------------------------------ one step
+
+    def schedule(self) -> StepPlan:
+        """Pick the step's work and allocate its blocks (see the module docstring)."""
+        cfg, pool = self.config, self.pool
+        bs = cfg.block_size
+        plan = StepPlan()
+        budget = cfg.max_num_batched_tokens
+        running = self.running
+        self._stepping = True
+
+        i = 0
+        while i < len(running) and budget > 0:
+            seq = running[i]
+            num_tokens = len(seq.tokens)
+            todo = num_tokens - seq.num_computed
+            n = todo if todo < budget else budget
+            end = seq.num_computed + n
+            if end > len(seq.blocks) * bs:  # crosses into blocks it does not hold yet
+                need = -(-end // bs) - len(seq.blocks)
+                while need > pool.num_free:
+                    victim = running.pop()
+                    self._preempt(victim)
+                    plan.num_preempted += 1
+                    if victim is seq:
+                        break
+                if seq.status is not Status.RUNNING:
+                    break
+                seq.blocks += pool.allocate(need)
+            plan.scheduled.append((seq, n))
+            budget -= n
+            if todo == 1 and num_tokens > seq.prompt_len:
+                plan.num_decode += 1
+            else:
+                plan.prefill_tokens += n
+            i += 1
+
+        while (
+            not plan.num_preempted
+            and self.waiting
+            and budget > 0
+            and len(running) < cfg.max_num_seqs
+        ):
+            seq = self.waiting[0]
+            hits = (
+                pool.match_prefix(seq.hashes, (len(seq.tokens) - 1) // bs) if self._caching else []
+            )
+            computed = len(hits) * bs
+            n = len(seq.tokens) - computed
+            if n > budget:
+                if not cfg.enable_chunked_prefill:
+                    break
+                n = budget
+            need = -(-(computed + n) // bs) - len(hits)
+            if need + pool.num_unheld(hits) > pool.num_free:
+                break
+            pool.acquire(hits)  # before allocating, so that allocation cannot evict them
+            seq.blocks = hits + pool.allocate(need)
+            seq.num_computed = computed
+            seq.num_stored = len(hits)
+            if seq.cached_tokens < 0:
+                seq.cached_tokens = computed
+            seq.status = Status.RUNNING
+            self.waiting.popleft()
+            running.append(seq)
+            plan.scheduled.append((seq, n))
+            plan.prefill_tokens += n
+            budget -= n
+
+        plan.kv_usage = pool.num_active / cfg.num_gpu_blocks
+        return plan
+
+    def finish_step(self, plan: StepPlan) -> list[StepOutput]:
+        """The step's compute is done: record progress, sample tokens, finish requests."""
+        cfg, pool = self.config, self.pool
+        bs = cfg.block_size
+        outputs: list[StepOutput] = []
+        finished = False
+        caching, vocab, running = self._caching, cfg.vocab_size, Status.RUNNING
+        for seq, n in plan.scheduled:
+            if seq.status is not running:
+                continue  # aborted during the step
+            seq.num_computed += n
+            if caching and seq.num_computed // bs > seq.num_stored:
+                self._store_full_blocks(seq)
+            tokens = seq.tokens
+            if seq.num_computed < len(tokens):
+                continue  # a prompt chunk: no token yet
+            num_output = len(tokens) - seq.prompt_len
+            token = mock_token(seq.seed, num_output, vocab)
+            tokens.append(token)
+            num_output += 1
+            if caching and len(tokens) % bs == 0:
+                parent = seq.hashes[-1] if seq.hashes else None
+                seq.hashes += hashing.sequence_hashes(tokens[-bs:], bs, parent)
+            finish: FinishReason | None = None
+            if token in seq.stop_ids and not seq.ignore_stop:
+                finish = "stop"
+            elif num_output >= seq.max_tokens:
+                finish = "length"
+            outputs.append(StepOutput(seq, token, finish))
+            if finish is not None:
+                pool.release(seq.blocks)
+                seq.blocks = []
+                seq.status = Status.FINISHED
+                del self._seqs[seq.request_id]
+                finished = True
+        for seq in self._aborted_in_step:
+            pool.release(seq.blocks)
+            seq.blocks = []
+            finished = True
+        self._aborted_in_step.clear()
+        if finished:
+            self.running = [s for s in self.running if s.status is Status.RUNNING]
+        self._stepping = False
+        return outputs
+
+    def _store_full_blocks(self, seq: SeqState) -> None:
+        bs = self.config.block_size
+        full = seq.num_computed // bs
+        start = seq.num_stored
+        if full > start:
+            self.pool.store(
+                seq.blocks[start:full],
+                seq.hashes[start:full],
+                seq.hashes[start - 1] if start else None,
+                seq.tokens[start * bs : full * bs],
+            )
+            seq.num_stored = full
+
+    def _preempt(self, seq: SeqState) -> None:
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        seq.num_computed = 0
+        seq.num_stored = 0
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def check_invariants(self) -> None:
+        """Assert the scheduler's and pool's bookkeeping agree; call between steps (tests)."""
+        bs, pool = self.config.block_size, self.pool
+        holds: Counter[int] = Counter()
+        for seq in self.running:
+            assert seq.status is Status.RUNNING, seq.request_id
+            assert len(seq.blocks) == -(-seq.num_computed // bs), f"{seq.request_id}: blocks"
+            assert seq.num_stored <= seq.num_computed // bs, f"{seq.request_id}: stored"
+            for block, h in zip(seq.blocks[: seq.num_stored], seq.hashes, strict=False):
+                # None: it filled while an identical block was cached, so it stayed out.
+                assert pool.block_hash(block) in (h, None), f"{seq.request_id}: block hash"
+            holds.update(seq.blocks)
+        for seq in self.waiting:
+            assert seq.status is Status.WAITING and not seq.blocks, seq.request_id
+        assert len(self._seqs) == len(self.running) + len(self.waiting), "request table"
+        pool.check(holds)
+
+    # ------------------------------------------------------------------ metrics
+
+    def load_metrics(self) -> LoadMetrics:
+        """Current load. ``prefill_tokens_queued`` counts waiting prompts in full: their
+        prefix hits are known only once they are scheduled."""
+        queued = sum(len(s.tokens) - s.num_computed for s in self.waiting)
+        for s in self.running:
+            todo = len(s.tokens) - s.num_computed
+            if todo > 1 or not s.num_output:
+                queued += todo
+        pool = self.pool
+        return LoadMetrics(
+            active_blocks=pool.num_active,
+            total_blocks=pool.num_blocks,
+            num_waiting=len(self.waiting),
+            num_running=len(self.running),
+            prefill_tokens_queued=queued,
+            kv_usage=pool.num_active / pool.num_blocks,
+        )

@@ -1,0 +1,77 @@
+"""Engines by name, imported only when asked for.
+
+An entry names a factory as ``"module:attribute"`` and, for real engines, the pip extra
+that provides it: ``dynamoctl worker --engine vllm`` on a node without vLLM fails with
+the command that fixes it instead of an ``ImportError`` from deep inside.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, cast
+
+from dynamoctl.engines.api import Engine, EngineError
+
+EngineFactory = Callable[..., Engine]
+"""Builds an engine from keyword options (the recipe's engine arguments)."""
+
+
+class UnknownEngine(ValueError):
+    """No engine is registered under that name; the message lists the valid ones."""
+
+
+class EngineUnavailable(EngineError):
+    """The engine is registered but its package is not installed."""
+
+
+@dataclass(frozen=True)
+class EngineEntry:
+    """A registered engine."""
+
+    name: str
+    target: str
+    """``"module:attribute"`` (dotted attribute allowed) of the :data:`EngineFactory`."""
+    extra: str | None = None
+    """The dynamoctl extra that installs the engine (``pip install 'dynamoctl[vllm]'``)."""
+
+
+_ENGINES: dict[str, EngineEntry] = {}
+
+
+def register_engine(name: str, target: str, *, extra: str | None = None) -> None:
+    """Register ``target`` (``"module:factory"``) as engine ``name``; nothing is imported."""
+    if name in _ENGINES and _ENGINES[name].target != target:
+        raise ValueError(f"engine {name!r} is already registered as {_ENGINES[name].target}")
+    _ENGINES[name] = EngineEntry(name, target, extra)
+
+
+def engine_names() -> list[str]:
+    """Registered engine names, sorted."""
+    return sorted(_ENGINES)
+
+
+def load_engine_factory(name: str) -> EngineFactory:
+    """Import and return the factory of engine ``name``."""
+    entry = _ENGINES.get(name)
+    if entry is None:
+        raise UnknownEngine(f"unknown engine {name!r}; valid: {', '.join(engine_names())}")
+    module_name, _, attr = entry.target.partition(":")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        hint = f": pip install 'dynamoctl[{entry.extra}]'" if entry.extra else ""
+        raise EngineUnavailable(f"engine {name!r} is not installed ({exc}){hint}") from exc
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return cast(EngineFactory, obj)
+
+
+def create_engine(name: str, options: Mapping[str, Any] | None = None, **kwargs: Any) -> Engine:
+    """Build engine ``name`` from ``options`` (recipe arguments) plus ``kwargs`` (runtime
+    objects such as a clock), e.g. ``create_engine("mocker", {"num_gpu_blocks": 1024})``."""
+    return load_engine_factory(name)(**dict(options or {}), **kwargs)
+
+
+register_engine("mocker", "dynamoctl.engines.mocker.engine:MockerEngine.from_options")

@@ -1,0 +1,35 @@
+"""Engines by name: unknown names list the valid ones; missing packages name the extra."""
+
+from __future__ import annotations
+
+import pytest
+
+from dynamoctl.engines import registry
+from dynamoctl.engines.mocker import MockerEngine, VirtualClock
+
+
+def test_unknown_engine_lists_valid_ones() -> None:
+    with pytest.raises(registry.UnknownEngine, match=r"unknown engine 'vlm'; valid: .*mocker"):
+        registry.create_engine("vlm")
+
+
+def test_mocker_from_options_and_runtime_objects() -> None:
+    clock = VirtualClock()
+    engine = registry.create_engine("mocker", {"num_gpu_blocks": 32, "block_size": 8}, clock=clock)
+    assert isinstance(engine, MockerEngine)
+    assert engine.clock is clock
+    assert (engine.model_card.kv_capacity_blocks, engine.model_card.block_size) == (32, 8)
+    with pytest.raises(ValueError, match="num_gpu_blocks"):
+        registry.create_engine("mocker", {"num_gpu_blocks": 0})
+    with pytest.raises(ValueError, match="unknown field `blocks`"):
+        registry.create_engine("mocker", {"blocks": 1})
+
+
+def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))
+    registry.register_engine("fancy", "no_such_module_xyz.engine:Engine", extra="fancy")
+    assert "fancy" in registry.engine_names()
+    with pytest.raises(registry.EngineUnavailable, match=r"pip install 'dynamoctl\[fancy\]'"):
+        registry.create_engine("fancy")
+    with pytest.raises(ValueError, match="already registered"):
+        registry.register_engine("mocker", "elsewhere:Engine")
