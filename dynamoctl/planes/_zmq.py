@@ -1,0 +1,57 @@
+"""Small ZeroMQ helpers shared by the planes."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import time
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from dynamoctl.util.backoff import Backoff
+
+
+def async_context() -> zmq.asyncio.Context:
+    """The process-wide asyncio context (one I/O thread for every plane)."""
+    return zmq.asyncio.Context.instance()
+
+
+def sync_context() -> zmq.Context[zmq.Socket[bytes]]:
+    """A blocking view of the same context, for sockets that only ever send without
+    waiting (PUB): a synchronous ``send`` avoids creating a Future per message."""
+    return zmq.Context.shadow(async_context().underlying)
+
+
+async def bind(sock: zmq.Socket[Any], address: str, *, patience: float = 2.0) -> str:
+    """Bind ``sock`` and return the resolved address.
+
+    ``tcp://host:0`` is accepted as a synonym of ZeroMQ's ``tcp://host:*`` (an ephemeral
+    port); the returned address names the port actually bound, ready to publish in
+    discovery. EADDRINUSE is retried for ``patience`` seconds: ZeroMQ releases a closed
+    socket's port asynchronously, so a component restarted in-process on its old address
+    would otherwise race its predecessor. On failure ``sock`` is closed.
+    """
+    if address.startswith("tcp://") and address.endswith(":0"):
+        address = address[:-1] + "*"
+    backoff, deadline = Backoff(base=0.01, cap=0.2), time.monotonic() + patience
+    while True:
+        try:
+            sock.bind(address)
+            break
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EADDRINUSE or time.monotonic() > deadline:
+                close(sock)
+                raise
+            await asyncio.sleep(backoff.next())
+    endpoint = sock.getsockopt(zmq.LAST_ENDPOINT)
+    assert isinstance(endpoint, bytes)
+    return endpoint.decode()
+
+
+def close(sock: zmq.Socket[Any] | None) -> None:
+    """Close at once: pending outgoing messages are dropped (linger 0) so that shutdown
+    never blocks on an unreachable peer."""
+    if sock is not None and not sock.closed:
+        sock.close(linger=0)

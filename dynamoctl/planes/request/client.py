@@ -1,0 +1,353 @@
+"""Request-plane client: one object, one DEALER per server address, many streams on each.
+
+A stream is an async generator of ``bytes`` chunks. Leaving it early in any way (``break``
+then garbage collection, ``aclose()``, cancellation of the consuming task) sends a Cancel so
+that the server frees the engine's work; a stream that ends with End or Error needs none.
+
+Flow control: the Request grants ``window`` chunks; as the consumer drains, the client
+raises the (cumulative) credit limit once half a window has been consumed, so the
+per-stream buffer never holds more than ``window`` chunks and a slow consumer suspends the
+server's handler.
+
+Heartbeats: every ``heartbeat_interval`` the client pings each connected server. A stream
+fails with :class:`PeerDeadError` when its server has sent nothing for
+``heartbeat_timeout`` (counted from the later of the server's last message and the
+stream's start). Streams that have received nothing for an interval re-send their Credit as
+a probe: a server that lost the stream (restart, message lost on reconnect) answers
+UNKNOWN_STREAM, so no stream waits forever on a server that is alive but forgot it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import AsyncGenerator
+from types import TracebackType
+
+import zmq
+import zmq.asyncio
+
+from dynamoctl import wire
+from dynamoctl.planes import _zmq
+from dynamoctl.planes.request.errors import (
+    ClientClosedError,
+    PeerDeadError,
+    RequestPlaneError,
+    from_code,
+)
+
+logger = logging.getLogger(__name__)
+
+_END = object()  # marks a stream the server ended normally
+
+
+class _Stream:
+    __slots__ = (
+        "buf",
+        "conn",
+        "consumed",
+        "last_recv",
+        "limit",
+        "opened",
+        "outcome",
+        "received",
+        "rid",
+        "waiter",
+        "window",
+    )
+
+    def __init__(self, conn: _Connection, rid: int, window: int) -> None:
+        self.conn = conn
+        self.rid = rid
+        self.window = window
+        self.buf: deque[bytes] = deque()
+        self.received = 0  # seq of the next chunk
+        self.consumed = 0
+        self.limit = window  # credit limit granted to the server
+        self.outcome: object | BaseException | None = None  # _END or the failure
+        self.waiter: asyncio.Future[None] | None = None
+        self.opened = self.last_recv = time.monotonic()
+
+    def feed(self, msg: wire.Chunk | wire.End | wire.Error) -> None:
+        if self.outcome is not None:
+            return
+        if isinstance(msg, wire.Chunk):
+            if msg.seq != self.received or len(self.buf) >= self.window:
+                why = f"chunk {msg.seq} while expecting {self.received} (window {self.window})"
+                self.fail(PeerDeadError(f"stream {self.rid} broke in transit: {why}"))
+                return
+            self.buf.append(msg.data)
+            self.received += 1
+        elif isinstance(msg, wire.End):
+            self.outcome = _END
+        else:
+            self.outcome = from_code(msg.code, msg.message)
+        self.last_recv = time.monotonic()
+        self._wake()
+
+    def abandon(self) -> None:
+        """The consumer is done with the stream: forget it, and cancel it on the server
+        unless the server already finished it."""
+        if self.conn.streams.pop(self.rid, None) is not None and not _server_ended(self.outcome):
+            self.conn.post(wire.Cancel(self.rid))
+
+    def fail(self, exc: BaseException) -> None:
+        if self.outcome is None:
+            self.outcome = exc
+            self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    async def next(self) -> bytes | None:
+        """The next chunk, None at End; raises the stream's failure."""
+        while True:
+            if self.buf:
+                self.consumed += 1
+                if self.consumed + self.window - self.limit >= max(1, self.window // 2):
+                    self.limit = self.consumed + self.window
+                    self.conn.post(wire.Credit(self.rid, self.limit))
+                return self.buf.popleft()
+            if self.outcome is _END:
+                return None
+            if isinstance(self.outcome, BaseException):
+                raise self.outcome
+            self.waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self.waiter
+            finally:
+                self.waiter = None
+
+
+class _Connection:
+    """One DEALER to one server address, with its reader and writer tasks."""
+
+    def __init__(self, address: str, identity: bytes) -> None:
+        self.address = address
+        self.sock = _zmq.async_context().socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # Our own identity, stable across TCP reconnects, so the server's routes survive.
+        self.sock.setsockopt(zmq.ROUTING_ID, identity)
+        self.sock.connect(address)
+        self.streams: dict[int, _Stream] = {}
+        self.last_recv = time.monotonic()
+        self._out: deque[bytes] = deque()
+        self._out_ready = asyncio.Event()
+        self._out_empty = asyncio.Event()
+        self._ping_queued = False
+        self.closed = False
+        self._tasks = [
+            asyncio.create_task(self._reader(), name=f"request-client-reader {address}"),
+            asyncio.create_task(self._writer(), name=f"request-client-writer {address}"),
+        ]
+
+    def post(self, msg: wire.WireMessage) -> None:
+        """Queue ``msg`` for sending; never blocks, so it is safe from ``finally`` blocks
+        and finalizers."""
+        if not self.closed:
+            self._out.append(wire.encode(msg))
+            self._out_ready.set()
+
+    def ping(self) -> None:
+        if not self._ping_queued:  # a stalled writer must not pile up pings
+            self._ping_queued = True
+            self.post(wire.Ping())
+
+    async def _writer(self) -> None:
+        while True:
+            while not self._out:
+                self._out_empty.set()
+                self._out_ready.clear()
+                await self._out_ready.wait()
+            self._out_empty.clear()
+            frame = self._out.popleft()
+            await self.sock.send(frame)
+            if frame == _PING_FRAME:
+                self._ping_queued = False
+
+    async def _reader(self) -> None:
+        while True:
+            frames = await self.sock.recv_multipart()
+            self.last_recv = time.monotonic()
+            try:
+                msg = wire.decode_server(frames[-1])
+            except wire.DecodeError as exc:
+                logger.warning("undecodable message from %s: %s", self.address, exc)
+                continue
+            if not isinstance(msg, wire.Pong):
+                stream = self.streams.get(msg.rid)
+                if stream is not None:  # else: already finished or cancelled here
+                    stream.feed(msg)
+
+    def check(self, now: float, interval: float, timeout: float) -> None:
+        """Heartbeat tick: ping, fail streams on a silent server, probe quiet streams."""
+        self.ping()
+        for stream in self.streams.values():
+            if stream.outcome is not None:
+                continue
+            silent = now - max(self.last_recv, stream.opened)
+            if silent > timeout:
+                why = f"sent nothing for {silent:.1f}s (heartbeat_timeout {timeout}s)"
+                stream.fail(PeerDeadError(f"{self.address} {why}"))
+            elif now - stream.last_recv >= interval:
+                self.post(wire.Credit(stream.rid, stream.limit))
+
+    async def close(self, exc: BaseException) -> None:
+        """Cancel open streams on the server (best effort: a short flush, then linger 0;
+        the server's heartbeat timeout is the backstop) and fail them here."""
+        for stream in self.streams.values():
+            if stream.outcome is None:
+                self.post(wire.Cancel(stream.rid))
+                stream.fail(exc)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._out_empty.wait(), 0.1)
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        _zmq.close(self.sock)
+
+
+_PING_FRAME = wire.encode(wire.Ping())
+
+
+class RequestClient:
+    """Open streams to request-plane servers; connects to each address on first use."""
+
+    def __init__(
+        self,
+        *,
+        heartbeat_interval: float = 1.0,
+        heartbeat_timeout: float = 3.0,
+        window: int = 64,
+    ) -> None:
+        self.heartbeat_interval = heartbeat_interval
+        """Seconds between pings to each connected server."""
+        self.heartbeat_timeout = heartbeat_timeout
+        """Seconds of server silence after which its open streams fail with PeerDeadError."""
+        self.window = window
+        """Default per-stream credit window in chunks (bounds each stream's buffer)."""
+        self._identity = os.urandom(16)
+        self._conns: dict[str, _Connection] = {}
+        self._rids = itertools.count(1)
+        self._heartbeat: asyncio.Task[None] | None = None
+        self._closed = False
+
+    async def connect(self, address: str) -> None:
+        """Connect ahead of the first stream (optional: :meth:`stream` connects too)."""
+        self._connection(address)
+
+    async def disconnect(self, address: str) -> None:
+        """Close the connection to ``address``; its open streams fail with
+        :class:`ClientClosedError`."""
+        conn = self._conns.pop(address, None)
+        if conn is not None:
+            await self._close_conn(conn)
+
+    async def stream(
+        self, address: str, endpoint: str, body: bytes, *, window: int | None = None
+    ) -> AsyncGenerator[bytes, None]:
+        """Call ``endpoint`` on the server at ``address``; yields its chunks.
+
+        Raises :class:`RemoteError`, :class:`UnknownEndpointError`, :class:`Overloaded`,
+        :class:`PeerDeadError` or :class:`ClientClosedError` (all
+        :class:`RequestPlaneError`). The request is sent on the first iteration.
+
+        Leaving early cancels the stream on the server: at once on ``aclose()`` (use
+        ``contextlib.aclosing``) or when the task iterating it is cancelled, even while
+        it awaits something else; after a plain ``break``, when the generator is garbage
+        collected (immediately in CPython unless something still references it).
+        """
+        conn = self._connection(address)
+        stream = _Stream(conn, next(self._rids), window or self.window)
+        conn.streams[stream.rid] = stream
+        conn.post(wire.Request(stream.rid, endpoint, body, stream.window))
+        owner: asyncio.Task[object] | None = None
+
+        def owner_done(task: asyncio.Future[object]) -> None:
+            # Only cancellation: reading task.exception() would hide it from its owner.
+            if task.cancelled():
+                stream.abandon()
+                stream.fail(ClientClosedError(f"task iterating stream {stream.rid} cancelled"))
+
+        def adopt() -> None:
+            # Follow the task that iterates (wait_for(anext(s)) runs each step in its own).
+            nonlocal owner
+            task = asyncio.current_task()
+            if task is not owner:
+                if owner is not None:
+                    owner.remove_done_callback(owner_done)
+                owner = task
+                if task is not None:
+                    task.add_done_callback(owner_done)
+
+        try:
+            adopt()
+            while (chunk := await stream.next()) is not None:
+                yield chunk
+                adopt()
+        finally:
+            if owner is not None:
+                owner.remove_done_callback(owner_done)
+            stream.abandon()
+
+    async def close(self) -> None:
+        """Fail open streams with :class:`ClientClosedError` and close every socket."""
+        self._closed = True
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat
+        conns, self._conns = list(self._conns.values()), {}
+        for conn in conns:
+            await self._close_conn(conn)
+
+    async def __aenter__(self) -> RequestClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _connection(self, address: str) -> _Connection:
+        if self._closed:
+            raise ClientClosedError("RequestClient is closed")
+        conn = self._conns.get(address)
+        if conn is None:
+            conn = self._conns[address] = _Connection(address, self._identity)
+            if self._heartbeat is None:
+                self._heartbeat = asyncio.create_task(self._heartbeats(), name="heartbeats")
+        return conn
+
+    async def _close_conn(self, conn: _Connection) -> None:
+        await conn.close(ClientClosedError(f"connection to {conn.address} closed"))
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            now = time.monotonic()
+            for conn in self._conns.values():
+                conn.check(now, self.heartbeat_interval, self.heartbeat_timeout)
+
+
+def _server_ended(outcome: object) -> bool:
+    """Whether the server itself finished the stream (End, or an Error it sent)."""
+    if outcome is None:
+        return False
+    if outcome is _END:
+        return True
+    return isinstance(outcome, RequestPlaneError) and not isinstance(
+        outcome, PeerDeadError | ClientClosedError
+    )
