@@ -1,1 +1,1 @@
-"""KV-cache identity shared by engines and the router: block hashes and KV events."""
+"""KV-cache identity shared by engines and the router: chained block hashes."""

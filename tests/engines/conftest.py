@@ -10,7 +10,7 @@ import pytest
 
 from dynamoctl.engines.api import FinishReason, GenerateChunk, GenerateRequest
 from dynamoctl.engines.mocker import MockerConfig, MockerEngine, VirtualClock
-from dynamoctl.kv.events import KVEventBatch
+from dynamoctl.wire.kv_events import KVEventBatch
 
 
 @dataclass

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from dynamoctl.kv.events import (
+from dynamoctl.wire.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,

@@ -17,7 +17,7 @@ from dynamoctl.engines.api import (
 from dynamoctl.engines.mocker import MockerConfig, MockerEngine, RealClock
 from dynamoctl.engines.mocker.scheduler import Scheduler, mock_token
 from dynamoctl.kv import hashing
-from dynamoctl.kv.events import BlockRemoved, BlockStored
+from dynamoctl.wire.kv_events import BlockRemoved, BlockStored
 
 PROMPT = list(range(1000, 1100))  # 100 tokens: 6 full blocks of 16 and a partial one
 

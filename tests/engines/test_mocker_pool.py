@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from dynamoctl.engines.mocker.block_pool import BlockPool
-from dynamoctl.kv.events import AllBlocksCleared, BlockRemoved, BlockStored
+from dynamoctl.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored
 
 
 def store_chain(pool: BlockPool, blocks: list[int], first_hash: int) -> list[int]:

@@ -18,7 +18,7 @@ from dynamoctl.engines.api import GenerateRequest, RequestRejected
 from dynamoctl.engines.mocker import MockerConfig, MockerEngine, VirtualClock
 from dynamoctl.engines.mocker.scheduler import mock_token
 from dynamoctl.kv import hashing
-from dynamoctl.kv.events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
+from dynamoctl.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 
 
 @dataclass

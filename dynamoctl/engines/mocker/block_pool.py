@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 
-from dynamoctl.kv.events import (
+from dynamoctl.wire.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,

@@ -39,7 +39,7 @@ from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
 from dynamoctl.engines.mocker.timing import TimingModel
-from dynamoctl.kv.events import KVEventBatch
+from dynamoctl.wire.kv_events import KVEventBatch
 
 logger = logging.getLogger(__name__)
 

@@ -1,4 +1,4 @@
-"""The wire schema: every message dynamoctl puts on a socket, in one module.
+"""Wire schema of the request and event planes (see ``dynamoctl.wire`` for the rest).
 
 Messages are ``msgspec`` structs encoded with msgpack as arrays (``array_like=True``): a
 message is ``[tag, field, field, ...]`` with a small integer tag first, so the decoder picks
@@ -16,11 +16,10 @@ Sections:
   are client messages, 16-31 server messages. Each ZMQ message carries exactly one encoded
   struct (the ROUTER adds the peer identity frame in front on the server side).
 * **Event plane** (``dynamoctl.planes.events``): raw frames, wire-compatible with vLLM's
-  ``ZmqEventPublisher``; only the frame helpers live here. Payloads (KV event batches, load
-  metrics) get their own sections when they are added.
+  ``ZmqEventPublisher``; only the frame helpers live here. Payloads are in
+  :mod:`dynamoctl.wire.kv_events` and :mod:`dynamoctl.wire.engine`.
 
-Tags from 32 up are free for later sections (generate requests and responses, control
-plane). KV event payloads will follow vLLM's own encoding (class-name tags), not this one.
+Tags from 32 up are free for later messages (control plane).
 """
 
 from __future__ import annotations

@@ -1,0 +1,81 @@
+"""Engine payloads: what a worker's ``generate`` endpoint takes and streams, its model card
+and its load, as they travel on the request plane, the event plane and in discovery."""
+
+from __future__ import annotations
+
+from typing import Literal, TypeAlias
+
+import msgspec
+
+FinishReason: TypeAlias = Literal["stop", "length", "abort"]
+"""``stop``: a stop token; ``length``: ``max_tokens`` reached; ``abort``: cancelled."""
+
+
+class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """One generation: a tokenised prompt in, token ids out."""
+
+    request_id: str
+    """Unique among the engine's live requests; used by :meth:`Engine.abort`."""
+    token_ids: list[int]
+    """The prompt, tokenised."""
+    max_tokens: int
+    """Most tokens to generate (>= 1)."""
+    stop_token_ids: list[int] = []
+    """Generation ends after emitting any of these (the token is included in the output);
+    the frontend puts the model's EOS here."""
+    ignore_eos: bool = False
+    """Ignore ``stop_token_ids`` and generate exactly ``max_tokens`` (benchmarks)."""
+    seed: int | None = None
+    """Sampling seed; None: engine's choice (the mocker derives one from ``request_id``)."""
+    temperature: float | None = None
+    """Sampling temperature; None: engine default."""
+
+
+class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """Tokens produced since the previous chunk of the same request."""
+
+    token_ids: list[int]
+    """New output tokens, in order (possibly several if the reader fell behind)."""
+    finish_reason: FinishReason | None = None
+    """Set on the last chunk only."""
+    cached_tokens: int | None = None
+    """First chunk only: prompt tokens served from the prefix cache (not recomputed)."""
+    prompt_tokens: int | None = None
+    """First chunk only: prompt length in tokens."""
+
+
+class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """What the router and frontend need to know about an engine (registered in discovery
+    under ``{ns}/models/{model}/{instance_id}``)."""
+
+    model: str
+    """Served model name."""
+    tokenizer: str
+    """Where the frontend loads the tokenizer from (a Hugging Face id or a path)."""
+    block_size: int
+    """Tokens per KV block: the router hashes prompts with this block size."""
+    kv_capacity_blocks: int
+    """KV cache size in blocks."""
+    max_num_seqs: int
+    """Most requests running at once."""
+    max_num_batched_tokens: int
+    """Token budget of one engine step."""
+    context_length: int
+    """Longest prompt + output, in tokens."""
+
+
+class LoadMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An engine's load at one instant (the router's and planner's view of a worker)."""
+
+    active_blocks: int
+    """KV blocks held by requests (cached blocks nobody holds are not counted)."""
+    total_blocks: int
+    """KV capacity in blocks."""
+    num_waiting: int
+    """Requests queued, not yet scheduled (including preempted ones)."""
+    num_running: int
+    """Requests scheduled: prefilling or decoding."""
+    prefill_tokens_queued: int
+    """Prompt tokens accepted but not yet prefilled (waiting and partly prefilled)."""
+    kv_usage: float
+    """``active_blocks / total_blocks``."""

@@ -1,0 +1,64 @@
+"""Discovery records: the values stored under the keys of ``dynamoctl.discovery.keys``.
+
+JSON (not msgpack) so that an operator reading ``dynamoctl discovery ls`` or ``etcdctl get``
+sees them as they are. Unknown fields are ignored when decoding, so a newer writer's
+records still decode in an older reader.
+"""
+
+from __future__ import annotations
+
+from typing import TypeVar
+
+import msgspec
+
+
+class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``{ns}/instances/{component}/{endpoint}/{instance_id}``: a serving instance."""
+
+    instance_id: str
+    """Unique id of the instance (host, pid and index for workers)."""
+    component: str
+    """``worker``, ``frontend``, ``router``."""
+    endpoint: str
+    """Request-plane endpoint name served at ``address`` (``generate`` for workers)."""
+    address: str
+    """Request-plane address to connect to, e.g. ``tcp://10.0.0.5:41234``."""
+    host: str
+    """Host name the instance runs on."""
+    pid: int
+    """Process id on ``host``."""
+    role: str = ""
+    """Worker role: ``agg``, ``prefill`` or ``decode``."""
+    model: str = ""
+    """Served model name."""
+    metrics_url: str | None = None
+    """Prometheus endpoint of the instance's process."""
+
+
+class EventsRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``{ns}/events/{component}/{instance_id}``: where an instance publishes its streams."""
+
+    kv: str
+    """PUB address of the KV-event stream (vLLM framing)."""
+    kv_replay: str | None
+    """Replay ROUTER of the KV-event stream."""
+    kv_topic: str
+    """Topic frame of KV events."""
+    load: str
+    """PUB address of the load-metrics stream (:class:`~dynamoctl.wire.engine.LoadMetrics`)."""
+    load_replay: str | None
+    """Replay ROUTER of the load stream."""
+    load_topic: str
+    """Topic frame of load metrics."""
+
+
+Record = TypeVar("Record", bound=msgspec.Struct)
+
+
+def encode_json(record: msgspec.Struct) -> bytes:
+    return msgspec.json.encode(record)
+
+
+def decode_json(payload: bytes, type: type[Record]) -> Record:
+    """Decode a record; raises ``msgspec.DecodeError`` naming the bad field."""
+    return msgspec.json.decode(payload, type=type)
