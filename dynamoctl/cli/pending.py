@@ -1,7 +1,7 @@
 """Commands that later issues implement; until then each says so and exits with status 2.
 
 They accept any arguments, so scripts and docs written against the final interface (e.g.
-``dynamoctl worker --engine mocker``) already get this clear answer instead of a usage error.
+``dynamoctl frontend --port 8000``) already get this clear answer instead of a usage error.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ PENDING: dict[str, PendingCommand] = {
     "scale": PendingCommand("Change a pool's replica count, e.g. prefill=4.", "supervisor"),
     "frontend": PendingCommand("Run the OpenAI-compatible HTTP frontend.", "frontend"),
     "router": PendingCommand("Run a standalone router.", "router"),
-    "worker": PendingCommand("Run one worker: an engine behind the request plane.", "worker"),
 }
 
 

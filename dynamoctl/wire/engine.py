@@ -79,3 +79,26 @@ class LoadMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Prompt tokens accepted but not yet prefilled (waiting and partly prefilled)."""
     kv_usage: float
     """``active_blocks / total_blocks``."""
+
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(GenerateRequest)
+_chunk_decoder = msgspec.msgpack.Decoder(GenerateChunk)
+_load_decoder = msgspec.msgpack.Decoder(LoadMetrics)
+
+
+def encode(message: GenerateRequest | GenerateChunk | LoadMetrics) -> bytes:
+    """msgpack body of a ``generate`` request or chunk, or a load-stream payload."""
+    return _encoder.encode(message)
+
+
+def decode_request(payload: bytes) -> GenerateRequest:
+    return _request_decoder.decode(payload)
+
+
+def decode_chunk(payload: bytes) -> GenerateChunk:
+    return _chunk_decoder.decode(payload)
+
+
+def decode_load(payload: bytes) -> LoadMetrics:
+    return _load_decoder.decode(payload)

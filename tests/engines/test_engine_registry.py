@@ -21,7 +21,7 @@ def test_mocker_from_options_and_runtime_objects() -> None:
     assert (engine.model_card.kv_capacity_blocks, engine.model_card.block_size) == (32, 8)
     with pytest.raises(ValueError, match="num_gpu_blocks"):
         registry.create_engine("mocker", {"num_gpu_blocks": 0})
-    with pytest.raises(ValueError, match="unknown field `blocks`"):
+    with pytest.raises(ValueError, match="unknown mocker argument --blocks"):
         registry.create_engine("mocker", {"blocks": 1})
 
 

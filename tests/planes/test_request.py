@@ -278,3 +278,17 @@ async def test_a_port_zero_address_resolves_to_the_bound_port(server: RequestSer
     host, port = server.address.removeprefix("tcp://").rsplit(":", 1)
     assert host == "127.0.0.1"
     assert int(port) > 0
+
+
+async def test_handler_refusing_before_first_chunk_is_overloaded() -> None:
+    from dynamoctl.planes.request import NotAccepting, Overloaded
+
+    async def refuse(body: bytes) -> AsyncIterator[bytes]:
+        raise NotAccepting("draining")
+        yield b""  # pragma: no cover - makes this an async generator
+
+    async with RequestServer() as server, RequestClient() as client:
+        server.register("gen", refuse)
+        with pytest.raises(Overloaded, match="draining"):
+            async for _ in client.stream(server.address, "gen", b""):
+                pass

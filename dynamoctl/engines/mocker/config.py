@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Mapping
 from typing import Any
 
@@ -59,4 +60,16 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MockerConfig:
         """Build from recipe options; errors name the offending option."""
-        return msgspec.convert(dict(options), cls)
+        known = set(cls.__struct_fields__)
+        for name in options:
+            if name not in known:
+                hint = difflib.get_close_matches(name, known, n=1)
+                also = f" (did you mean --{hint[0].replace('_', '-')}?)" if hint else ""
+                raise ValueError(
+                    f"unknown mocker argument --{name.replace('_', '-')}{also}; valid: "
+                    + ", ".join("--" + k.replace("_", "-") for k in sorted(known))
+                )
+        try:
+            return msgspec.convert(dict(options), cls)
+        except msgspec.ValidationError as exc:
+            raise ValueError(f"mocker argument {exc}") from exc

@@ -4,6 +4,7 @@ them through one :class:`RequestClient` (a DEALER per server). See docs/planes.m
 from dynamoctl.planes.request.client import RequestClient
 from dynamoctl.planes.request.errors import (
     ClientClosedError,
+    NotAccepting,
     Overloaded,
     PeerDeadError,
     RemoteError,
@@ -15,6 +16,7 @@ from dynamoctl.planes.request.server import Handler, RequestServer
 __all__ = [
     "ClientClosedError",
     "Handler",
+    "NotAccepting",
     "Overloaded",
     "PeerDeadError",
     "RemoteError",

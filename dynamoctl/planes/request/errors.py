@@ -23,6 +23,11 @@ class Overloaded(RequestPlaneError):
     another worker is safe."""
 
 
+class NotAccepting(RequestPlaneError):
+    """Raised by a handler, before its first chunk, to refuse a request it has not started
+    (a draining worker): the client sees :class:`Overloaded` and may retry elsewhere."""
+
+
 class PeerDeadError(RequestPlaneError):
     """The server stopped answering heartbeats within ``heartbeat_timeout``, restarted, or
     the stream broke in transit. Chunks received before this are valid; the request may

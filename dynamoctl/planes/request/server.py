@@ -28,6 +28,7 @@ import zmq.asyncio
 
 from dynamoctl import wire
 from dynamoctl.planes import _zmq
+from dynamoctl.planes.request.errors import NotAccepting
 from dynamoctl.wire import ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -252,10 +253,13 @@ class RequestServer:
         except Exception as exc:
             if not in_handler:  # our own failure (encoding, socket), not the handler's
                 await _throw_cancel(chunks)
-            logger.warning("handler for request %d failed", stream.rid, exc_info=True)
+            if not isinstance(exc, NotAccepting):
+                logger.warning("handler for request %d failed", stream.rid, exc_info=True)
+            refused = isinstance(exc, NotAccepting) and stream.sent == 0
+            code = ErrorCode.OVERLOADED if refused else ErrorCode.HANDLER
             with contextlib.suppress(_PeerGone, zmq.ZMQError):
                 text = f"{type(exc).__name__}: {exc}"
-                await self._send_error(peer.ident, stream.rid, ErrorCode.HANDLER, text)
+                await self._send_error(peer.ident, stream.rid, code, text)
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:

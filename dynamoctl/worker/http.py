@@ -1,0 +1,102 @@
+"""The worker process's HTTP side: ``/metrics`` (Prometheus), ``/health``, ``/live``.
+
+Metrics are read from the instances at scrape time by a collector, so nothing on the
+request path updates gauges. One process may host several instances (``--num-workers``):
+every series carries an ``instance`` label.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
+
+from dynamoctl.worker.instance import WorkerInstance
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_LABELS = ["instance", "model", "role"]
+
+
+class WorkerCollector(Collector):
+    """Prometheus series for every instance of this process (names in docs/metrics.md)."""
+
+    def __init__(self, instances: Sequence[WorkerInstance]) -> None:
+        self.instances = instances
+
+    def collect(self) -> Iterator[Metric]:
+        gauges = {
+            "kv_usage": "Fraction of KV blocks held by requests.",
+            "kv_active_blocks": "KV blocks held by requests.",
+            "kv_total_blocks": "KV cache capacity in blocks.",
+            "kv_cached_blocks": "Blocks in the prefix cache (published KV state).",
+            "requests_waiting": "Requests queued in the engine, not yet scheduled.",
+            "requests_running": "Requests the engine is prefilling or decoding.",
+            "prefill_tokens_queued": "Prompt tokens accepted but not yet prefilled.",
+            "inflight_requests": "Request-plane streams open on this instance.",
+            "draining": "1 while the instance drains.",
+        }
+        families = {
+            name: GaugeMetricFamily(f"dynamoctl_worker_{name}", doc, labels=_LABELS)
+            for name, doc in gauges.items()
+        }
+        requests = CounterMetricFamily(
+            "dynamoctl_worker_requests", "Requests received.", labels=_LABELS
+        )
+        tokens = CounterMetricFamily(
+            "dynamoctl_worker_output_tokens", "Tokens generated.", labels=_LABELS
+        )
+        for inst in self.instances:
+            labels = [inst.instance_id, inst.engine.model_card.model, inst.role]
+            load = inst.engine.load_metrics()
+            values = {
+                "kv_usage": load.kv_usage,
+                "kv_active_blocks": load.active_blocks,
+                "kv_total_blocks": load.total_blocks,
+                "kv_cached_blocks": len(inst.kv_state),
+                "requests_waiting": load.num_waiting,
+                "requests_running": load.num_running,
+                "prefill_tokens_queued": load.prefill_tokens_queued,
+                "inflight_requests": inst.inflight,
+                "draining": int(inst.draining),
+            }
+            for name, value in values.items():
+                families[name].add_metric(labels, float(value))
+            requests.add_metric(labels, inst.requests_total)
+            tokens.add_metric(labels, inst.tokens_total)
+        yield from families.values()
+        yield requests
+        yield tokens
+
+
+def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlette:
+    """``ready[0]`` flips to True once every instance has registered."""
+    registry = CollectorRegistry()
+    registry.register(WorkerCollector(instances))
+
+    async def metrics(_: Request) -> Response:
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE)
+
+    async def health(_: Request) -> Response:
+        draining = [i.instance_id for i in instances if i.draining]
+        if draining:
+            return JSONResponse({"status": "draining", "instances": draining}, status_code=503)
+        if not ready[0]:
+            return JSONResponse({"status": "starting"}, status_code=503)
+        return JSONResponse({"status": "ready", "instances": [i.instance_id for i in instances]})
+
+    async def live(_: Request) -> Response:
+        return PlainTextResponse("ok")
+
+    return Starlette(
+        routes=[
+            Route("/metrics", metrics),
+            Route("/health", health),
+            Route("/live", live),
+        ]
+    )

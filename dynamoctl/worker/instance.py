@@ -1,0 +1,234 @@
+"""One serving instance: an engine behind the request plane, its events published, its
+existence registered in discovery.
+
+Start order makes the registration mean "ready": engine, event publishers and request
+server come up first, then the events record, the model card and, last, the instance
+record that routers act on. Drain runs the other way round: the instance and model
+records go first (routers stop sending), in-flight requests finish within a grace
+period, stragglers are aborted (their streams end with ``finish_reason: abort``, which
+the frontend migrates), and only then does everything close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import AsyncIterator
+from typing import Literal
+
+from dynamoctl import wire
+from dynamoctl.discovery import Discovery, keys
+from dynamoctl.engines.api import Engine
+from dynamoctl.planes.events import EventPublisher
+from dynamoctl.planes.request import NotAccepting, RequestServer
+from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
+from dynamoctl.worker.kv_state import KvCacheState
+
+log = logging.getLogger(__name__)
+
+Role = Literal["agg", "prefill", "decode"]
+COMPONENT = "worker"
+GENERATE = "generate"
+"""Request-plane endpoint name: body a GenerateRequest, chunks GenerateChunks."""
+KV_TOPIC = b"kv-events"
+LOAD_TOPIC = b"load"
+
+
+class WorkerDraining(NotAccepting):
+    """The worker no longer takes requests; the client sees ``Overloaded`` and picks
+    another."""
+
+
+class WorkerInstance:
+    """An engine served on the request plane, publishing KV events and load."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        discovery: Discovery,
+        *,
+        namespace: str,
+        role: Role = "agg",
+        host: str = "127.0.0.1",
+        instance_id: str | None = None,
+        metrics_url: str | None = None,
+        load_interval: float = 0.05,
+        load_heartbeat: float = 1.0,
+    ) -> None:
+        self.engine = engine
+        self.discovery = discovery
+        self.namespace = namespace
+        self.role = role
+        self.host = host
+        self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self.metrics_url = metrics_url
+        self.load_interval = load_interval
+        """Seconds between checks for changed load (published when it changed)."""
+        self.load_heartbeat = load_heartbeat
+        """Seconds after which load is published even if unchanged."""
+        self.kv_state = KvCacheState()
+        self.server = RequestServer(f"tcp://{host}:0")
+        self.kv_events = EventPublisher(
+            f"tcp://{host}:0", f"tcp://{host}:0", topic=KV_TOPIC, snapshot=self._kv_snapshot
+        )
+        self.load_events = EventPublisher(
+            f"tcp://{host}:0", f"tcp://{host}:0", topic=LOAD_TOPIC, snapshot=self._load_snapshot
+        )
+        self.draining = False
+        self.inflight = 0
+        self.requests_total = 0
+        self.tokens_total = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._last_load: bytes = b""
+        self._load_task: asyncio.Task[None] | None = None
+
+    # -- keys ------------------------------------------------------------------------
+
+    @property
+    def instance_key(self) -> str:
+        return keys.instance_key(self.namespace, COMPONENT, GENERATE, self.instance_id)
+
+    @property
+    def model_key(self) -> str:
+        return keys.model_key(self.namespace, self.engine.model_card.model, self.instance_id)
+
+    @property
+    def events_key(self) -> str:
+        return keys.events_key(self.namespace, COMPONENT, self.instance_id)
+
+    # -- lifecycle -------------------------------------------------------------------
+
+    async def start(self) -> None:
+        self.engine.set_kv_event_sink(self._on_kv_batch)
+        await self.kv_events.start()
+        await self.load_events.start()
+        await self.engine.start()
+        self.server.register(GENERATE, self._generate)
+        await self.server.start()
+        self._load_task = asyncio.create_task(self._publish_load(), name="worker-load")
+        card = self.engine.model_card
+        await self.discovery.register(
+            self.events_key,
+            wire.encode_json(
+                wire.EventsRecord(
+                    kv=self.kv_events.address,
+                    kv_replay=self.kv_events.replay_address,
+                    kv_topic=KV_TOPIC.decode(),
+                    load=self.load_events.address,
+                    load_replay=self.load_events.replay_address,
+                    load_topic=LOAD_TOPIC.decode(),
+                )
+            ),
+        )
+        await self.discovery.register(self.model_key, wire.encode_json(card))
+        await self.discovery.register(
+            self.instance_key,
+            wire.encode_json(
+                wire.InstanceRecord(
+                    instance_id=self.instance_id,
+                    component=COMPONENT,
+                    endpoint=GENERATE,
+                    address=self.server.address,
+                    host=socket.gethostname(),
+                    pid=os.getpid(),
+                    role=self.role,
+                    model=card.model,
+                    metrics_url=self.metrics_url,
+                )
+            ),
+        )
+        log.info(
+            "[%s] ready: %s serving %s on %s",
+            self.instance_id,
+            self.role,
+            card.model,
+            self.server.address,
+        )
+
+    async def drain(self, grace: float) -> int:
+        """Stop taking requests, let in-flight ones finish for up to ``grace`` seconds,
+        abort the rest. Returns how many were aborted."""
+        self.draining = True
+        for key in (self.instance_key, self.model_key):
+            try:
+                await self.discovery.unregister(key)
+            except Exception as exc:  # discovery down: the lease expiry removes them anyway
+                log.warning("[%s] could not deregister %s: %s", self.instance_id, key, exc)
+        log.info(
+            "[%s] draining %d in-flight request(s), grace %.1fs",
+            self.instance_id,
+            self.inflight,
+            grace,
+        )
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), grace)
+        aborted = self.inflight
+        if aborted:
+            log.warning("[%s] grace period over: aborting %d request(s)", self.instance_id, aborted)
+            await self.engine.stop()  # every open stream ends with finish_reason=abort
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._idle.wait(), 5.0)
+        return aborted
+
+    async def close(self) -> None:
+        if self._load_task is not None:
+            self._load_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._load_task
+        await self.server.close()
+        await self.engine.stop()
+        await self.kv_events.close()
+        await self.load_events.close()
+
+    # -- request plane ---------------------------------------------------------------
+
+    async def _generate(self, body: bytes) -> AsyncIterator[bytes]:
+        if self.draining:
+            raise WorkerDraining(f"worker {self.instance_id} is draining")
+        request = wire.engine.decode_request(body)
+        self.inflight += 1
+        self.requests_total += 1
+        self._idle.clear()
+        finished = False
+        try:
+            async for chunk in self.engine.generate(request):
+                self.tokens_total += len(chunk.token_ids)
+                finished = chunk.finish_reason is not None
+                yield wire.engine.encode(chunk)
+        finally:
+            if not finished:  # cancelled by the client, its death, or close()
+                await self.engine.abort(request.request_id)
+            self.inflight -= 1
+            if self.inflight == 0:
+                self._idle.set()
+
+    # -- event plane -----------------------------------------------------------------
+
+    def _on_kv_batch(self, batch: KVEventBatch) -> None:
+        self.kv_state.apply(batch)
+        self.kv_events.publish(encode_batch(batch))
+
+    def _kv_snapshot(self) -> tuple[int, bytes]:
+        # Same event loop as publish(): the state is exactly the one after the last seq.
+        return self.kv_events.next_seq - 1, encode_batch(self.kv_state.snapshot())
+
+    def _load_snapshot(self) -> tuple[int, bytes]:
+        return self.load_events.next_seq - 1, self._encode_load()
+
+    def _encode_load(self) -> bytes:
+        return wire.engine.encode(self.engine.load_metrics())
+
+    async def _publish_load(self) -> None:
+        last_sent = 0.0
+        while True:
+            payload = self._encode_load()
+            now = time.monotonic()
+            if payload != self._last_load or now - last_sent >= self.load_heartbeat:
+                self.load_events.publish(payload)
+                self._last_load, last_sent = payload, now
+            await asyncio.sleep(self.load_interval)

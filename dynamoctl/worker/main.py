@@ -1,0 +1,137 @@
+"""``dynamoctl worker``: a process hosting one or more worker instances until SIGTERM.
+
+SIGTERM or SIGINT drains (deregister, finish in-flight within ``drain_grace``, abort the
+rest), then closes everything and revokes the process's lease. A second signal during the
+drain skips the rest of the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+from dynamoctl.discovery import Discovery, store_from_url
+from dynamoctl.engines.registry import create_engine
+from dynamoctl.worker.http import build_app
+from dynamoctl.worker.instance import Role, WorkerInstance
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class WorkerOptions:
+    """Everything ``dynamoctl worker`` is told on its command line."""
+
+    engine: str = "mocker"
+    """Engine adapter name (registry in ``dynamoctl.engines.registry``)."""
+    role: Role = "agg"
+    """``agg``, ``prefill`` or ``decode``."""
+    namespace: str = "dynamo"
+    """Discovery namespace of the deployment."""
+    discovery: str = "embedded"
+    """Discovery URL (``embedded[://DIR]`` or ``etcd://HOST:PORT[,...]``)."""
+    host: str = "127.0.0.1"
+    """Address the request plane, event publishers and HTTP server bind."""
+    num_workers: int = 1
+    """Instances in this process (each its own engine and registration)."""
+    http_port: int = 0
+    """Port of ``/metrics`` and ``/health``; 0 picks a free one (logged)."""
+    lease_ttl: float = 10.0
+    """Discovery lease TTL in seconds."""
+    drain_grace: float = 30.0
+    """Seconds in-flight requests get to finish on SIGTERM before they are aborted."""
+    engine_options: dict[str, Any] = field(default_factory=dict)
+    """Engine arguments, passed to the engine untouched."""
+
+
+async def run_worker(opts: WorkerOptions) -> None:
+    stop = asyncio.Event()
+    signals = 0
+
+    def on_signal() -> None:
+        nonlocal signals
+        signals += 1
+        stop.set()
+        if signals > 1:
+            log.warning("second signal: skipping the rest of the drain")
+            for task in draining:
+                task.cancel()
+
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, on_signal)
+
+    draining: list[asyncio.Task[int]] = []
+    instances: list[WorkerInstance] = []
+    ready = [False]
+    http = _http_server(build_app(instances, ready), opts.host, opts.http_port)
+    discovery = Discovery(store_from_url(opts.discovery), lease_ttl=opts.lease_ttl)
+    instances += [
+        WorkerInstance(
+            create_engine(opts.engine, opts.engine_options),
+            discovery,
+            namespace=opts.namespace,
+            role=opts.role,
+            host=opts.host,
+            instance_id=f"{socket.gethostname()}-{os.getpid()}-{i}",
+            metrics_url=f"http://{opts.host}:{http.port}/metrics",
+        )
+        for i in range(opts.num_workers)
+    ]
+    http_task = asyncio.create_task(http.serve(sockets=[http.sock]), name="worker-http")
+    started: list[WorkerInstance] = []
+    try:
+        await discovery.start()
+        for inst in instances:
+            await inst.start()
+            started.append(inst)
+        ready[0] = True
+        log.info(
+            "%d instance(s) ready; metrics on http://%s:%d/metrics",
+            len(instances),
+            opts.host,
+            http.port,
+        )
+        await stop.wait()
+        draining.extend(asyncio.create_task(inst.drain(opts.drain_grace)) for inst in started)
+        await asyncio.gather(*draining, return_exceptions=True)
+    finally:
+        for inst in started:
+            await inst.close()
+        http.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await http_task
+        await discovery.close()  # revokes the lease: anything left vanishes now
+        log.info("worker stopped")
+
+
+class _BoundServer(uvicorn.Server):
+    """A uvicorn server on a socket bound up front, so port 0 gives a known port."""
+
+    def __init__(self, config: uvicorn.Config, sock: socket.socket) -> None:
+        super().__init__(config)
+        self.sock = sock
+        self.port = int(sock.getsockname()[1])
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn would take SIGTERM/SIGINT over (and re-raise them when it stops); the
+        # worker owns them: a signal means drain, and HTTP keeps answering /health meanwhile.
+        yield
+
+
+def _http_server(app: Any, host: str, port: int) -> _BoundServer:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    return _BoundServer(config, sock)
