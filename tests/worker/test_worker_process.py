@@ -278,3 +278,34 @@ def test_bad_engine_options_name_the_knob(tmp_path: Path) -> None:
     assert "unknown mocker argument --num-gpu-blokcs (did you mean --num-gpu-blocks?)" in (
         typo.stderr
     )
+
+
+async def test_several_instances_in_one_process(tmp_path: Path) -> None:
+    """``--num-workers 3``: three registrations, three engines, one lease (one process)."""
+    url = f"embedded://{tmp_path}"
+    proc = start_worker(tmp_path, "--num-workers", "3", "--speedup-ratio", "100")
+    try:
+        await wait_registered(url, proc)
+        async with Discovery(store_from_url(url), lease_ttl=2) as disc:
+            deadline = time.monotonic() + 20
+            while len(found := await disc.list(f"{NS}/instances/worker/")) < 3:
+                assert time.monotonic() < deadline, f"only {len(found)} instances registered"
+                await asyncio.sleep(0.05)
+            records = [wire.decode_json(v, wire.InstanceRecord) for v in found.values()]
+            assert len({r.address for r in records}) == 3
+            assert len({r.pid for r in records}) == 1
+            async with RequestClient() as client:
+                for i, record in enumerate(records):
+                    request = GenerateRequest(f"n{i}", prompt(40), max_tokens=5, ignore_eos=True)
+                    chunks = await generate(client, record.address, request)
+                    # Separate engines: none of them has seen this prompt before.
+                    assert chunks[0].cached_tokens == 0
+                    assert sum(len(c.token_ids) for c in chunks) == 5
+            proc.kill()  # no drain: the lease expiry alone must remove all three
+            proc.wait()
+            deadline = time.monotonic() + 2 + 3
+            while await disc.list(f"{NS}/instances/worker/"):
+                assert time.monotonic() < deadline, "instances outlived the killed process"
+                await asyncio.sleep(0.05)
+    finally:
+        stop(proc)
