@@ -12,13 +12,13 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from types import TracebackType
 
 import zmq
 import zmq.asyncio
 
 from dynamoctl import wire
 from dynamoctl.planes import _zmq
+from dynamoctl.util.aio import AsyncService
 
 logger = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ SnapshotProvider = Callable[[], tuple[int, bytes]]
 """Returns ``(seq, payload)``: the full state after event ``seq`` (-1 before any)."""
 
 
-class EventPublisher:
+class EventPublisher(AsyncService):
     """Publish one sequenced stream; answer replay requests from its buffer.
 
     ``publish`` is synchronous (a PUB send never waits: past ``sndhwm`` ZeroMQ drops, and
@@ -127,18 +127,6 @@ class EventPublisher:
         _zmq.close(self._replay)
         _zmq.close(self._pub)
         self._pub = self._replay = None
-
-    async def __aenter__(self) -> EventPublisher:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # ------------------------------------------------------------------ replay
 

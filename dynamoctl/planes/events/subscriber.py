@@ -15,7 +15,6 @@ import logging
 import math
 import time
 from dataclasses import dataclass
-from types import TracebackType
 
 import zmq
 import zmq.asyncio
@@ -23,6 +22,7 @@ import zmq.asyncio
 from dynamoctl import wire
 from dynamoctl.planes import _zmq
 from dynamoctl.planes.events.tracker import Event, Item, Lost, Snapshot, StreamTracker
+from dynamoctl.util.aio import AsyncService
 from dynamoctl.util.backoff import Backoff
 
 logger = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ class _Source:
         _zmq.close(self.replay)
 
 
-class EventSubscriber:
+class EventSubscriber(AsyncService):
     """Subscribe to publishers by id; iterate to get :class:`Event`, :class:`Snapshot` and
     :class:`Lost` items, in order per publisher."""
 
@@ -151,17 +151,6 @@ class EventSubscriber:
             await self.remove_publisher(publisher_id)
         with contextlib.suppress(asyncio.QueueFull):
             self._queue.put_nowait(None)  # wake a waiting consumer
-
-    async def __aenter__(self) -> EventSubscriber:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # ------------------------------------------------------------------ per publisher
 

@@ -27,7 +27,6 @@ import os
 import time
 from collections import deque
 from collections.abc import AsyncGenerator
-from types import TracebackType
 
 import zmq
 import zmq.asyncio
@@ -40,6 +39,7 @@ from dynamoctl.planes.request.errors import (
     RequestPlaneError,
     from_code,
 )
+from dynamoctl.util.aio import AsyncService
 
 logger = logging.getLogger(__name__)
 
@@ -217,7 +217,7 @@ class _Connection:
 _PING_FRAME = wire.encode(wire.Ping())
 
 
-class RequestClient:
+class RequestClient(AsyncService):
     """Open streams to request-plane servers; connects to each address on first use."""
 
     def __init__(
@@ -307,17 +307,6 @@ class RequestClient:
         conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
             await self._close_conn(conn)
-
-    async def __aenter__(self) -> RequestClient:
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # ------------------------------------------------------------------ internals
 

@@ -21,7 +21,6 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 import zmq
 import zmq.asyncio
@@ -29,6 +28,7 @@ import zmq.asyncio
 from dynamoctl import wire
 from dynamoctl.planes import _zmq
 from dynamoctl.planes.request.errors import NotAccepting
+from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import ErrorCode
 
 logger = logging.getLogger(__name__)
@@ -57,7 +57,7 @@ class _Peer:
     streams: dict[int, _Stream] = field(default_factory=dict)
 
 
-class RequestServer:
+class RequestServer(AsyncService):
     """Serve named streaming endpoints on one ROUTER socket.
 
     ``address`` may be ``tcp://host:0`` (ephemeral port; read :attr:`address` after
@@ -130,18 +130,6 @@ class RequestServer:
         self._peers.clear()
         _zmq.close(self._sock)
         self._sock = None
-
-    async def __aenter__(self) -> RequestServer:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     # ------------------------------------------------------------------ receiving
 
