@@ -165,15 +165,20 @@ def _brief(exc: BaseException) -> str:
     return text[:200]
 
 
+# Shutdown must never wait on a dead etcd: closing a channel or cancelling a watch whose
+# stream broke can otherwise block indefinitely inside gRPC.
+_CLOSE_TIMEOUT = 2.0
+
+
 async def _close_quietly(client: aetcd.Client) -> None:
     try:
-        await client.close()
-    except Exception:  # closing a broken channel can fail; nothing useful to do
+        await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
+    except Exception:  # timed out or a broken channel: nothing useful to do
         log.debug("etcd: error closing client", exc_info=True)
 
 
 async def _cancel_quietly(watch: Any) -> None:
     try:
-        await watch.cancel()
+        await asyncio.wait_for(watch.cancel(), _CLOSE_TIMEOUT)
     except Exception:
         log.debug("etcd: error cancelling watch", exc_info=True)

@@ -6,6 +6,7 @@ Each test owns its etcd process, since it kills it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -81,6 +82,8 @@ async def test_registration_and_watch_survive_etcd_restart(etcd: ManagedEtcd, wi
         if wipe:
             assert owner.lease_epoch >= 2, "a wiped etcd forgets the lease: a new one is due"
         watcher.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait_for(watcher, 10)
 
 
 async def _true(value: bool) -> bool:
