@@ -13,14 +13,12 @@ import logging
 import os
 import signal
 import socket
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import uvicorn
-
 from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.engines.registry import create_engine
+from dynamoctl.util.http import BoundServer
 from dynamoctl.worker.http import build_app
 from dynamoctl.worker.instance import Role, WorkerInstance
 
@@ -73,7 +71,7 @@ async def run_worker(opts: WorkerOptions) -> None:
     draining: list[asyncio.Task[int]] = []
     instances: list[WorkerInstance] = []
     ready = [False]
-    http = _http_server(build_app(instances, ready), opts.host, opts.http_port)
+    http = BoundServer(build_app(instances, ready), opts.host, opts.http_port)
     discovery = Discovery(store_from_url(opts.discovery), lease_ttl=opts.lease_ttl)
     instances += [
         WorkerInstance(
@@ -87,7 +85,7 @@ async def run_worker(opts: WorkerOptions) -> None:
         )
         for i in range(opts.num_workers)
     ]
-    http_task = asyncio.create_task(http.serve(sockets=[http.sock]), name="worker-http")
+    http_task = asyncio.create_task(http.run_bound(), name="worker-http")
     started: list[WorkerInstance] = []
     try:
         await discovery.start()
@@ -112,26 +110,3 @@ async def run_worker(opts: WorkerOptions) -> None:
             await http_task
         await discovery.close()  # revokes the lease: anything left vanishes now
         log.info("worker stopped")
-
-
-class _BoundServer(uvicorn.Server):
-    """A uvicorn server on a socket bound up front, so port 0 gives a known port."""
-
-    def __init__(self, config: uvicorn.Config, sock: socket.socket) -> None:
-        super().__init__(config)
-        self.sock = sock
-        self.port = int(sock.getsockname()[1])
-
-    @contextlib.contextmanager
-    def capture_signals(self) -> Iterator[None]:
-        # uvicorn would take SIGTERM/SIGINT over (and re-raise them when it stops); the
-        # worker owns them: a signal means drain, and HTTP keeps answering /health meanwhile.
-        yield
-
-
-def _http_server(app: Any, host: str, port: int) -> _BoundServer:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    return _BoundServer(config, sock)
