@@ -115,7 +115,7 @@ async def test_max_tokens_stop_tokens_and_ignore_eos(make_mocker: Any) -> None:
     m = await make_mocker(block_size=4, num_gpu_blocks=64)
     full = await m.run("a", PROMPT[:10], 12, seed=7)
     assert (len(full.tokens), full.finish) == (12, "length")
-    assert full.tokens == [mock_token(7, i, 32000) for i in range(12)]
+    assert full.tokens == [mock_token(7, i, MockerConfig().vocab_size) for i in range(12)]
     stop = full.tokens[5]
     cut = full.tokens.index(stop) + 1
     stopped = await m.run("b", PROMPT[:10], 12, seed=7, stop_token_ids=[stop])
@@ -124,7 +124,7 @@ async def test_max_tokens_stop_tokens_and_ignore_eos(make_mocker: Any) -> None:
     assert (ignored.tokens, ignored.finish) == (full.tokens, "length")
     other = await m.run("d", PROMPT[:10], 12)
     assert other.tokens != full.tokens  # seeded by request id
-    assert all(0 <= t < 32000 for t in other.tokens)
+    assert all(0 <= t < MockerConfig().vocab_size for t in other.tokens)
 
 
 async def test_abort_frees_blocks_for_reuse(make_mocker: Any) -> None:

@@ -14,9 +14,10 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
 
     model: str = "mocker"
     """Served model name, as the frontend exposes it."""
-    tokenizer: str = ""
-    """Tokenizer source for the frontend (Hugging Face id or path); the mocker never
-    tokenises, it only advertises this in its model card."""
+    tokenizer: str = "builtin"
+    """Tokenizer source the frontend loads (``builtin``: the small tokenizer shipped with
+    dynamoctl; or a local model directory). The mocker never tokenises; it advertises this
+    in its model card."""
     num_gpu_blocks: int = 16384
     """KV cache size in blocks."""
     block_size: int = 64
@@ -36,8 +37,10 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     enable_chunked_prefill: bool = True
     """Split a prompt over several steps when it exceeds the remaining token budget; off:
     a request's whole (re)computation must fit one step's budget."""
-    vocab_size: int = 32000
-    """Generated token ids are drawn from ``[0, vocab_size)``."""
+    vocab_size: int = 8187
+    """Generated token ids are drawn from ``[0, vocab_size)``. The default covers the
+    builtin tokenizer's ordinary tokens (its special tokens start at 8187), so generated
+    text decodes and never contains an accidental end-of-turn."""
     data_parallel_rank: int | None = None
     """Stamped on KV event batches (vLLM's ``data_parallel_rank``); None outside DP."""
 
