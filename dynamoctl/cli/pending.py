@@ -1,7 +1,7 @@
 """Commands that later issues implement; until then each says so and exits with status 2.
 
 They accept any arguments, so scripts and docs written against the final interface (e.g.
-``dynamoctl frontend --port 8000``) already get this clear answer instead of a usage error.
+``dynamoctl up recipes/local.yaml``) already get this clear answer instead of a usage error.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ PENDING: dict[str, PendingCommand] = {
     "down": PendingCommand("Stop a deployment and everything it started.", "supervisor"),
     "logs": PendingCommand("Show or follow a component's logs.", "supervisor"),
     "scale": PendingCommand("Change a pool's replica count, e.g. prefill=4.", "supervisor"),
-    "frontend": PendingCommand("Run the OpenAI-compatible HTTP frontend.", "frontend"),
     "router": PendingCommand("Run a standalone router.", "router"),
 }
 

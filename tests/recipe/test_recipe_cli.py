@@ -125,9 +125,9 @@ def test_python_dash_m(broken: Path) -> None:
     bad = run(sys.executable, "-m", "dynamoctl", "recipe", "validate", str(broken))
     assert bad.returncode == 1
     assert f"{broken}:6 workers.decode.replicas: must be >= 0, got -1" in bad.stderr
-    pending = run(sys.executable, "-m", "dynamoctl", "frontend", "--port", "8000")
+    pending = run(sys.executable, "-m", "dynamoctl", "up", "recipes/local.yaml")
     assert pending.returncode == 2
-    assert "dynamoctl frontend: not implemented yet" in pending.stderr
+    assert "dynamoctl up: not implemented yet" in pending.stderr
 
 
 def test_installed_console_script() -> None:

@@ -1,0 +1,51 @@
+"""``dynamoctl frontend``: the OpenAI-compatible HTTP endpoint."""
+
+from __future__ import annotations
+
+import asyncio
+
+import typer
+
+from dynamoctl.util import log as logsetup
+
+
+def register(app: typer.Typer) -> None:
+    app.command("frontend")(frontend)
+
+
+def frontend(
+    namespace: str = typer.Option("dynamo", "--namespace", "-n", help="Deployment namespace."),
+    discovery: str = typer.Option(
+        "embedded", help="Discovery URL: embedded[://DIR] or etcd://HOST:PORT[,HOST:PORT]."
+    ),
+    host: str = typer.Option("127.0.0.1", help="HTTP listen address."),
+    port: int = typer.Option(8000, min=0, max=65535, help="HTTP port (0: any free port)."),
+    router_mode: str = typer.Option("kv", help="Routing mode (kv, round-robin, ...)."),
+    overlap_weight: float = typer.Option(1.0, min=0.0, help="KV router prefill weight (alpha)."),
+    temperature: float = typer.Option(0.0, min=0.0, help="KV router softmax temperature."),
+    lease_ttl: float = typer.Option(10.0, min=2.0, help="Discovery lease TTL (s)."),
+    drain_grace: float = typer.Option(30.0, min=0.0, help="Seconds open streams get on stop."),
+) -> None:
+    """Serve the OpenAI API for every model the namespace's workers serve."""
+    from dynamoctl.frontend.main import FrontendOptions, run_frontend
+    from dynamoctl.frontend.routing import RouterSettings, check_mode
+
+    try:
+        check_mode(router_mode)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--router-mode") from exc
+    logsetup.setup(f"frontend/{namespace}")
+    options = FrontendOptions(
+        namespace=namespace,
+        discovery=discovery,
+        host=host,
+        port=port,
+        lease_ttl=lease_ttl,
+        drain_grace=drain_grace,
+        router=RouterSettings(router_mode, overlap_weight, temperature),
+    )
+    try:
+        asyncio.run(run_frontend(options))
+    except Exception as exc:
+        typer.echo(f"dynamoctl frontend: {exc}", err=True)
+        raise typer.Exit(1) from exc

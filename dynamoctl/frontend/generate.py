@@ -1,0 +1,188 @@
+"""One request's life after validation: route, stream from a worker, detokenise, stop,
+and migrate when the worker goes away.
+
+Migration (DESIGN §8): a stream that breaks mid-generation (the worker died, or drained
+past its grace and aborted us) is re-issued to another worker with the prompt plus the
+tokens generated so far and the remaining ``max_tokens``; the client sees one unbroken
+stream. A worker that refuses before starting (``Overloaded``: busy or draining) is simply
+skipped. Either way the failed worker is excluded for the rest of the request.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import NamedTuple, Protocol
+
+from dynamoctl.frontend.errors import OpenAIError, overloaded
+from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.planes.request import (
+    ClientClosedError,
+    Overloaded,
+    PeerDeadError,
+    RemoteError,
+    RequestClient,
+)
+from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from dynamoctl.wire import engine as wire_engine
+from dynamoctl.wire.engine import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+
+class WorkerChoice(NamedTuple):
+    worker_id: str
+    address: str
+
+
+class NoWorkerAvailable(Exception):
+    """No worker can take the request now (none serving, all busy, or all excluded)."""
+
+
+class WorkerPicker(Protocol):
+    """What the frontend needs from a router (embedded or remote)."""
+
+    def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
+        """Choose a worker; raises :class:`NoWorkerAvailable`."""
+        ...
+
+    def first_token(self, request_id: str) -> None:
+        """The request's prefill is done: release its booked prefill load."""
+        ...
+
+    def finished(self, request_id: str) -> None:
+        """The request ended (any way): release everything booked for it."""
+        ...
+
+
+@dataclass
+class Job:
+    """A validated request, tokenised."""
+
+    request_id: str
+    model: str
+    prompt_ids: list[int]
+    max_tokens: int
+    stop: list[str] = field(default_factory=list)
+    ignore_eos: bool = False
+    seed: int | None = None
+    temperature: float | None = None
+
+
+@dataclass
+class Outcome:
+    """Filled in while the stream runs; complete when it ends."""
+
+    finish_reason: str | None = None
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    migrations: int = 0
+
+
+class _Migrate(Exception):
+    """The worker's stream broke after it started; re-issue elsewhere."""
+
+
+@dataclass
+class Generator:
+    """Runs jobs against workers through one request-plane client."""
+
+    client: RequestClient
+    metrics: FrontendMetrics
+    max_migrations: int = 3
+    """Re-issues per request before it fails with an explicit error."""
+
+    async def run(
+        self, job: Job, tokenizer: Tokenizer, picker: WorkerPicker, outcome: Outcome
+    ) -> AsyncIterator[str]:
+        """Yield text deltas; ``outcome`` holds the finish reason and counts at the end."""
+        started = time.monotonic()
+        last_token_at: float | None = None
+        generated: list[int] = []
+        detok = IncrementalDetokenizer(tokenizer)
+        stops = StopStringMatcher(job.stop)
+        exclude: set[str] = set()
+        stop_ids = [] if job.ignore_eos else sorted(tokenizer.eos_token_ids)
+        attempt = 0
+        metrics_model = self.metrics.ttft.labels(job.model)
+        itl = self.metrics.itl.labels(job.model)
+        try:
+            while outcome.finish_reason is None:
+                try:
+                    choice = picker.pick(job.prompt_ids + generated, job.request_id, exclude)
+                except NoWorkerAvailable as exc:
+                    if generated:
+                        raise OpenAIError(
+                            503, f"stream lost its worker and none can resume it: {exc}",
+                            type="service_unavailable",
+                        ) from exc  # fmt: skip
+                    raise overloaded(str(exc)) from exc
+                request = GenerateRequest(
+                    request_id=f"{job.request_id}-{attempt}",
+                    token_ids=job.prompt_ids + generated,
+                    max_tokens=job.max_tokens - len(generated),
+                    stop_token_ids=stop_ids,
+                    ignore_eos=job.ignore_eos,
+                    seed=job.seed,
+                    temperature=job.temperature,
+                )
+                attempt += 1
+                body = wire_engine.encode(request)
+                try:
+                    stream = self.client.stream(choice.address, "generate", body)
+                    async with contextlib.aclosing(stream):
+                        async for raw in stream:
+                            chunk = wire_engine.decode_chunk(raw)
+                            if chunk.cached_tokens is not None and attempt == 1:
+                                outcome.cached_tokens = chunk.cached_tokens
+                            if chunk.finish_reason == "abort":
+                                raise _Migrate("worker aborted the stream")
+                            now = time.monotonic()
+                            if chunk.token_ids:
+                                if last_token_at is None:
+                                    metrics_model.observe(now - started)
+                                    picker.first_token(job.request_id)
+                                else:
+                                    itl.observe((now - last_token_at) / len(chunk.token_ids))
+                                last_token_at = now
+                                generated += chunk.token_ids
+                            text, stopped = stops.push(detok.push(chunk.token_ids))
+                            if stopped:
+                                outcome.finish_reason = "stop"
+                            elif chunk.finish_reason is not None:
+                                text += stops.flush(detok.flush())
+                                # A stop string can complete in the held-back tail.
+                                stopped = stops.stopped
+                                outcome.finish_reason = "stop" if stopped else chunk.finish_reason
+                            if text:
+                                yield text
+                            if outcome.finish_reason is not None:
+                                break  # aclosing cancels the worker's stream on a stop string
+                except Overloaded:
+                    exclude.add(choice.worker_id)  # refused before starting: nothing lost
+                except (PeerDeadError, ClientClosedError, _Migrate) as exc:
+                    exclude.add(choice.worker_id)
+                    if outcome.migrations >= self.max_migrations:
+                        raise OpenAIError(
+                            503, f"request failed after {outcome.migrations} migrations: {exc}",
+                            type="service_unavailable",
+                        ) from exc  # fmt: skip
+                    outcome.migrations += 1
+                    self.metrics.migrations.labels(job.model).inc()
+                    log.warning(
+                        "request %s: worker %s failed (%s); migrating with %d tokens",
+                        job.request_id,
+                        choice.worker_id,
+                        exc,
+                        len(generated),
+                    )
+                except RemoteError as exc:
+                    raise OpenAIError(500, f"worker error: {exc}", type="internal_error") from exc
+        finally:
+            picker.finished(job.request_id)
+            outcome.completion_tokens = len(generated)
+            if outcome.finish_reason is not None:
+                self.metrics.duration.labels(job.model).observe(time.monotonic() - started)

@@ -1,0 +1,100 @@
+"""``dynamoctl frontend``: the OpenAI-compatible HTTP endpoint, with the router embedded.
+
+SIGTERM/SIGINT: the frontend leaves discovery, stops accepting connections, lets open
+streams finish for ``drain_grace`` seconds, then closes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import socket
+from dataclasses import dataclass
+
+from dynamoctl import wire
+from dynamoctl.discovery import Discovery, keys, store_from_url
+from dynamoctl.frontend.app import build_app
+from dynamoctl.frontend.generate import Generator
+from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.frontend.models import ModelRegistry
+from dynamoctl.frontend.routing import RouterSettings, embedded_picker_factory
+from dynamoctl.planes.request import RequestClient
+from dynamoctl.util.http import BoundServer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FrontendOptions:
+    """Everything ``dynamoctl frontend`` is told on its command line."""
+
+    namespace: str = "dynamo"
+    """Discovery namespace of the deployment."""
+    discovery: str = "embedded"
+    """Discovery URL (``embedded[://DIR]`` or ``etcd://HOST:PORT[,...]``)."""
+    host: str = "127.0.0.1"
+    """HTTP listen address."""
+    port: int = 8000
+    """HTTP port; 0 picks a free one (logged and registered)."""
+    lease_ttl: float = 10.0
+    """Discovery lease TTL in seconds."""
+    drain_grace: float = 30.0
+    """Seconds open streams get to finish on SIGTERM."""
+    router: RouterSettings | None = None
+    """Routing mode and weights; default: ``kv``."""
+
+
+async def run_frontend(opts: FrontendOptions) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+
+    discovery = Discovery(store_from_url(opts.discovery), lease_ttl=opts.lease_ttl)
+    metrics = FrontendMetrics()
+    client = RequestClient()
+    settings = opts.router or RouterSettings()
+    registry = ModelRegistry(
+        discovery, opts.namespace, embedded_picker_factory(discovery, opts.namespace, settings)
+    )
+    http = BoundServer(
+        build_app(registry, Generator(client, metrics), metrics),
+        opts.host,
+        opts.port,
+        timeout_graceful_shutdown=opts.drain_grace,
+    )
+    instance_id = f"{socket.gethostname()}-{os.getpid()}"
+    key = keys.instance_key(opts.namespace, "frontend", "http", instance_id)
+    serving = asyncio.create_task(http.run_bound(), name="frontend-http")
+    try:
+        await discovery.start()
+        await registry.start()
+        record = wire.InstanceRecord(
+            instance_id=instance_id,
+            component="frontend",
+            endpoint="http",
+            address=f"http://{opts.host}:{http.port}",
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            metrics_url=f"http://{opts.host}:{http.port}/metrics",
+        )
+        await discovery.register(key, wire.encode_json(record))
+        log.info(
+            "OpenAI API on http://%s:%d/v1 (namespace %s, router %s)",
+            opts.host,
+            http.port,
+            opts.namespace,
+            settings.mode,
+        )
+        await stop.wait()
+        log.info("stopping: leaving discovery, finishing open streams")
+        await discovery.unregister(key)
+    finally:
+        http.should_exit = True
+        await serving
+        await registry.close()
+        await client.close()
+        await discovery.close()
+        log.info("frontend stopped")

@@ -1,0 +1,65 @@
+"""The frontend's Prometheus metrics (documented in docs/metrics.md)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+_LATENCY_BUCKETS = (
+    0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0,
+)  # fmt: skip
+_ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 1.0)
+_DURATION_BUCKETS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+
+
+class FrontendMetrics:
+    """One set per frontend process, in its own registry (tests run several at once)."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        labels = ["model"]
+        r = self.registry
+        self.ttft = Histogram(
+            "dynamoctl_frontend_time_to_first_token_seconds",
+            "Request arrival to first token.",
+            labels, buckets=_LATENCY_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.itl = Histogram(
+            "dynamoctl_frontend_inter_token_latency_seconds",
+            "Time between consecutive tokens of a request.",
+            labels, buckets=_ITL_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.duration = Histogram(
+            "dynamoctl_frontend_request_duration_seconds",
+            "Request arrival to last token.",
+            labels, buckets=_DURATION_BUCKETS, registry=r,
+        )  # fmt: skip
+        self.requests = Counter(
+            "dynamoctl_frontend_requests", "Requests by outcome.",
+            ["model", "endpoint", "status"], registry=r,
+        )  # fmt: skip
+        self.input_tokens = Counter(
+            "dynamoctl_frontend_input_tokens", "Prompt tokens.", labels, registry=r
+        )
+        self.cached_tokens = Counter(
+            "dynamoctl_frontend_cached_tokens", "Prompt tokens served from prefix caches.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.output_tokens = Counter(
+            "dynamoctl_frontend_output_tokens", "Generated tokens.", labels, registry=r
+        )
+        self.inflight = Gauge(
+            "dynamoctl_frontend_inflight_requests", "Requests being served.", labels, registry=r
+        )
+        self.rejections = Counter(
+            "dynamoctl_frontend_rejections", "Requests refused with 503 (overload).",
+            labels, registry=r,
+        )  # fmt: skip
+        self.cancellations = Counter(
+            "dynamoctl_frontend_cancellations", "Requests cancelled by client disconnect.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.migrations = Counter(
+            "dynamoctl_frontend_migrations",
+            "Streams re-issued to another worker after theirs failed.",
+            labels, registry=r,
+        )  # fmt: skip

@@ -1,0 +1,218 @@
+"""The router: where a request goes. Pure and synchronous (no I/O), so the frontend calls
+it inline on the request path and tests drive it directly.
+
+State per worker: its cached blocks (a :class:`~dynamoctl.router.index.KvIndex` fed by
+KV events, or an :class:`~dynamoctl.router.index.ApproxIndex` learnt from decisions),
+the load this router booked on it (:class:`~dynamoctl.router.load.ActiveLoad`), and the
+last :class:`~dynamoctl.wire.engine.LoadMetrics` it reported. Bookings react at once and
+drive the ``kv`` cost; reports drive busy detection and the load-only modes (see
+:mod:`dynamoctl.router.policies` for why).
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
+
+from dynamoctl.kv.hashing import sequence_hashes
+from dynamoctl.router.errors import AllWorkersBusy, NoWorkers
+from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
+from dynamoctl.router.load import ActiveLoad, Booking
+from dynamoctl.router.policies import (
+    Candidate,
+    PolicyConfig,
+    RequestInfo,
+    create_policy,
+)
+from dynamoctl.wire.engine import LoadMetrics
+from dynamoctl.wire.kv_events import KVEventBatch
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """Where one request goes, and what the router expects there."""
+
+    worker_id: str
+    """The chosen worker's instance id."""
+    overlap_blocks: int
+    """Leading prompt blocks the router believes cached on it."""
+    prompt_blocks: int
+    """Full blocks in the prompt (``overlap_blocks / prompt_blocks``: expected hit rate)."""
+    request_id: str
+    """The id the load is booked under (pass it to on_first_token / on_finished)."""
+    cost: float | None = None
+    """The mode's cost of the chosen worker (the ``kv`` logit), if it has one."""
+
+
+class KvRouter:
+    """Routing state for one model's workers; see the module doc.
+
+    ``mode`` names a policy (:func:`~dynamoctl.router.policies.mode_names`). A worker is
+    *busy* when its reported KV usage exceeds ``busy_kv_usage`` (a fraction; bookings
+    count too) or its waiting queue exceeds ``busy_waiting``; busy workers are skipped,
+    and :class:`AllWorkersBusy` is raised when no other remains. None disables a
+    threshold.
+    """
+
+    def __init__(
+        self,
+        mode: str = "kv",
+        block_size: int = 64,
+        *,
+        overlap_weight: float = 1.0,
+        temperature: float = 0.0,
+        busy_kv_usage: float | None = None,
+        busy_waiting: int | None = None,
+        approx_ttl: float = 120.0,
+        seed: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if overlap_weight < 0 or temperature < 0:
+            raise ValueError("overlap_weight and temperature must be >= 0")
+        self.block_size = block_size
+        """Tokens per KV block; must equal the engines' (their model cards say)."""
+        self.busy_kv_usage = busy_kv_usage
+        """KV usage fraction above which a worker is busy; None: never."""
+        self.busy_waiting = busy_waiting
+        """Waiting requests above which a worker is busy; None: never."""
+        self.policy = create_policy(
+            mode, PolicyConfig(overlap_weight, temperature), random.Random(seed)
+        )
+        self.index = KvIndex(block_size)
+        """Blocks cached per worker, from KV events."""
+        self.approx: ApproxIndex | None = (
+            ApproxIndex(approx_ttl, clock) if self.policy.kv_source == "approx" else None
+        )
+        """Blocks believed cached per worker, from past decisions (``kv-approx`` only)."""
+        self.load = ActiveLoad()
+        """Load booked by this router."""
+        self._metrics: dict[str, LoadMetrics | None] = {}  # insertion order = worker order
+
+    @property
+    def mode(self) -> str:
+        return self.policy.name
+
+    @property
+    def wants_kv_events(self) -> bool:
+        """Whether KV events change this router's decisions (subscribe only then)."""
+        return self.policy.kv_source == "events"
+
+    # ------------------------------------------------------------------ workers
+
+    def add_worker(self, worker_id: str) -> None:
+        """Make ``worker_id`` routable (no-op if it is)."""
+        if worker_id in self._metrics:
+            return
+        self._metrics[worker_id] = None
+        self.index.add_worker(worker_id)
+        self.load.add_worker(worker_id)
+        if self.approx is not None:
+            self.approx.add_worker(worker_id)
+
+    def remove_worker(self, worker_id: str) -> None:
+        """Forget ``worker_id``: its cache, its load, its bookings."""
+        if self._metrics.pop(worker_id, 0) == 0:
+            return
+        self.index.remove_worker(worker_id)
+        self.load.remove_worker(worker_id)
+        if self.approx is not None:
+            self.approx.remove_worker(worker_id)
+
+    def workers(self) -> list[str]:
+        return list(self._metrics)
+
+    def __contains__(self, worker_id: object) -> bool:
+        return worker_id in self._metrics
+
+    # ------------------------------------------------------------------ feeds
+
+    def apply_kv_batch(self, worker_id: str, batch: KVEventBatch) -> None:
+        """Apply one batch of ``worker_id``'s KV events (ignored for unknown workers)."""
+        self.index.apply_batch(worker_id, batch)
+
+    def reset_worker_kv(self, worker_id: str) -> None:
+        """Forget what ``worker_id`` caches (its stream lost events, or restarted)."""
+        self.index.clear_worker(worker_id)
+
+    def update_load(self, worker_id: str, metrics: LoadMetrics) -> None:
+        """The latest load ``worker_id`` reported (ignored for unknown workers)."""
+        if worker_id in self._metrics:
+            self._metrics[worker_id] = metrics
+
+    def metrics(self, worker_id: str) -> LoadMetrics | None:
+        return self._metrics.get(worker_id)
+
+    # ------------------------------------------------------------------ routing
+
+    def find_matches(self, token_ids: Sequence[int]) -> dict[str, int]:
+        """Per worker, the leading blocks of ``token_ids`` cached there (as ``pick`` sees
+        them); workers with none are left out."""
+        return self._overlap_index().find_matches(sequence_hashes(token_ids, self.block_size))
+
+    def pick(
+        self, token_ids: Sequence[int], request_id: str, *, exclude: Collection[str] = ()
+    ) -> Decision:
+        """Choose a worker for a prompt and book the request's load on it.
+
+        ``exclude``: workers not to use (a migration retrying elsewhere). Raises
+        :class:`NoWorkers` if none is left, :class:`AllWorkersBusy` if all are busy.
+        A ``request_id`` already booked (a retry) is released first.
+        """
+        bs = self.block_size
+        names = [w for w in self._metrics if w not in exclude] if exclude else list(self._metrics)
+        if not names:
+            raise NoWorkers(f"no worker available ({len(self._metrics)} known, all excluded)")
+        if self.busy_kv_usage is not None or self.busy_waiting is not None:
+            considered = len(names)
+            names = [w for w in names if not self.is_busy(w)]
+            if not names:
+                raise AllWorkersBusy(considered)
+        hashes = sequence_hashes(token_ids, bs)
+        index = self._overlap_index()
+        if isinstance(index, ApproxIndex):
+            index.expire()
+        overlaps = index.find_matches(hashes) if hashes else {}
+        held = self.load.active_overlaps(hashes) if hashes else {}
+        prefill, active = self.load.loads(names)
+        trees = index.tree_sizes(names)
+        n_new = len(hashes) + 1  # + the request's private block (router.load)
+        metrics = self._metrics
+        candidates = [
+            Candidate(w, overlaps.get(w, 0), prefill[i], active[i], n_new - held.get(w, 0),
+                      trees[i], metrics[w])
+            for i, w in enumerate(names)
+        ]  # fmt: skip
+        request = RequestInfo(isl=len(token_ids), blocks=len(hashes), block_size=bs)
+        chosen, cost = self.policy.choose(request, candidates)
+        worker = chosen.worker_id
+        uncached = max(0, len(token_ids) - chosen.overlap_blocks * bs)
+        self.load.book(request_id, Booking(worker, uncached, hashes))
+        if self.approx is not None:
+            self.approx.record(worker, hashes)
+        return Decision(worker, chosen.overlap_blocks, len(hashes), request_id, cost)
+
+    def on_first_token(self, request_id: str) -> None:
+        """The request's first token arrived: its prompt no longer waits for prefill."""
+        self.load.first_token(request_id)
+
+    def on_finished(self, request_id: str) -> None:
+        """The request ended (finished, failed or cancelled): release its load.
+        Idempotent; unknown ids are ignored."""
+        self.load.finish(request_id)
+
+    def is_busy(self, worker_id: str) -> bool:
+        """Whether ``worker_id`` is over a busy threshold (see the class doc)."""
+        m = self._metrics.get(worker_id)
+        if m is None:
+            return False  # nothing reported yet: give it the benefit of the doubt
+        if self.busy_waiting is not None and m.num_waiting > self.busy_waiting:
+            return True
+        if self.busy_kv_usage is not None and m.total_blocks > 0:
+            usage = max(m.kv_usage, self.load.active_blocks(worker_id) / m.total_blocks)
+            return usage > self.busy_kv_usage
+        return False
+
+    def _overlap_index(self) -> PrefixIndex:
+        return self.approx if self.approx is not None else self.index

@@ -1,0 +1,100 @@
+"""A real deployment for frontend tests: mocker worker processes + a frontend process,
+on embedded discovery in a temp dir, everything on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from dynamoctl import wire
+from dynamoctl.discovery import Discovery, store_from_url
+
+NS = "ftest"
+MODEL = "mock-llama"
+BLOCK = 16
+BLOCKS = 1024
+
+
+@dataclass
+class Deployment:
+    tmp: Path
+    frontend_url: str = ""
+    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    @property
+    def discovery_url(self) -> str:
+        return f"embedded://{self.tmp}"
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        log = open(self.tmp / f"{name}.log", "wb")  # noqa: SIM115 - lives with the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dynamoctl", *args, "--namespace", NS,
+             "--discovery", self.discovery_url, "--lease-ttl", "2"],
+            stdout=log, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
+
+    def worker(self, *extra: str) -> subprocess.Popen[bytes]:
+        return self.spawn(
+            "worker", "worker", "--model", MODEL, "--block-size", str(BLOCK),
+            "--num-gpu-blocks", str(BLOCKS), *extra,
+        )  # fmt: skip
+
+    async def records(self, component: str) -> list[wire.InstanceRecord]:
+        async with Discovery(store_from_url(self.discovery_url), lease_ttl=2) as disc:
+            found = await disc.list(f"{NS}/instances/{component}/")
+        return [wire.decode_json(v, wire.InstanceRecord) for v in found.values()]
+
+    async def wait_for(self, component: str, n: int, timeout: float = 30) -> None:
+        deadline = time.monotonic() + timeout
+        while len(await self.records(component)) < n:
+            for proc in self.procs:
+                assert proc.poll() is None, f"a process exited: see {self.tmp}/*.log"
+            assert time.monotonic() < deadline, f"{component}: fewer than {n} registered"
+            await asyncio.sleep(0.1)
+
+    async def start_frontend(self, *extra: str) -> None:
+        self.spawn("frontend", "frontend", "--port", "0", *extra)
+        await self.wait_for("frontend", 1)
+        self.frontend_url = (await self.records("frontend"))[0].address
+        # The model shows up once the frontend has seen a worker's card.
+        import httpx
+
+        async with httpx.AsyncClient() as http:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                models = (await http.get(f"{self.frontend_url}/v1/models")).json()["data"]
+                if models:
+                    return
+                await asyncio.sleep(0.1)
+        pytest.fail("frontend never listed the model")
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait()
+
+
+DeploymentFactory = Callable[..., "asyncio.Future[Deployment]"]
+
+
+@pytest.fixture
+async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
+    """Two mocker workers (one process) behind a kv-routed frontend."""
+    dep = Deployment(tmp_path)
+    try:
+        dep.worker("--num-workers", "2", "--speedup-ratio", "20")
+        await dep.wait_for("worker", 2)
+        await dep.start_frontend()
+        yield dep
+    finally:
+        dep.stop()
