@@ -136,3 +136,16 @@ def test_installed_console_script() -> None:
     assert script, "the package is installed without its console script"
     result = run(script, "--version")
     assert (result.returncode, result.stdout) == (0, f"dynamoctl {__version__}\n")
+
+
+def test_every_package_directory_is_a_package() -> None:
+    """setuptools' find_packages skips folders without __init__.py: a wheel would lack them."""
+    import dynamoctl
+
+    root = Path(dynamoctl.__file__).parent
+    missing = [
+        str(d.relative_to(root))
+        for d in root.rglob("*")
+        if d.is_dir() and any(d.glob("*.py")) and not (d / "__init__.py").exists()
+    ]
+    assert missing == []

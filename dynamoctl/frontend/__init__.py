@@ -1,0 +1,1 @@
+"""The OpenAI-compatible HTTP frontend: ``dynamoctl frontend`` (see docs/operations.md)."""

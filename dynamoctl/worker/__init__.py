@@ -1,0 +1,1 @@
+"""The worker process: an engine behind the request plane (see docs/operations.md)."""
