@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import typer
 
+from dynamoctl.util import aio
 from dynamoctl.util import log as logsetup
 
 
@@ -45,7 +44,7 @@ def frontend(
         router=RouterSettings(router_mode, overlap_weight, temperature),
     )
     try:
-        asyncio.run(run_frontend(options))
+        aio.run(run_frontend(options))
     except Exception as exc:
         typer.echo(f"dynamoctl frontend: {exc}", err=True)
         raise typer.Exit(1) from exc

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 from typing import cast
 
 import typer
 
 from dynamoctl.engines.registry import engine_names
+from dynamoctl.util import aio
 from dynamoctl.util import log as logsetup
 from dynamoctl.worker.instance import Role
 from dynamoctl.worker.options import parse_engine_args
@@ -66,7 +66,7 @@ def worker(
         engine_options=engine_options,
     )
     try:
-        asyncio.run(run_worker(options))
+        aio.run(run_worker(options))
     except Exception as exc:  # engine options rejected, discovery unreachable, ...
         typer.echo(f"dynamoctl worker: {exc}", err=True)
         raise typer.Exit(1) from exc

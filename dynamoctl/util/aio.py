@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Coroutine
 from types import TracebackType
-from typing import TypeVar
+from typing import Any, TypeVar
 
 _S = TypeVar("_S", bound="AsyncService")
+_T = TypeVar("_T")
 
 
 class AsyncService:
@@ -29,3 +32,13 @@ class AsyncService:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+def run(main: Coroutine[Any, Any, _T]) -> _T:
+    """``asyncio.run`` on uvloop when it is installed (it is a dependency on Linux and
+    macOS): a faster event loop for the processes that serve traffic."""
+    try:
+        import uvloop
+    except ImportError:  # e.g. Windows: plain asyncio works, only slower
+        return asyncio.run(main)
+    return uvloop.run(main)
