@@ -22,6 +22,13 @@ def frontend(
     router_mode: str = typer.Option("kv", help="Routing mode (kv, round-robin, ...)."),
     overlap_weight: float = typer.Option(1.0, min=0.0, help="KV router prefill weight (alpha)."),
     temperature: float = typer.Option(0.0, min=0.0, help="KV router softmax temperature."),
+    busy_kv_usage: float = typer.Option(
+        0.95, min=0.0, max=1.0, help="A worker over this KV usage is busy (skipped)."
+    ),
+    queue_timeout: float = typer.Option(
+        5.0, min=0.0, help="Seconds a request waits when all workers are busy, then 503."
+    ),
+    max_queued: int = typer.Option(256, min=0, help="Requests allowed to wait at once."),
     lease_ttl: float = typer.Option(10.0, min=2.0, help="Discovery lease TTL (s)."),
     drain_grace: float = typer.Option(30.0, min=0.0, help="Seconds open streams get on stop."),
 ) -> None:
@@ -41,7 +48,9 @@ def frontend(
         port=port,
         lease_ttl=lease_ttl,
         drain_grace=drain_grace,
-        router=RouterSettings(router_mode, overlap_weight, temperature),
+        router=RouterSettings(router_mode, overlap_weight, temperature, busy_kv_usage),
+        queue_timeout=queue_timeout,
+        max_queued=max_queued,
     )
     try:
         aio.run(run_frontend(options))

@@ -10,6 +10,7 @@ skipped. Either way the failed worker is excluded for the rest of the request.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -40,6 +41,47 @@ class WorkerChoice(NamedTuple):
 
 class NoWorkerAvailable(Exception):
     """No worker can take the request now (none serving, all busy, or all excluded)."""
+
+    def __init__(self, message: str, *, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy
+        """Workers exist but all are over their busy thresholds: waiting may help."""
+
+
+@dataclass
+class Admission:
+    """The bounded queue in front of busy workers (DESIGN §5): a request that finds every
+    worker busy waits up to ``timeout`` seconds for one to free up, at most ``max_queued``
+    requests wait at once, and anything beyond gets 503 with ``Retry-After``."""
+
+    max_queued: int = 256
+    """Requests allowed to wait at once; one more is refused immediately."""
+    timeout: float = 5.0
+    """Seconds a request waits for a worker before 503."""
+    poll: float = 0.02
+    """Seconds between retries while waiting (load updates arrive every ~50 ms)."""
+    waiting: int = 0
+
+    async def pick(
+        self, picker: WorkerPicker, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        try:
+            return picker.pick(token_ids, request_id, exclude)
+        except NoWorkerAvailable as exc:
+            if not exc.busy or self.waiting >= self.max_queued:
+                raise
+        self.waiting += 1
+        try:
+            deadline = time.monotonic() + self.timeout
+            while True:
+                await asyncio.sleep(self.poll)
+                try:
+                    return picker.pick(token_ids, request_id, exclude)
+                except NoWorkerAvailable as exc:
+                    if not exc.busy or time.monotonic() >= deadline:
+                        raise
+        finally:
+            self.waiting -= 1
 
 
 class WorkerPicker(Protocol):
@@ -94,6 +136,8 @@ class Generator:
     metrics: FrontendMetrics
     max_migrations: int = 3
     """Re-issues per request before it fails with an explicit error."""
+    admission: Admission = field(default_factory=Admission)
+    """Queue for requests that find every worker busy."""
 
     async def run(
         self, job: Job, tokenizer: Tokenizer, picker: WorkerPicker, outcome: Outcome
@@ -112,13 +156,16 @@ class Generator:
         try:
             while outcome.finish_reason is None:
                 try:
-                    choice = picker.pick(job.prompt_ids + generated, job.request_id, exclude)
+                    choice = await self.admission.pick(
+                        picker, job.prompt_ids + generated, job.request_id, exclude
+                    )
                 except NoWorkerAvailable as exc:
                     if generated:
                         raise OpenAIError(
                             503, f"stream lost its worker and none can resume it: {exc}",
                             type="service_unavailable",
                         ) from exc  # fmt: skip
+                    self.metrics.rejections.labels(job.model).inc()
                     raise overloaded(str(exc)) from exc
                 request = GenerateRequest(
                     request_id=f"{job.request_id}-{attempt}",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.frontend.app import build_app
-from dynamoctl.frontend.generate import Generator
+from dynamoctl.frontend.generate import Admission, Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import RouterSettings, embedded_picker_factory
@@ -44,6 +44,10 @@ class FrontendOptions:
     """Seconds open streams get to finish on SIGTERM."""
     router: RouterSettings | None = None
     """Routing mode and weights; default: ``kv``."""
+    queue_timeout: float = 5.0
+    """Seconds a request waits when every worker is busy, before 503."""
+    max_queued: int = 256
+    """Requests allowed to wait at once when every worker is busy."""
 
 
 async def run_frontend(opts: FrontendOptions) -> None:
@@ -60,7 +64,11 @@ async def run_frontend(opts: FrontendOptions) -> None:
         discovery, opts.namespace, embedded_picker_factory(discovery, opts.namespace, settings)
     )
     http = BoundServer(
-        build_app(registry, Generator(client, metrics), metrics),
+        build_app(
+            registry,
+            Generator(client, metrics, admission=Admission(opts.max_queued, opts.queue_timeout)),
+            metrics,
+        ),
         opts.host,
         opts.port,
         timeout_graceful_shutdown=opts.drain_grace,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from dynamoctl.discovery import Discovery
 from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
 from dynamoctl.frontend.models import ModelPicker, PickerFactory
-from dynamoctl.router import KvRouter, RouterError, RouterService, mode_names
+from dynamoctl.router import AllWorkersBusy, KvRouter, RouterError, RouterService, mode_names
 from dynamoctl.wire.engine import ModelCard
 
 
@@ -47,7 +47,8 @@ class EmbeddedPicker:
         try:
             decision = self.service.router.pick(token_ids, request_id, exclude=exclude)
         except RouterError as exc:
-            raise NoWorkerAvailable(str(exc)) from exc
+            busy = isinstance(exc, AllWorkersBusy)
+            raise NoWorkerAvailable(str(exc), busy=busy) from exc
         record = self.service.instance(decision.worker_id)
         if record is None:  # left discovery between the decision and now
             self.service.router.on_finished(request_id)
