@@ -56,6 +56,7 @@ class ModelRegistry:
         self.make_picker = make_picker
         self._models: dict[str, ServedModel] = {}
         self._task: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
 
     def get(self, name: str) -> ServedModel | None:
         return self._models.get(name)
@@ -71,9 +72,9 @@ class ModelRegistry:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        for model in list(self._models.values()):
-            await model.picker.close()
+        closing = [self._close_picker(m) for m in self._models.values()]
         self._models.clear()
+        await asyncio.gather(*closing, *self._closing, return_exceptions=True)
 
     async def _follow(self) -> None:
         prefix = keys.models_prefix(self.namespace)
@@ -108,5 +109,15 @@ class ModelRegistry:
         served.instances.discard(instance)
         if not served.instances:
             del self._models[name]
-            await served.picker.close()
             log.info("model %s has no workers left", name)
+            # Off the follow loop: a slow router shutdown must not delay the next card.
+            task = asyncio.create_task(self._close_picker(served), name=f"close-router-{name}")
+            self._closing.add(task)
+            task.add_done_callback(self._closing.discard)
+
+    @staticmethod
+    async def _close_picker(served: ServedModel, timeout: float = 10.0) -> None:
+        try:
+            await asyncio.wait_for(served.picker.close(), timeout)
+        except asyncio.TimeoutError:
+            log.warning("router for %s did not close within %.0fs", served.name, timeout)
