@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dynamoctl.util import aio
-from dynamoctl.util import log as logsetup
+from dynamoctl.cli import common
 
 
 def register(app: typer.Typer) -> None:
@@ -13,10 +12,8 @@ def register(app: typer.Typer) -> None:
 
 
 def frontend(
-    namespace: str = typer.Option("dynamo", "--namespace", "-n", help="Deployment namespace."),
-    discovery: str = typer.Option(
-        "embedded", help="Discovery URL: embedded[://DIR] or etcd://HOST:PORT[,HOST:PORT]."
-    ),
+    namespace: str = common.NAMESPACE,
+    discovery: str = common.DISCOVERY,
     host: str = typer.Option("127.0.0.1", help="HTTP listen address."),
     port: int = typer.Option(8000, min=0, max=65535, help="HTTP port (0: any free port)."),
     router_mode: str = typer.Option("kv", help="Routing mode (kv, round-robin, ...)."),
@@ -29,7 +26,7 @@ def frontend(
         5.0, min=0.0, help="Seconds a request waits when all workers are busy, then 503."
     ),
     max_queued: int = typer.Option(256, min=0, help="Requests allowed to wait at once."),
-    lease_ttl: float = typer.Option(10.0, min=2.0, help="Discovery lease TTL (s)."),
+    lease_ttl: float = common.LEASE_TTL,
     drain_grace: float = typer.Option(30.0, min=0.0, help="Seconds open streams get on stop."),
 ) -> None:
     """Serve the OpenAI API for every model the namespace's workers serve."""
@@ -40,7 +37,6 @@ def frontend(
         check_mode(router_mode)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="--router-mode") from exc
-    logsetup.setup(f"frontend/{namespace}")
     options = FrontendOptions(
         namespace=namespace,
         discovery=discovery,
@@ -52,8 +48,4 @@ def frontend(
         queue_timeout=queue_timeout,
         max_queued=max_queued,
     )
-    try:
-        aio.run(run_frontend(options))
-    except Exception as exc:
-        typer.echo(f"dynamoctl frontend: {exc}", err=True)
-        raise typer.Exit(1) from exc
+    common.run_component("frontend", namespace, run_frontend(options))

@@ -6,9 +6,8 @@ from typing import cast
 
 import typer
 
+from dynamoctl.cli import common
 from dynamoctl.engines.registry import engine_names
-from dynamoctl.util import aio
-from dynamoctl.util import log as logsetup
 from dynamoctl.worker.instance import Role
 from dynamoctl.worker.options import parse_engine_args
 
@@ -26,14 +25,12 @@ def worker(
     ctx: typer.Context,
     engine: str = typer.Option("mocker", help="Engine adapter: " + ", ".join(engine_names())),
     role: str = typer.Option("agg", help="agg, prefill or decode."),
-    namespace: str = typer.Option("dynamo", "--namespace", "-n", help="Deployment namespace."),
-    discovery: str = typer.Option(
-        "embedded", help="Discovery URL: embedded[://DIR] or etcd://HOST:PORT[,HOST:PORT]."
-    ),
+    namespace: str = common.NAMESPACE,
+    discovery: str = common.DISCOVERY,
     host: str = typer.Option("127.0.0.1", help="Address to bind sockets on."),
     num_workers: int = typer.Option(1, min=1, help="Instances in this process."),
     http_port: int = typer.Option(0, min=0, max=65535, help="/metrics and /health port."),
-    lease_ttl: float = typer.Option(10.0, min=2.0, help="Discovery lease TTL (s)."),
+    lease_ttl: float = common.LEASE_TTL,
     drain_grace: float = typer.Option(30.0, min=0.0, help="Seconds to finish in-flight work."),
 ) -> None:
     """Run worker instances; extra --options are the engine's own arguments.
@@ -52,7 +49,6 @@ def worker(
         engine_options = parse_engine_args(ctx.args)
     except ValueError as exc:
         raise typer.BadParameter(str(exc), param_hint="engine arguments") from exc
-    logsetup.setup(f"worker/{namespace}")
     options = WorkerOptions(
         engine=engine,
         role=cast(Role, role),
@@ -65,8 +61,4 @@ def worker(
         drain_grace=drain_grace,
         engine_options=engine_options,
     )
-    try:
-        aio.run(run_worker(options))
-    except Exception as exc:  # engine options rejected, discovery unreachable, ...
-        typer.echo(f"dynamoctl worker: {exc}", err=True)
-        raise typer.Exit(1) from exc
+    common.run_component("worker", namespace, run_worker(options))

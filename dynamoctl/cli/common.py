@@ -1,0 +1,28 @@
+"""Options and plumbing every long-running component command shares."""
+
+from __future__ import annotations
+
+from collections.abc import Coroutine
+from typing import Any
+
+import typer
+
+from dynamoctl.util import aio
+from dynamoctl.util import log as logsetup
+
+NAMESPACE = typer.Option("dynamo", "--namespace", "-n", help="Deployment namespace.")
+DISCOVERY = typer.Option(
+    "embedded", help="Discovery URL: embedded[://DIR] or etcd://HOST:PORT[,HOST:PORT]."
+)
+LEASE_TTL = typer.Option(10.0, min=2.0, help="Discovery lease TTL (s).")
+
+
+def run_component(component: str, namespace: str, main: Coroutine[Any, Any, None]) -> None:
+    """Log as ``[component/namespace]``, run ``main`` on uvloop, and turn a start-up
+    failure (bad engine options, discovery unreachable, ...) into one line and exit 1."""
+    logsetup.setup(f"{component}/{namespace}")
+    try:
+        aio.run(main)
+    except Exception as exc:
+        typer.echo(f"dynamoctl {component}: {exc}", err=True)
+        raise typer.Exit(1) from exc
