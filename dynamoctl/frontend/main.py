@@ -14,34 +14,25 @@ import socket
 from dataclasses import dataclass
 
 from dynamoctl import wire
-from dynamoctl.discovery import Discovery, keys, store_from_url
+from dynamoctl.discovery import keys
 from dynamoctl.frontend.app import build_app
 from dynamoctl.frontend.generate import Admission, Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import RouterSettings, embedded_picker_factory
 from dynamoctl.planes.request import RequestClient
+from dynamoctl.util.component import ComponentOptions
 from dynamoctl.util.http import BoundServer
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class FrontendOptions:
+class FrontendOptions(ComponentOptions):
     """Everything ``dynamoctl frontend`` is told on its command line."""
 
-    namespace: str = "dynamo"
-    """Discovery namespace of the deployment."""
-    discovery: str = "embedded"
-    """Discovery URL (``embedded[://DIR]`` or ``etcd://HOST:PORT[,...]``)."""
-    host: str = "127.0.0.1"
-    """HTTP listen address."""
     port: int = 8000
     """HTTP port; 0 picks a free one (logged and registered)."""
-    lease_ttl: float = 10.0
-    """Discovery lease TTL in seconds."""
-    drain_grace: float = 30.0
-    """Seconds open streams get to finish on SIGTERM."""
     router: RouterSettings | None = None
     """Routing mode and weights; default: ``kv``."""
     queue_timeout: float = 5.0
@@ -56,7 +47,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    discovery = Discovery(store_from_url(opts.discovery), lease_ttl=opts.lease_ttl)
+    discovery = opts.open_discovery()
     metrics = FrontendMetrics()
     client = RequestClient()
     settings = opts.router or RouterSettings()

@@ -16,8 +16,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.engines.registry import create_engine
+from dynamoctl.util.component import ComponentOptions
 from dynamoctl.util.http import BoundServer
 from dynamoctl.worker.http import build_app
 from dynamoctl.worker.instance import Role, WorkerInstance
@@ -26,27 +26,17 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class WorkerOptions:
+class WorkerOptions(ComponentOptions):
     """Everything ``dynamoctl worker`` is told on its command line."""
 
     engine: str = "mocker"
     """Engine adapter name (registry in ``dynamoctl.engines.registry``)."""
     role: Role = "agg"
     """``agg``, ``prefill`` or ``decode``."""
-    namespace: str = "dynamo"
-    """Discovery namespace of the deployment."""
-    discovery: str = "embedded"
-    """Discovery URL (``embedded[://DIR]`` or ``etcd://HOST:PORT[,...]``)."""
-    host: str = "127.0.0.1"
-    """Address the request plane, event publishers and HTTP server bind."""
     num_workers: int = 1
     """Instances in this process (each its own engine and registration)."""
     http_port: int = 0
     """Port of ``/metrics`` and ``/health``; 0 picks a free one (logged)."""
-    lease_ttl: float = 10.0
-    """Discovery lease TTL in seconds."""
-    drain_grace: float = 30.0
-    """Seconds in-flight requests get to finish on SIGTERM before they are aborted."""
     engine_options: dict[str, Any] = field(default_factory=dict)
     """Engine arguments, passed to the engine untouched."""
 
@@ -72,7 +62,7 @@ async def run_worker(opts: WorkerOptions) -> None:
     instances: list[WorkerInstance] = []
     ready = [False]
     http = BoundServer(build_app(instances, ready), opts.host, opts.http_port)
-    discovery = Discovery(store_from_url(opts.discovery), lease_ttl=opts.lease_ttl)
+    discovery = opts.open_discovery()
     instances += [
         WorkerInstance(
             create_engine(opts.engine, opts.engine_options),
