@@ -15,6 +15,7 @@ at boot, so the file records the boot id and forgets the leases of an earlier bo
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import os
 import sqlite3
 import time
@@ -93,14 +94,25 @@ class EmbeddedStore(Store):
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
             self._file.parent.mkdir(parents=True, exist_ok=True)
-            conn = sqlite3.connect(
-                self._file, timeout=10.0, isolation_level=None, check_same_thread=False
-            )
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
-            self._conn = conn
-            self._tx(self._forget_other_boot)
+            # Switching to WAL and creating the schema take locks for which SQLite does
+            # not always call the busy handler: processes starting together could get
+            # "database is locked" at once. A lock file makes opening one at a time.
+            lock = self._file.with_name(self._file.name + ".open-lock")
+            with open(lock, "a") as held:
+                fcntl.flock(held, fcntl.LOCK_EX)
+                conn = sqlite3.connect(
+                    self._file, timeout=10.0, isolation_level=None, check_same_thread=False
+                )
+                try:
+                    conn.execute("PRAGMA journal_mode=WAL")
+                    conn.execute("PRAGMA synchronous=NORMAL")
+                    conn.executescript(_SCHEMA)
+                    self._conn = conn
+                    self._tx(self._forget_other_boot)
+                except BaseException:
+                    self._conn = None
+                    conn.close()
+                    raise
         return self._conn
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
