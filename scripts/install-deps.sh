@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(etcd-server)
+# etcd: discovery tests; slurm + munge: the Slurm launcher tests run a real single-node
+# cluster; openssh-server + iproute2: the SSH launcher tests run sshd in network namespaces.
+APT_PACKAGES=(etcd-server slurmctld slurmd slurm-client munge openssh-server iproute2)
 PYTHON=${PYTHON:-python3}
 
 missing=()

@@ -28,6 +28,7 @@ def frontend(
     max_queued: int = typer.Option(256, min=0, help="Requests allowed to wait at once."),
     lease_ttl: float = common.LEASE_TTL,
     drain_grace: float = typer.Option(30.0, min=0.0, help="Seconds open streams get on stop."),
+    label: str = common.LABEL,
 ) -> None:
     """Serve the OpenAI API for every model the namespace's workers serve."""
     from dynamoctl.frontend.main import FrontendOptions, run_frontend
@@ -44,6 +45,7 @@ def frontend(
         port=port,
         lease_ttl=lease_ttl,
         drain_grace=drain_grace,
+        label=label,
         router=RouterSettings(router_mode, overlap_weight, temperature, busy_kv_usage),
         queue_timeout=queue_timeout,
         max_queued=max_queued,

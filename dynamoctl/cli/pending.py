@@ -21,14 +21,6 @@ class PendingCommand(NamedTuple):
 
 
 PENDING: dict[str, PendingCommand] = {
-    "up": PendingCommand("Start the deployment a recipe describes and supervise it.", "supervisor"),
-    "status": PendingCommand("Show the state of every component.", "supervisor"),
-    "drain": PendingCommand(
-        "Drain a worker: deregister, finish in-flight requests, exit.", "supervisor"
-    ),
-    "down": PendingCommand("Stop a deployment and everything it started.", "supervisor"),
-    "logs": PendingCommand("Show or follow a component's logs.", "supervisor"),
-    "scale": PendingCommand("Change a pool's replica count, e.g. prefill=4.", "supervisor"),
     "router": PendingCommand("Run a standalone router.", "router"),
 }
 

@@ -32,6 +32,7 @@ def worker(
     http_port: int = typer.Option(0, min=0, max=65535, help="/metrics and /health port."),
     lease_ttl: float = common.LEASE_TTL,
     drain_grace: float = typer.Option(30.0, min=0.0, help="Seconds to finish in-flight work."),
+    label: str = common.LABEL,
 ) -> None:
     """Run worker instances; extra --options are the engine's own arguments.
 
@@ -59,6 +60,7 @@ def worker(
         http_port=http_port,
         lease_ttl=lease_ttl,
         drain_grace=drain_grace,
+        label=label,
         engine_options=engine_options,
     )
     common.run_component("worker", namespace, run_worker(options))

@@ -78,6 +78,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
             host=socket.gethostname(),
             pid=os.getpid(),
             metrics_url=f"http://{opts.host}:{http.port}/metrics",
+            label=opts.label,
         )
         await discovery.register(key, wire.encode_json(record))
         log.info(

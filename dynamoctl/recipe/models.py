@@ -130,6 +130,9 @@ class LocalTarget(_Model):
 
     kind: Literal["local"]
     """``local``: child processes of the supervisor, each in its own process group."""
+    gpus: int | None = Field(default=None, ge=0)
+    """GPUs on this machine that replicas may use. Default: counted with ``nvidia-smi -L``
+    (0 without it)."""
 
 
 class SshTarget(_Model):
@@ -149,7 +152,10 @@ class SshTarget(_Model):
     """Python interpreter on the hosts that has dynamoctl installed, e.g. a venv's
     ``bin/python``."""
     workdir: str | None = None
-    """Remote working directory for components and their logs. Default: the remote home."""
+    """Remote working directory of components (a managed etcd keeps its data there).
+    Default: the remote home."""
+    gpus_per_host: int = Field(default=0, ge=0)
+    """GPUs on each host that replicas may use; a replica must fit on one host."""
 
 
 class SlurmContainer(_Model):

@@ -21,6 +21,8 @@ class ComponentOptions:
     """Discovery lease TTL in seconds."""
     drain_grace: float = 30.0
     """Seconds in-flight work gets to finish on SIGTERM."""
+    label: str = ""
+    """The supervisor's name for this process (``agg-0``), written into its records."""
 
     def open_discovery(self) -> Discovery:
         """This component's discovery handle (not yet started)."""

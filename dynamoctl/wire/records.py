@@ -33,6 +33,8 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Served model name."""
     metrics_url: str | None = None
     """Prometheus endpoint of the instance's process."""
+    label: str = ""
+    """The supervisor's name for the process (``agg-0``), empty when started by hand."""
 
 
 class EventsRecord(msgspec.Struct, frozen=True, kw_only=True):

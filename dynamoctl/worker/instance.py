@@ -56,6 +56,7 @@ class WorkerInstance:
         host: str = "127.0.0.1",
         instance_id: str | None = None,
         metrics_url: str | None = None,
+        label: str = "",
         load_interval: float = 0.05,
         load_heartbeat: float = 1.0,
     ) -> None:
@@ -66,6 +67,7 @@ class WorkerInstance:
         self.host = host
         self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.metrics_url = metrics_url
+        self.label = label
         self.load_interval = load_interval
         """Seconds between checks for changed load (published when it changed)."""
         self.load_heartbeat = load_heartbeat
@@ -139,6 +141,7 @@ class WorkerInstance:
                     role=self.role,
                     model=card.model,
                     metrics_url=self.metrics_url,
+                    label=self.label,
                 )
             ),
         )

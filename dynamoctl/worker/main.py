@@ -72,6 +72,7 @@ async def run_worker(opts: WorkerOptions) -> None:
             host=opts.host,
             instance_id=f"{socket.gethostname()}-{os.getpid()}-{i}",
             metrics_url=f"http://{opts.host}:{http.port}/metrics",
+            label=opts.label,
         )
         for i in range(opts.num_workers)
     ]

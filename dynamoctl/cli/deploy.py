@@ -1,0 +1,168 @@
+"""``dynamoctl up`` and ``dynamoctl down``: bring a recipe's deployment up, take it down."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from dynamoctl.cli.locate import find_deployment, recipe_of
+from dynamoctl.recipe.loader import RecipeError, load_recipe
+from dynamoctl.recipe.models import Recipe, SlurmTarget
+from dynamoctl.supervisor.rundir import RunDir
+
+
+def register(app: typer.Typer) -> None:
+    app.command("up")(up)
+    app.command("down")(down)
+
+
+def _load(path: Path) -> Recipe:
+    try:
+        return load_recipe(path)
+    except RecipeError as exc:
+        typer.echo(str(exc), err=True)
+        raise typer.Exit(1) from exc
+    except OSError as exc:
+        typer.echo(f"dynamoctl up: cannot read {path}: {exc.strerror}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def allocation_nodes() -> list[str] | None:
+    """The current Slurm allocation's nodes, or None outside an allocation."""
+    nodelist = os.environ.get("SLURM_JOB_NODELIST")
+    if not nodelist:
+        return None
+    out = subprocess.run(
+        ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, check=True
+    )
+    return out.stdout.split()
+
+
+def up(
+    recipe_path: Path = typer.Argument(..., help="Recipe file, e.g. recipes/local.yaml."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Supervise in the background."),
+    live: bool = typer.Option(True, help="Live status table (foreground, on a terminal)."),
+) -> None:
+    """Start the deployment a recipe describes and supervise it (Ctrl-C stops it)."""
+    from dynamoctl.launch.registry import launcher_for
+    from dynamoctl.supervisor.plan import PlanError, build_plan, render
+
+    recipe = _load(recipe_path)
+    run_dir = RunDir(recipe.name)
+    allocation = allocation_nodes() if isinstance(recipe.target, SlurmTarget) else None
+    try:
+        plan, _ = build_plan(recipe, run_dir.path, allocation)
+    except PlanError as exc:
+        typer.echo(f"{recipe_path}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if dry_run:
+        typer.echo(render(plan, launcher_for(recipe).describe), nl=False)
+        return
+    if isinstance(recipe.target, SlurmTarget) and allocation is None:
+        from dynamoctl.cli.slurm_submit import submit_and_follow
+
+        submit_and_follow(recipe, recipe_path, run_dir)
+        return
+    if detach:
+        _detach(recipe, recipe_path, run_dir)
+        return
+    _foreground(recipe, recipe_path, run_dir, allocation, live and sys.stdout.isatty())
+
+
+def _foreground(
+    recipe: Recipe, recipe_path: Path, run_dir: RunDir, allocation: list[str] | None, live: bool
+) -> None:
+    from dynamoctl.cli.view import LiveView
+    from dynamoctl.supervisor.serve import UpError, serve
+    from dynamoctl.util import aio
+    from dynamoctl.util import log as logsetup
+
+    logsetup.setup(f"supervisor/{recipe.name}")
+    view = LiveView(live)
+    try:
+        with view:
+            aio.run(serve(recipe, recipe_path.resolve(), run_dir, allocation, on_start=view.attach))
+    except UpError as exc:
+        typer.echo(f"dynamoctl up: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+def _detach(recipe: Recipe, recipe_path: Path, run_dir: RunDir) -> None:
+    """Start a supervisor in its own session; return once it serves (or failed)."""
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    with open(run_dir.path / "supervisor.log", "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "dynamoctl", "up", str(recipe_path), "--no-live"],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    while True:
+        time.sleep(0.1)
+        state = run_dir.read_state()
+        mine = state is not None and state.supervisor_pid == proc.pid
+        if mine and state is not None and state.phase == "serving":
+            assert state.plan is not None
+            typer.echo(f"{recipe.name}: serving {state.plan.model} at {state.plan.endpoint}")
+            typer.echo(f"supervisor pid {proc.pid}; log {run_dir.path / 'supervisor.log'}")
+            return
+        if proc.poll() is not None:
+            text = (run_dir.path / "supervisor.log").read_text(errors="replace")
+            typer.echo(text[-4000:], err=True, nl=False)
+            typer.echo(
+                f"dynamoctl up: the supervisor exited with status {proc.returncode}", err=True
+            )
+            raise typer.Exit(1)
+
+
+def down(
+    name: str | None = typer.Argument(None, help="Deployment name (default: the running one)."),
+    now: bool = typer.Option(False, "--now", help="Do not drain: SIGTERM, 3 s, SIGKILL."),
+    timeout: float = typer.Option(120.0, help="Seconds to wait for the supervisor to finish."),
+) -> None:
+    """Drain and stop a deployment; cleans up after a supervisor that was killed, too."""
+    from dynamoctl.supervisor.control import ControlClient, ControlError
+
+    run_dir = find_deployment(name, running_only=False)
+    state = run_dir.read_state()
+    if run_dir.is_locked() and state is not None:
+        client = ControlClient(state.control, state.token)
+        try:
+            client.down(now)
+        except ControlError as exc:
+            typer.echo(f"dynamoctl down: {exc}", err=True)
+            raise typer.Exit(1) from exc
+        finally:
+            client.close()
+        deadline = time.monotonic() + timeout
+        while run_dir.is_locked():
+            if time.monotonic() > deadline:
+                typer.echo(f"dynamoctl down: {run_dir.name} still stopping after {timeout:.0f} s")
+                raise typer.Exit(1)
+            time.sleep(0.2)
+        typer.echo(f"{run_dir.name}: stopped")
+        return
+    _reap_without_supervisor(run_dir)
+
+
+def _reap_without_supervisor(run_dir: RunDir) -> None:
+    from dynamoctl.supervisor.serve import reap_leftovers
+    from dynamoctl.util import aio
+
+    state = run_dir.read_state()
+    if state is None or not state.records:
+        typer.echo(f"{run_dir.name}: not running, nothing left to stop")
+        return
+    recipe = recipe_of(state)
+    reaped = aio.run(reap_leftovers(recipe, run_dir))
+    if reaped:
+        typer.echo(f"{run_dir.name}: supervisor gone; stopped {', '.join(reaped)}")
+    else:
+        typer.echo(f"{run_dir.name}: supervisor gone; nothing was left running")

@@ -1,0 +1,113 @@
+"""Launchers: start one planned instance on its host and control it as a process group.
+
+The ``local``, ``ssh`` and ``slurm`` launchers share this interface and these semantics:
+
+- An instance runs in a process group of its own (under Slurm: a job step of its own);
+  a signal reaches the whole group, so an engine's helper processes stop with it.
+- An instance does not outlive the supervisor that launched it: the keeper
+  (:mod:`dynamoctl.launch.keeper`) wrapped around it stops the group when its stdin, a pipe
+  or SSH channel held by the supervisor, closes; under Slurm the job's end ends its steps.
+- What it prints lands in its log file in the run directory on the supervisor's host.
+- Its :class:`ProcessRecord` is enough for another process (``dynamoctl down`` after the
+  supervisor was killed) to find and stop it again with :meth:`Launcher.reap`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Protocol
+
+import msgspec
+
+
+class LaunchError(Exception):
+    """An instance cannot be started here; the message says what and where."""
+
+
+class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """One process of the plan: what runs, where, with what."""
+
+    name: str
+    """Unique in the deployment: ``frontend-0``, ``agg-1``, ``router-0``, ``etcd-0``."""
+    pool: str
+    """What ``scale`` and ``drain POOL`` address: ``agg``, ``prefill``, ``decode``,
+    ``frontend``, ``router``, ``etcd``."""
+    component: str
+    """``worker``, ``frontend``, ``router`` or ``etcd``."""
+    host: str
+    """Where it runs: ``localhost``, an SSH host, or a Slurm node name."""
+    argv: list[str]
+    """The exact command, run on ``host``."""
+    env: dict[str, str] = {}
+    """Environment added to the host's (``CUDA_VISIBLE_DEVICES`` among them)."""
+    gpus: list[int] = []
+    """GPU indices on ``host`` given to this instance."""
+
+
+class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """How to find a launched instance again, from any process on the supervisor's host."""
+
+    launcher: str
+    """``local``, ``ssh`` or ``slurm``."""
+    host: str
+    """Host the process group lives on."""
+    pid: int
+    """Pid of the group leader (the keeper; under Slurm, the local ``srun``)."""
+    pgid: int
+    """Process group on ``host`` (equal to ``pid`` for the keeper)."""
+    step: str | None = None
+    """Slurm ``JOBID.STEPID`` of the instance's job step."""
+
+
+class Launched(Protocol):
+    """A started instance."""
+
+    record: ProcessRecord
+
+    @property
+    def returncode(self) -> int | None:
+        """Exit status once it ended (negative: killed by that signal), else None."""
+
+    async def wait(self) -> int:
+        """Wait for the end; return :attr:`returncode`."""
+
+    async def signal(self, sig: int) -> None:
+        """Send ``sig`` to the whole group; no error if it has already ended."""
+
+
+class Launcher(Protocol):
+    """Starts instances on one kind of target."""
+
+    kind: str
+
+    async def preflight(self, instances: list[InstanceSpec]) -> None:
+        """Check, before anything starts, that every instance can start (hosts reachable,
+        interpreter present, ports free); raise :class:`LaunchError` naming the first
+        problem."""
+
+    def describe(self, spec: InstanceSpec) -> list[str]:
+        """The command line that starts ``spec``, as a dry run prints it."""
+
+    async def start(self, spec: InstanceSpec, log: Path) -> Launched:
+        """Start ``spec``; its output is appended to ``log``."""
+
+    async def reap(self, record: ProcessRecord, grace: float) -> bool:
+        """Stop what is left of a recorded instance (SIGTERM, ``grace``, SIGKILL); True if
+        something was still running."""
+
+    async def close(self) -> None:
+        """Release connections; instances still running are stopped by their keepers."""
+
+
+async def stop(proc: Launched, grace: float) -> int:
+    """terminate → deadline → kill: SIGTERM to the group, ``grace`` seconds, then SIGKILL."""
+    if proc.returncode is not None:
+        return proc.returncode
+    await proc.signal(signal.SIGTERM)
+    try:
+        return await asyncio.wait_for(proc.wait(), grace)
+    except asyncio.TimeoutError:
+        await proc.signal(signal.SIGKILL)
+        return await proc.wait()

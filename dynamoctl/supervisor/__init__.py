@@ -1,0 +1,1 @@
+"""The supervisor: a recipe becomes a plan, the plan becomes supervised processes."""

@@ -1,0 +1,139 @@
+"""The supervisor's control endpoint (HTTP on 127.0.0.1) and the client commands use.
+
+A random bearer token, stored in the run directory's owner-only ``state.json``, guards it:
+on a shared login node, other users can reach 127.0.0.1 but cannot read the token.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import TypeVar
+
+import httpx
+import msgspec
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from dynamoctl.supervisor.plan import PlanError
+from dynamoctl.supervisor.supervisor import Supervisor
+from dynamoctl.wire.control import (
+    ControlReply,
+    DownRequest,
+    DrainRequest,
+    ScaleRequest,
+    StatusReport,
+)
+
+T = TypeVar("T")
+
+
+class ControlError(Exception):
+    """The supervisor refused a command or could not be reached; the message says why."""
+
+
+def _json(payload: msgspec.Struct, status: int = 200) -> Response:
+    return Response(msgspec.json.encode(payload), status, media_type="application/json")
+
+
+def build_app(supervisor: Supervisor, token: str) -> Starlette:
+    async def authorized(request: Request, kind: type[T] | None) -> T | Response | None:
+        given = request.headers.get("authorization", "").removeprefix("Bearer ")
+        if not hmac.compare_digest(given, token):
+            return _json(ControlReply(ok=False, message="bad or missing token"), 401)
+        if kind is None:
+            return None
+        try:
+            return msgspec.json.decode(await request.body(), type=kind)
+        except msgspec.DecodeError as exc:
+            return _json(ControlReply(ok=False, message=str(exc)), 400)
+
+    async def status(request: Request) -> Response:
+        denied = await authorized(request, None)
+        return denied if isinstance(denied, Response) else _json(supervisor.status())
+
+    async def drain(request: Request) -> Response:
+        body = await authorized(request, DrainRequest)
+        if isinstance(body, Response):
+            return body
+        assert body is not None
+        try:
+            names = await supervisor.drain(body.target)
+        except KeyError as exc:
+            return _json(ControlReply(ok=False, message=str(exc.args[0])), 404)
+        return _json(ControlReply(ok=True, instances=names))
+
+    async def scale(request: Request) -> Response:
+        body = await authorized(request, ScaleRequest)
+        if isinstance(body, Response):
+            return body
+        assert body is not None
+        if body.replicas < 0:
+            return _json(ControlReply(ok=False, message="replicas must be >= 0"), 400)
+        try:
+            names = await supervisor.scale(body.pool, body.replicas)
+        except KeyError as exc:
+            return _json(ControlReply(ok=False, message=str(exc.args[0])), 404)
+        except PlanError as exc:
+            return _json(ControlReply(ok=False, message=str(exc)), 409)
+        return _json(ControlReply(ok=True, instances=names))
+
+    async def down(request: Request) -> Response:
+        body = await authorized(request, DownRequest)
+        if isinstance(body, Response):
+            return body
+        assert body is not None
+        supervisor.request_down(now=body.now)
+        return _json(ControlReply(ok=True, message="stopping"))
+
+    return Starlette(
+        routes=[
+            Route("/status", status),
+            Route("/drain", drain, methods=["POST"]),
+            Route("/scale", scale, methods=["POST"]),
+            Route("/down", down, methods=["POST"]),
+        ]
+    )
+
+
+class ControlClient:
+    def __init__(self, url: str, token: str, timeout: float = 10.0) -> None:
+        self._http = httpx.Client(
+            base_url=url,
+            headers={"authorization": f"Bearer {token}"},
+            timeout=timeout,
+            trust_env=False,
+        )
+
+    def _call(self, method: str, path: str, body: msgspec.Struct | None, kind: type[T]) -> T:
+        try:
+            reply = self._http.request(
+                method, path, content=msgspec.json.encode(body) if body else None
+            )
+        except httpx.HTTPError as exc:
+            raise ControlError(f"supervisor at {self._http.base_url} unreachable: {exc}") from exc
+        if reply.status_code != 200:
+            try:
+                message = msgspec.json.decode(reply.content, type=ControlReply).message
+            except msgspec.DecodeError:
+                message = reply.text
+            raise ControlError(message)
+        return msgspec.json.decode(reply.content, type=kind)
+
+    def status(self) -> StatusReport:
+        return self._call("GET", "/status", None, StatusReport)
+
+    def drain(self, target: str) -> ControlReply:
+        return self._call("POST", "/drain", DrainRequest(target=target), ControlReply)
+
+    def scale(self, pool: str, replicas: int) -> ControlReply:
+        return self._call(
+            "POST", "/scale", ScaleRequest(pool=pool, replicas=replicas), ControlReply
+        )
+
+    def down(self, now: bool) -> ControlReply:
+        return self._call("POST", "/down", DownRequest(now=now), ControlReply)
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,96 @@
+"""Readiness and liveness probes the supervisor runs against its instances.
+
+An instance is healthy when its process is alive, its discovery record is there (for
+workers: live lease) and it answers. A worker with requests in flight whose generated-token
+counter stops moving is hung even though it answers (DESIGN §7): an engine stuck in a
+CUDA call still serves ``/metrics`` from another thread.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import httpx
+import msgspec
+from prometheus_client.parser import text_string_to_metric_families
+
+from dynamoctl.discovery.api import Store
+from dynamoctl.discovery.keys import instances_prefix
+from dynamoctl.wire.records import InstanceRecord
+
+
+@dataclass(frozen=True)
+class WorkerSample:
+    """What one scrape of a worker's ``/metrics`` says."""
+
+    inflight: int
+    kv_usage: float
+    output_tokens: float
+
+
+class Probes:
+    """HTTP probes sharing one client, and the namespace's instance records by label."""
+
+    def __init__(self, store: Store | None, namespace: str, timeout: float = 2.0) -> None:
+        self.store = store
+        self.namespace = namespace
+        self.http = httpx.AsyncClient(timeout=timeout, trust_env=False)
+        self.records: dict[str, InstanceRecord] = {}
+        """The latest instance records, by supervisor label."""
+
+    async def refresh_records(self) -> None:
+        """Re-list ``{ns}/instances/``; keeps the last view when discovery is unreachable."""
+        if self.store is None:
+            return
+        try:
+            listing = await self.store.list(instances_prefix(self.namespace))
+        except Exception:  # an etcd outage: instances keep their last known records
+            return
+        records: dict[str, InstanceRecord] = {}
+        for value in listing.items.values():
+            try:
+                record = msgspec.json.decode(value, type=InstanceRecord)
+            except msgspec.DecodeError:
+                continue
+            if record.label:
+                records[record.label] = record
+        self.records = records
+
+    async def ok(self, url: str) -> bool:
+        try:
+            return (await self.http.get(url)).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    async def frontend_ready(self, base: str, model: str) -> bool:
+        """The frontend lists ``model`` and completes a one-token request."""
+        try:
+            models = (await self.http.get(f"{base}/models")).json()
+            if model not in {m.get("id") for m in models.get("data", [])}:
+                return False
+            body = {"model": model, "prompt": "ready?", "max_tokens": 1}
+            return (await self.http.post(f"{base}/completions", json=body)).status_code == 200
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
+    async def scrape_worker(self, metrics_url: str) -> WorkerSample | None:
+        try:
+            text = (await self.http.get(metrics_url)).text
+        except httpx.HTTPError:
+            return None
+        values: dict[str, float] = {}
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values[sample.name] = values.get(sample.name, 0.0) + sample.value
+        if "dynamoctl_worker_inflight_requests" not in values:
+            return None
+        return WorkerSample(
+            inflight=int(values["dynamoctl_worker_inflight_requests"]),
+            kv_usage=values.get("dynamoctl_worker_kv_usage", 0.0),
+            output_tokens=values.get("dynamoctl_worker_output_tokens_total", 0.0),
+        )
+
+    async def close(self) -> None:
+        await self.http.aclose()
+        if self.store is not None:
+            await self.store.close()

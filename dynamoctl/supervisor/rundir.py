@@ -1,0 +1,113 @@
+"""The run directory of a deployment: its lock, state file and logs.
+
+``$DYNAMOCTL_HOME/runs/NAME`` (default ``$XDG_STATE_HOME/dynamoctl`` or
+``~/.local/state/dynamoctl``) holds
+
+- ``lock``: held (``flock``) by the running supervisor, so a second ``up`` of the same
+  deployment is refused, and any command can tell whether a supervisor is alive;
+- ``state.json``: the plan, each instance's process record and state, and the control
+  endpoint with its token (mode 0600: whoever can read it may control the deployment);
+- ``logs/INSTANCE.log``: each instance's output, appended across restarts;
+  ``supervisor.log`` for a detached supervisor.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+from pathlib import Path
+from typing import IO
+
+import msgspec
+
+from dynamoctl.launch.api import ProcessRecord
+from dynamoctl.supervisor.plan import Plan
+
+
+class RunState(msgspec.Struct, kw_only=True):
+    """``state.json``: what another process needs to reach or clean up a deployment."""
+
+    name: str
+    recipe: str
+    """Absolute path of the recipe file."""
+    supervisor_pid: int
+    phase: str
+    """``starting``, ``serving``, ``stopping``, ``stopped`` or ``failed``."""
+    control: str = ""
+    """Base URL of the control endpoint."""
+    token: str = ""
+    error: str = ""
+    """Why ``up`` failed, when ``phase`` is ``failed``."""
+    plan: Plan | None = None
+    records: dict[str, ProcessRecord] = {}
+    """Launched process of each instance, by instance name."""
+
+
+def home() -> Path:
+    if "DYNAMOCTL_HOME" in os.environ:
+        return Path(os.environ["DYNAMOCTL_HOME"])
+    state = os.environ.get("XDG_STATE_HOME")
+    return (Path(state) if state else Path.home() / ".local" / "state") / "dynamoctl"
+
+
+class RunDir:
+    def __init__(self, name: str, root: Path | None = None) -> None:
+        self.name = name
+        self.path = (root or home()) / "runs" / name
+        self.logs = self.path / "logs"
+        self.state_file = self.path / "state.json"
+        self._lock: IO[str] | None = None
+
+    def log_of(self, instance: str) -> Path:
+        return self.logs / f"{instance}.log"
+
+    def lock(self) -> bool:
+        """Take the deployment's lock for this process's lifetime; False if held elsewhere."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        handle = open(self.path / "lock", "a+")  # noqa: SIM115 - held until release()
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            return False
+        self._lock = handle
+        return True
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def is_locked(self) -> bool:
+        """Whether a live supervisor holds the lock (without taking it)."""
+        if not (self.path / "lock").exists():
+            return False
+        with open(self.path / "lock", "a+") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(handle, fcntl.LOCK_UN)
+            return False
+
+    def read_state(self) -> RunState | None:
+        try:
+            return msgspec.json.decode(self.state_file.read_bytes(), type=RunState)
+        except (FileNotFoundError, msgspec.DecodeError):
+            return None
+
+    def write_state(self, state: RunState) -> None:
+        """Atomically (write, then rename), readable by the owner only."""
+        tmp = self.state_file.with_suffix(".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "wb") as out:
+            out.write(msgspec.json.format(msgspec.json.encode(state)))
+        os.replace(tmp, self.state_file)
+
+
+def deployments(root: Path | None = None) -> list[RunDir]:
+    """Every deployment with a run directory, running or not, by name."""
+    runs = (root or home()) / "runs"
+    if not runs.is_dir():
+        return []
+    return [RunDir(p.name, root) for p in sorted(runs.iterdir()) if (p / "state.json").exists()]

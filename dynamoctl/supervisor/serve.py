@@ -1,0 +1,105 @@
+"""``dynamoctl up`` in the foreground: lock the run directory, clean up after a previous
+supervisor that died, supervise, serve the control endpoint, tear down in ``finally``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+from dynamoctl.launch.api import LaunchError
+from dynamoctl.launch.registry import launcher_for
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.supervisor.control import build_app
+from dynamoctl.supervisor.plan import build_plan
+from dynamoctl.supervisor.rundir import RunDir
+from dynamoctl.supervisor.supervisor import StartupFailed, Supervision, Supervisor
+from dynamoctl.util.http import BoundServer
+
+log = logging.getLogger(__name__)
+
+
+class UpError(Exception):
+    """``up`` could not start the deployment; nothing it started is left running."""
+
+
+async def reap_leftovers(recipe: Recipe, run_dir: RunDir) -> list[str]:
+    """Stop instances a dead supervisor recorded (their keepers normally did already)."""
+    state = run_dir.read_state()
+    if state is None or not state.records:
+        return []
+    launcher = launcher_for(recipe)
+    reaped = []
+    try:
+        for name, record in state.records.items():
+            if await launcher.reap(record, grace=5.0):
+                reaped.append(name)
+    finally:
+        await launcher.close()
+    state.records = {}
+    run_dir.write_state(state)
+    return reaped
+
+
+async def serve(
+    recipe: Recipe,
+    recipe_path: Path,
+    run_dir: RunDir,
+    allocation: list[str] | None = None,
+    settings: Supervision | None = None,
+    on_start: Callable[[Supervisor], None] | None = None,
+) -> None:
+    """Run the deployment until SIGINT/SIGTERM or ``dynamoctl down``; raise :class:`UpError`
+    when it cannot start."""
+    if not run_dir.lock():
+        state = run_dir.read_state()
+        pid = f" (supervisor pid {state.supervisor_pid})" if state else ""
+        raise UpError(
+            f"deployment {recipe.name!r} is already up{pid}; see `dynamoctl status "
+            f"{recipe.name}`, or stop it with `dynamoctl down {recipe.name}` first"
+        )
+    launcher = None
+    try:
+        reaped = await reap_leftovers(recipe, run_dir)
+        if reaped:
+            log.warning("stopped leftovers of an earlier supervisor: %s", ", ".join(reaped))
+        plan, gpu_map = build_plan(recipe, run_dir.path, allocation)
+        launcher = launcher_for(recipe)
+        sup = Supervisor(recipe, str(recipe_path), plan, gpu_map, launcher, run_dir, settings)
+        sup.token = secrets.token_urlsafe(24)
+        control = BoundServer(build_app(sup, sup.token), "127.0.0.1", 0)
+        sup.control_url = f"http://127.0.0.1:{control.port}"
+        control_task = asyncio.create_task(control.run_bound(), name="control")
+        loop = asyncio.get_running_loop()
+        signals = 0
+
+        def on_signal() -> None:
+            nonlocal signals
+            signals += 1
+            sup.request_down(now=signals > 1)  # a second Ctrl-C skips draining
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        sup.save()
+        if on_start is not None:
+            on_start(sup)
+        try:
+            await sup.run()
+        except (LaunchError, StartupFailed) as exc:
+            sup.phase, sup.error = "failed", str(exc)
+            sup.save()
+            raise UpError(f"{exc}\nrolled back: nothing of {recipe.name!r} is running") from exc
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+            control.should_exit = True
+            with contextlib.suppress(asyncio.CancelledError):
+                await control_task
+    finally:
+        if launcher is not None:
+            await launcher.close()
+        run_dir.release()

@@ -1,0 +1,61 @@
+"""The supervisor's control endpoint: what ``dynamoctl status`` and friends exchange."""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class InstanceStatus(msgspec.Struct, kw_only=True):
+    """One row of ``dynamoctl status``."""
+
+    name: str
+    pool: str
+    component: str
+    host: str
+    pid: int | None
+    """Process-group leader on ``host`` (the keeper; under Slurm the local ``srun``)."""
+    state: str
+    """One of :class:`dynamoctl.supervisor.states.State`."""
+    restarts: int
+    uptime_s: float | None
+    """Seconds since the current process started; None when none runs."""
+    inflight: int | None = None
+    """Requests open on the instance (workers), when known."""
+    kv_usage: float | None = None
+    """Fraction of the KV cache in use (workers), when known."""
+    last_exit: int | None = None
+    """Exit status of the previous process, when one ended."""
+    message: str = ""
+    """Why the instance is FAILED or BACKOFF, in words."""
+
+
+class StatusReport(msgspec.Struct, kw_only=True):
+    name: str
+    phase: str
+    """``starting``, ``serving``, ``stopping``, ``stopped`` or ``failed``."""
+    endpoint: str
+    model: str
+    target: str
+    instances: list[InstanceStatus]
+
+
+class DrainRequest(msgspec.Struct, kw_only=True):
+    target: str
+    """An instance name (``agg-1``) or a pool name (``agg``)."""
+
+
+class ScaleRequest(msgspec.Struct, kw_only=True):
+    pool: str
+    replicas: int
+
+
+class DownRequest(msgspec.Struct, kw_only=True):
+    now: bool = False
+    """Skip draining: SIGTERM, a short deadline, then SIGKILL."""
+
+
+class ControlReply(msgspec.Struct, kw_only=True):
+    ok: bool
+    message: str = ""
+    instances: list[str] = []
+    """Instances the command acted on."""
