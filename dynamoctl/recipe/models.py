@@ -288,6 +288,29 @@ class Workers(_Model):
         return self
 
 
+class Supervision(_Model):
+    """How ``dynamoctl up`` keeps instances alive. The defaults suit real engines, which take
+    minutes to load weights."""
+
+    start_timeout: float = Field(default=600.0, gt=0)
+    """Seconds an instance may take to become READY before it counts as failed."""
+    restart_budget: int = Field(default=5, ge=0)
+    """Restarts allowed per instance within ``budget_window``; past it, it stays FAILED."""
+    budget_window: float = Field(default=600.0, gt=0)
+    """Seconds over which restarts are counted."""
+    backoff_base: float = Field(default=1.0, gt=0)
+    """First restart delay in seconds; doubles per consecutive failure, with jitter."""
+    backoff_cap: float = Field(default=30.0, gt=0)
+    """Longest restart delay in seconds."""
+    hang_timeout: float = Field(default=60.0, gt=0)
+    """Seconds an instance may go without answering probes, or a worker with requests in
+    flight without generating a token, before it counts as hung and is restarted."""
+    probe_interval: float = Field(default=1.0, gt=0)
+    """Seconds between health probes of each instance."""
+    drain_timeout: float = Field(default=45.0, ge=0)
+    """Seconds a draining instance gets (finishing in-flight requests) before SIGKILL."""
+
+
 class Recipe(_Model):
     """A deployment: where it runs, how its processes find each other, what they serve."""
 
@@ -307,6 +330,8 @@ class Recipe(_Model):
     """The HTTP endpoint and its router."""
     workers: Workers
     """Worker pools."""
+    supervision: Supervision = Field(default_factory=Supervision)
+    """Restart, health and drain policy of ``dynamoctl up``."""
 
     @model_validator(mode="after")
     def _fits_target(self) -> Recipe:

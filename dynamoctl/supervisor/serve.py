@@ -17,7 +17,7 @@ from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.control import build_app
 from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.rundir import RunDir
-from dynamoctl.supervisor.supervisor import StartupFailed, Supervision, Supervisor
+from dynamoctl.supervisor.supervisor import StartupFailed, Supervisor
 from dynamoctl.util.http import BoundServer
 
 log = logging.getLogger(__name__)
@@ -50,7 +50,6 @@ async def serve(
     recipe_path: Path,
     run_dir: RunDir,
     allocation: list[str] | None = None,
-    settings: Supervision | None = None,
     on_start: Callable[[Supervisor], None] | None = None,
 ) -> None:
     """Run the deployment until SIGINT/SIGTERM or ``dynamoctl down``; raise :class:`UpError`
@@ -69,7 +68,7 @@ async def serve(
             log.warning("stopped leftovers of an earlier supervisor: %s", ", ".join(reaped))
         plan, gpu_map = build_plan(recipe, run_dir.path, allocation)
         launcher = launcher_for(recipe)
-        sup = Supervisor(recipe, str(recipe_path), plan, gpu_map, launcher, run_dir, settings)
+        sup = Supervisor(recipe, str(recipe_path), plan, gpu_map, launcher, run_dir)
         sup.token = secrets.token_urlsafe(24)
         control = BoundServer(build_app(sup, sup.token), "127.0.0.1", 0)
         sup.control_url = f"http://127.0.0.1:{control.port}"

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 
 from dynamoctl.discovery import store_from_url
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
-from dynamoctl.recipe.models import Recipe, Role
+from dynamoctl.recipe.models import Recipe, Role, Supervision
 from dynamoctl.supervisor.health import Probes, WorkerSample
 from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, worker_spec
 from dynamoctl.supervisor.rundir import RunDir, RunState
@@ -32,27 +32,8 @@ from dynamoctl.wire.control import InstanceStatus, StatusReport
 log = logging.getLogger(__name__)
 
 START_ORDER = ("etcd", "router", "worker", "frontend")
-
-
-@dataclass
-class Supervision:
-    """Timings and budgets of supervision (defaults suit the mocker and small models)."""
-
-    start_timeout: float = 300.0
-    """Seconds an instance may take to become READY (vLLM loading weights: minutes)."""
-    restart_budget: int = 5
-    """Restarts allowed within ``budget_window``; past it the instance stays FAILED."""
-    budget_window: float = 600.0
-    backoff_base: float = 1.0
-    backoff_cap: float = 30.0
-    hang_timeout: float = 60.0
-    """Seconds of in-flight work without a generated token (or without answering probes)
-    after which an instance counts as hung and is restarted."""
-    probe_interval: float = 1.0
-    drain_timeout: float = 45.0
-    """Seconds a drained instance gets before SIGKILL (workers drain in-flight requests)."""
-    now_timeout: float = 3.0
-    """Seconds ``down --now`` gives each instance between SIGTERM and SIGKILL."""
+NOW_TIMEOUT = 3.0
+"""Seconds ``down --now`` gives each instance between SIGTERM and SIGKILL."""
 
 
 class StartupFailed(Exception):
@@ -85,7 +66,6 @@ class Supervisor:
         gpu_map: GpuMap,
         launcher: Launcher,
         run_dir: RunDir,
-        settings: Supervision | None = None,
     ) -> None:
         self.recipe = recipe
         self.recipe_path = recipe_path
@@ -93,7 +73,7 @@ class Supervisor:
         self.gpu_map = gpu_map
         self.launcher = launcher
         self.run_dir = run_dir
-        self.settings = settings or Supervision()
+        self.settings: Supervision = recipe.supervision
         self.instances = {spec.name: Instance(spec) for spec in plan.instances}
         self.phase = "starting"
         self.error = ""
@@ -197,7 +177,7 @@ class Supervisor:
             return
         inst.state = State.DRAINING
         self.changed()
-        grace = self.settings.now_timeout if now else self.settings.drain_timeout
+        grace = NOW_TIMEOUT if now else self.settings.drain_timeout
         await stop(proc, grace)
         if inst.task is not None and not inst.task.done():
             await inst.ended.wait()
@@ -271,7 +251,7 @@ class Supervisor:
             now = time.monotonic()
             if inst.state == State.STARTING:
                 if await self._is_ready(inst):
-                    inst.state, inst.message = State.READY, ""
+                    inst.state = State.READY  # message keeps the last failure
                     inst.ready.set()
                     self.changed()
                 elif now - (inst.started_at or now) > self.settings.start_timeout:

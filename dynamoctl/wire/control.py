@@ -26,7 +26,7 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     last_exit: int | None = None
     """Exit status of the previous process, when one ended."""
     message: str = ""
-    """Why the instance is FAILED or BACKOFF, in words."""
+    """The last failure, in words (kept after a successful restart)."""
 
 
 class StatusReport(msgspec.Struct, kw_only=True):

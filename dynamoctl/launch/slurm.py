@@ -1,0 +1,361 @@
+"""The Slurm launcher: inside an allocation, each instance is one ``srun`` job step.
+
+The supervisor runs inside the allocation (``sbatch slurm/launch.sh``) and starts every
+instance as ``srun --jobid=JOB --nodes=1 --ntasks=1 --nodelist=NODE --overlap ...`` in a
+session of its own on its own host; that srun is the local handle (pid, pgid) and the step
+(``JOBID.STEPID``) is the remote one. Signals go through ``scancel --signal`` to the step,
+not to srun: srun answers SIGINT with a status line and SIGKILL to srun alone leaves the
+tasks running. The keeper inside the step watches its stdin, which srun forwards from a pipe
+this process holds, so an instance stops when its supervisor dies even if the job goes on;
+when the job ends Slurm ends its steps. Components stay children of their step (no
+``--setsid``): with no-cgroup process tracking a detached process escapes ``scancel``.
+
+The login-node path (``submit``, ``job_state``, ``cancel``) wraps ``sbatch``, ``squeue`` and
+``scancel``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
+from dynamoctl.launch.local import keeper_argv
+from dynamoctl.recipe.models import SlurmContainer, SlurmTarget
+
+STEP_PREFIX = "dynamoctl:"
+"""Job-step names are ``dynamoctl:INSTANCE``: how ``start`` finds the step it made."""
+
+STRIPPED_ENV = frozenset(
+    {
+        # Inherited from the allocation, each of these reshapes or breaks a nested step
+        # (measured with Slurm 22.05: SRUN_CPUS_PER_TASK → "More processors requested than
+        # permitted", SLURM_MEM_PER_NODE next to the job's SLURM_MEM_PER_CPU → fatal,
+        # SLURM_GPUS_PER_NODE on a GPU-less node → "Invalid gres", SLURM_EXPORT_ENV=NONE →
+        # no PATH in the step, SLURM_STDOUTMODE → output away from the log).
+        *("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE"),
+        *("SLURM_NTASKS_PER_SOCKET", "SLURM_NTASKS_PER_GPU", "SLURM_CPUS_PER_TASK"),
+        *("SRUN_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "SLURM_TRES_PER_TASK"),
+        *("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_MEM_PER_NODE"),
+        *("SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_GRES"),
+        *("SLURM_STEP_GRES", "SLURM_GRES_FLAGS", "SLURM_EXACT", "SLURM_EXCLUSIVE"),
+        *("SLURM_OVERCOMMIT", "SLURM_DISTRIBUTION", "SLURM_DIST_PLANESIZE", "SLURM_HINT"),
+        *("SLURM_CPU_BIND", "SLURM_MEM_BIND", "SLURM_GPU_BIND", "SLURM_THREADS_PER_CORE"),
+        *("SLURM_CORE_SPEC", "SLURM_THREAD_SPEC", "SLURM_TIMELIMIT", "SLURM_CONSTRAINT"),
+        *("SLURM_STDOUTMODE", "SLURM_STDERRMODE", "SLURM_STDINMODE", "SLURM_OPEN_MODE"),
+        *("SLURM_LABELIO", "SLURM_EXPORT_ENV", "SRUN_EXPORT_ENV", "SLURM_KILL_BAD_EXIT"),
+        *("SLURM_NO_KILL", "SLURM_WAIT", "SLURM_SIGNAL", "SRUN_CONTAINER", "SLURM_NETWORK"),
+        *("SLURM_TASK_PROLOG", "SLURM_TASK_EPILOG", "SLURM_SPREAD_JOB", "SLURM_USE_MIN_NODES"),
+    }
+)
+CLIENT_TIMEOUT_S = 30.0
+KILL_FALLBACK_S = 10.0
+"""After ``scancel --signal=KILL``, srun gets this long to notice before it is killed."""
+
+
+def step_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the allocation variables that would constrain a nested step."""
+    return {key: value for key, value in environ.items() if key not in STRIPPED_ENV}
+
+
+def instance_env(spec: InstanceSpec) -> dict[str, str]:
+    """The variables set inside the step; ``CUDA_VISIBLE_DEVICES`` from ``gpus`` if unset."""
+    env = dict(spec.env)
+    if spec.gpus and "CUDA_VISIBLE_DEVICES" not in env:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(gpu) for gpu in spec.gpus)
+    return env
+
+
+async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str, str]:
+    """Run a Slurm client command; (returncode, stdout, stderr). Bounded."""
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            env=dict(env),
+        )
+    except OSError as exc:
+        raise LaunchError(f"cannot run {argv[0]!r}: {exc}") from exc
+    try:
+        out, err = await asyncio.wait_for(proc.communicate(), CLIENT_TIMEOUT_S)
+    except asyncio.TimeoutError:
+        proc.kill()
+        await proc.wait()
+        raise LaunchError(f"{' '.join(argv)}: no answer in {CLIENT_TIMEOUT_S:.0f} s") from None
+    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+async def _checked(argv: Sequence[str], env: Mapping[str, str]) -> str:
+    code, out, err = await _run(argv, env)
+    if code != 0:
+        raise LaunchError(f"{' '.join(argv)} failed ({code}): {err.strip()}")
+    return out
+
+
+async def list_steps(job_id: str, env: Mapping[str, str]) -> dict[str, str]:
+    """The job's live steps: ``{"JOBID.STEPID": name}`` (empty once the job is gone)."""
+    argv = ["squeue", "--steps", f"--jobs={job_id}", "-h", "-o", "%i %j"]
+    code, out, err = await _run(argv, env)
+    if code != 0 and "Invalid job id" not in err:
+        raise LaunchError(f"{' '.join(argv)} failed ({code}): {err.strip()}")
+    steps = {}
+    for line in out.splitlines():
+        step, _, name = line.strip().partition(" ")
+        if step:
+            steps[step] = name
+    return steps
+
+
+async def scancel_step(step: str, sig: int, env: Mapping[str, str]) -> bool:
+    """Send ``sig`` to every process of the step; False if it failed (or the step is gone)."""
+    name = signal.Signals(sig).name.removeprefix("SIG")
+    code, _, _ = await _run(["scancel", f"--signal={name}", step], env)
+    return code == 0
+
+
+class SlurmStep:
+    """A running ``srun`` (local, own session) and the job step it made (remote)."""
+
+    def __init__(
+        self, proc: asyncio.subprocess.Process, record: ProcessRecord, env: Mapping[str, str]
+    ) -> None:
+        self._proc = proc
+        self._env = env
+        self.record = record
+
+    @property
+    def returncode(self) -> int | None:
+        return self._proc.returncode
+
+    async def wait(self) -> int:
+        return await self._proc.wait()
+
+    async def signal(self, sig: int) -> None:
+        if self._proc.returncode is not None:
+            return
+        step = self.record.step
+        if step is None or not await scancel_step(step, sig, self._env):
+            self._signal_srun(sig)  # no step, or the controller did not take it: best effort
+        elif sig == signal.SIGKILL:
+            # The tasks are dead once slurmd acts; srun follows, unless it cannot hear.
+            asyncio.get_running_loop().call_later(
+                KILL_FALLBACK_S, self._signal_srun, signal.SIGKILL
+            )
+
+    def _signal_srun(self, sig: int) -> None:
+        if self._proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.record.pgid, sig)
+
+
+class SlurmLauncher:
+    """Runs every instance as a job step of one allocation.
+
+    ``job_id`` defaults to ``$SLURM_JOB_ID``; ``python`` is the interpreter that runs the
+    keeper on the nodes (default: this one, or ``python3`` inside a ``container``);
+    ``env`` is the environment srun and the Slurm clients run with (default:
+    ``os.environ``), minus :data:`STRIPPED_ENV`.
+    """
+
+    kind = "slurm"
+
+    def __init__(
+        self,
+        *,
+        job_id: str | None = None,
+        python: str | None = None,
+        container: SlurmContainer | None = None,
+        env: Mapping[str, str] | None = None,
+        step_timeout: float = 60.0,
+    ) -> None:
+        self._env = step_env(os.environ if env is None else env)
+        self.job_id = job_id or (os.environ if env is None else env).get("SLURM_JOB_ID")
+        self.python = python or ("python3" if container else sys.executable)
+        self.container = container
+        self.step_timeout = step_timeout
+
+    def _job(self) -> str:
+        if not self.job_id:
+            raise LaunchError(
+                "not inside a Slurm allocation (SLURM_JOB_ID is not set): "
+                "submit with `sbatch slurm/launch.sh RECIPE`, or run under salloc"
+            )
+        return self.job_id
+
+    async def allocation_nodes(self) -> list[str]:
+        """Host names of the allocation's nodes."""
+        job = self._job()
+        out = await _checked(["squeue", f"--jobs={job}", "-h", "-o", "%T %N"], self._env)
+        state, _, nodelist = out.strip().partition(" ")
+        if state != "RUNNING" or not nodelist:
+            raise LaunchError(f"Slurm job {job} is not running (state: {state or 'gone'})")
+        hosts = await _checked(["scontrol", "show", "hostnames", nodelist], self._env)
+        return hosts.split()
+
+    async def preflight(self, instances: list[InstanceSpec]) -> None:
+        if shutil.which("srun", path=self._env.get("PATH")) is None:
+            raise LaunchError("srun is not on PATH: install the Slurm client commands")
+        nodes = await self.allocation_nodes()
+        for spec in instances:
+            if spec.host not in nodes:
+                raise LaunchError(
+                    f"{spec.name}: host {spec.host!r} is not a node of Slurm job "
+                    f"{self.job_id} (its nodes: {', '.join(nodes)})"
+                )
+
+    def describe(self, spec: InstanceSpec) -> list[str]:
+        argv = [
+            "srun",
+            f"--jobid={self.job_id or '$SLURM_JOB_ID'}",
+            "--nodes=1",
+            "--ntasks=1",
+            f"--nodelist={spec.host}",
+            "--overlap",  # share the allocation's CPUs, memory and GPUs with the other steps
+            "--kill-on-bad-exit=1",
+            "--export=ALL",  # the step gets srun's environment, whatever sbatch --export said
+            f"--job-name={STEP_PREFIX}{spec.name}",
+        ]
+        if self.container is not None:
+            argv.append(f"--container-image={self.container.image}")
+            if self.container.mounts:
+                argv.append(f"--container-mounts={','.join(self.container.mounts)}")
+        env = instance_env(spec)
+        if env:
+            # Set inside the step: slurmstepd overwrites CUDA_VISIBLE_DEVICES passed via srun.
+            pass
+        return argv + keeper_argv(spec, self.python, no_watch_stdin=True)
+
+    async def start(self, spec: InstanceSpec, log: Path) -> SlurmStep:
+        job = self._job()
+        name = f"{STEP_PREFIX}{spec.name}"
+        before = {step for step, n in (await list_steps(job, self._env)).items() if n == name}
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "ab") as out:  # noqa: ASYNC230 - a local file, opened once
+            try:
+                proc = await asyncio.create_subprocess_exec(
+                    *self.describe(spec),
+                    stdin=asyncio.subprocess.PIPE,  # forwarded to the keeper: EOF = we are gone
+                    stdout=out,
+                    stderr=asyncio.subprocess.STDOUT,
+                    env={**self._env, **instance_env(spec)},
+                    start_new_session=True,
+                )
+            except OSError as exc:
+                raise LaunchError(f"{spec.name}: cannot run srun: {exc}") from exc
+        step = await self._find_step(proc, job, name, before, spec, log)
+        record = ProcessRecord(
+            launcher="slurm", host=spec.host, pid=proc.pid, pgid=proc.pid, step=step
+        )
+        return SlurmStep(proc, record, self._env)
+
+    async def _find_step(
+        self,
+        proc: asyncio.subprocess.Process,
+        job: str,
+        name: str,
+        before: set[str],
+        spec: InstanceSpec,
+        log: Path,
+    ) -> str | None:
+        """The new step named ``name``; None if srun ended first (its returncode tells)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.step_timeout
+        delay = 0.05
+        while loop.time() < deadline:
+            new = [s for s, n in (await list_steps(job, self._env)).items() if n == name]
+            new = [s for s in new if s not in before]
+            if new:
+                return new[0]
+            if proc.returncode is not None:
+                return None
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            if proc.returncode is None:
+                os.killpg(proc.pid, sig)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(proc.wait(), 5)
+        raise LaunchError(
+            f"{spec.name}: no job step on {spec.host} after {self.step_timeout:.0f} s "
+            f"(srun still waiting for resources?); see {log}"
+        )
+
+    async def reap(self, record: ProcessRecord, grace: float) -> bool:
+        """Stop a recorded step: SIGTERM, ``grace`` for it to end, then SIGKILL."""
+        if not record.step:
+            return False
+        job = record.step.partition(".")[0]
+        if record.step not in await list_steps(job, self._env):
+            return False
+        loop = asyncio.get_running_loop()
+        for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, KILL_FALLBACK_S)):
+            await scancel_step(record.step, sig, self._env)
+            deadline = loop.time() + wait
+            while loop.time() < deadline:
+                if record.step not in await list_steps(job, self._env):
+                    return True
+                await asyncio.sleep(0.2)
+        raise LaunchError(f"Slurm step {record.step} still there after SIGKILL")
+
+    async def close(self) -> None:
+        """Nothing held: srun's stdin pipes close with this process, and keepers act."""
+
+
+# --- the login-node path -------------------------------------------------------------------
+
+
+def sbatch_args(target: SlurmTarget, *, job_name: str, output: Path) -> list[str]:
+    """``sbatch`` options for a recipe's Slurm target (``extra_sbatch_args`` last, verbatim)."""
+    args = [f"--job-name={job_name}", f"--output={output}", f"--partition={target.partition}"]
+    args.append(f"--nodes={target.nodes}")
+    if target.account:
+        args.append(f"--account={target.account}")
+    if target.gpus_per_node > 0:
+        args.append(f"--gpus-per-node={target.gpus_per_node}")
+    if target.time_limit:
+        args.append(f"--time={target.time_limit}")
+    return args + list(target.extra_sbatch_args)
+
+
+async def submit(
+    target: SlurmTarget,
+    script: Path,
+    args: Sequence[str] = (),
+    *,
+    job_name: str = "dynamoctl",
+    output: Path,
+    env: Mapping[str, str] | None = None,
+) -> str:
+    """Submit ``script args`` as a batch job; its job id."""
+    argv = ["sbatch", "--parsable", *sbatch_args(target, job_name=job_name, output=output)]
+    out = await _checked([*argv, str(script), *args], os.environ if env is None else env)
+    job_id = out.strip().split(";")[0]  # "JOBID" or "JOBID;CLUSTER"
+    if not job_id.isdigit():
+        raise LaunchError(f"sbatch printed no job id: {out.strip()!r}")
+    return job_id
+
+
+async def job_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
+    """``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...; None once Slurm forgot it."""
+    argv = ["squeue", f"--jobs={job_id}", "--states=all", "-h", "-o", "%T"]
+    code, out, err = await _run(argv, os.environ if env is None else env)
+    if code != 0 and "Invalid job id" in err:
+        return None
+    if code != 0:
+        raise LaunchError(f"{' '.join(argv)} failed ({code}): {err.strip()}")
+    return out.strip() or None
+
+
+async def cancel(job_id: str, env: Mapping[str, str] | None = None) -> None:
+    """Cancel the job and every step in it (no error if it has already ended)."""
+    code, _, err = await _run(["scancel", job_id], os.environ if env is None else env)
+    if code != 0 and "Invalid job id" not in err:
+        raise LaunchError(f"scancel {job_id} failed ({code}): {err.strip()}")

@@ -1,0 +1,333 @@
+"""The ssh launcher: instances run on SSH-reachable hosts, under a keeper, over asyncssh.
+
+Each instance is one SSH session channel (no PTY) running the keeper with ``exec``: the
+keeper replaces the login shell, so it is the session leader sshd created (pid = pgid), and
+the channel's stdin, held open by this process, is its lifeline. When the supervisor dies
+its TCP connection drops, sshd closes the channel, the keeper reads EOF and stops the
+group. Output (stdout and stderr merged) is streamed into the local log file.
+
+Choices and known gaps:
+
+- Host keys are checked against ``known_hosts`` (default ``~/.ssh/known_hosts``, as
+  ``ssh`` does); an unknown host is refused with a hint. ``known_hosts=None`` turns the
+  check off, explicitly.
+- One connection per host, opened lazily and shared; sshd allows ``MaxSessions`` (default
+  10) channels per connection, so further connections are opened when it refuses one.
+- sshd notices a vanished supervisor host only through its TCP/ClientAlive keepalives;
+  a clean exit or a killed supervisor is seen at once.
+- Works around two keeper limits: ``--setsid`` fails (EPERM) in a session leader, which
+  is what an exec'd command under sshd is, so it is not passed; and the keeper dies
+  writing its "supervisor gone" note to the closed channel before stopping the group, so
+  its own stderr goes to /dev/null while the instance's output goes through ``sh -c``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import socket
+from collections import deque
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+import asyncssh
+import msgspec
+
+from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
+from dynamoctl.launch.local import _listen_ports, keeper_argv
+
+if TYPE_CHECKING:
+    from dynamoctl.recipe.models import SshTarget
+
+DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
+LOST = 255
+"""Return code of an instance whose connection was lost before it reported one (as ssh)."""
+_HEADER_TIMEOUT = 30.0
+_MARK = "dynamoctl-preflight"
+# Runs on the host: the interpreter imports the keeper, the workdir exists, ports are free.
+_PREFLIGHT = f"""
+import json, os, socket, sys
+import dynamoctl.launch.keeper
+result = {{"workdir": None, "busy": {{}}}}
+try:
+    os.chdir(sys.argv[1] or ".")
+except OSError as exc:
+    result["workdir"] = exc.strerror
+for port in sys.argv[2:]:
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", int(port)))
+        except OSError as exc:
+            result["busy"][port] = exc.strerror
+print("{_MARK}", json.dumps(result))
+"""
+# Runs on the host: the local launcher's reap, exit 0 if something was running, 3 if not.
+_REAP = """
+import asyncio, sys
+from dynamoctl.launch.local import reap_local_group
+try:
+    found = asyncio.run(reap_local_group(int(sys.argv[1]), float(sys.argv[2])))
+except ProcessLookupError:
+    found = False
+sys.exit(0 if found else 3)
+"""
+
+Process = asyncssh.SSHClientProcess[bytes]
+
+
+class SshProcess:
+    """A keeper on a remote host; its SSH channel carries its output and exit status."""
+
+    def __init__(
+        self, launcher: SshLauncher, proc: Process, record: ProcessRecord, out: IO[bytes]
+    ) -> None:
+        self.record = record
+        self._launcher = launcher
+        self._proc = proc
+        self._ended = asyncio.create_task(self._pump(out))
+
+    async def _pump(self, out: IO[bytes]) -> int:
+        with out, contextlib.suppress(asyncssh.Error, OSError):  # connection lost: stop
+            while chunk := await self._proc.stdout.read(65536):
+                out.write(chunk)
+        await self._proc.wait_closed()
+        code = self._proc.returncode
+        return LOST if code is None else code
+
+    @property
+    def returncode(self) -> int | None:
+        """The channel's exit status: the keeper's (128 + N when the command died of signal
+        N), -N when the keeper itself was killed by signal N, :data:`LOST` when lost."""
+        return self._ended.result() if self._ended.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._ended)
+
+    async def signal(self, sig: int) -> None:
+        if self.returncode is None:
+            command = f"kill -{int(sig)} -{self.record.pgid}"  # sh, bash, zsh: no "--"
+            await self._launcher._run(self.record.host, command, timeout=30)
+
+
+class SshLauncher:
+    """Runs instances on SSH hosts, each in a process group of its own there."""
+
+    kind = "ssh"
+
+    def __init__(
+        self,
+        *,
+        user: str | None = None,
+        port: int = 22,
+        key: str | Path | None = None,
+        python: str = "python3",
+        workdir: str | None = None,
+        known_hosts: str | Path | None = DEFAULT_KNOWN_HOSTS,
+        connect_timeout: float = 10.0,
+    ) -> None:
+        self.user = user
+        self.port = port
+        self.key = Path(key).expanduser() if key is not None else None
+        self.python = python
+        self.workdir = workdir
+        self.known_hosts = Path(known_hosts).expanduser() if known_hosts is not None else None
+        self.connect_timeout = connect_timeout
+        self._conns: dict[str, list[asyncssh.SSHClientConnection]] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
+
+    @classmethod
+    def from_target(cls, target: SshTarget, *, connect_timeout: float = 10.0) -> SshLauncher:
+        return cls(
+            user=target.user,
+            port=target.port,
+            key=target.key,
+            python=target.python,
+            workdir=target.workdir,
+            connect_timeout=connect_timeout,
+        )
+
+    def remote_command(self, spec: InstanceSpec) -> str:
+        """The shell command run on ``spec.host`` (see the module docstring for its form)."""
+        env = ["env", *(f"{k}={v}" for k, v in spec.env.items())] if spec.env else []
+        merged = msgspec.structs.replace(
+            spec, argv=["sh", "-c", 'exec "$@" 2>&1', "sh", *spec.argv]
+        )
+        command = f"exec {shlex.join([*env, *keeper_argv(merged, self.python, header=True)])}"
+        command += ""
+        if self.workdir:  # relative to the remote home, where the shell starts; "~/" too
+            command = f"cd {shlex.quote(self.workdir.removeprefix('~/'))} && {command}"
+        return command
+
+    def describe(self, spec: InstanceSpec) -> list[str]:
+        argv = ["ssh", "-p", str(self.port)]
+        if self.key is not None:
+            argv += ["-i", str(self.key)]
+        if self.known_hosts is None:
+            argv += ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        elif self.known_hosts != Path(DEFAULT_KNOWN_HOSTS).expanduser():
+            argv += ["-o", f"UserKnownHostsFile={self.known_hosts}"]
+        dest = f"{self.user}@{spec.host}" if self.user else spec.host
+        return [*argv, dest, self.remote_command(spec)]
+
+    async def preflight(self, instances: list[InstanceSpec]) -> None:
+        hosts = list(dict.fromkeys(spec.host for spec in instances))
+        ports = {
+            h: sorted({p for s in instances if s.host == h for p in _listen_ports(s)})
+            for h in hosts
+        }
+        results = await asyncio.gather(
+            *(self._check_host(h, ports[h]) for h in hosts), return_exceptions=True
+        )
+        busy: dict[str, dict[str, str]] = {}
+        for host, result in zip(hosts, results, strict=True):
+            if isinstance(result, BaseException):
+                raise result
+            busy[host] = result
+        for spec in instances:
+            for port in _listen_ports(spec):
+                if str(port) in busy[spec.host]:
+                    raise LaunchError(
+                        f"{spec.name}: port {port} on {spec.host} is already in use "
+                        f"({busy[spec.host][str(port)]}); stop what holds it or change the "
+                        "port in the recipe"
+                    )
+
+    async def _check_host(self, host: str, ports: list[int]) -> dict[str, str]:
+        args = [self.python, "-c", _PREFLIGHT, self.workdir or "", *map(str, ports)]
+        code, output = await self._run(host, "exec " + shlex.join(args), self.connect_timeout + 30)
+        for line in output.splitlines():
+            if line.startswith(_MARK + " "):
+                result: dict[str, Any] = json.loads(line[len(_MARK) + 1 :])
+                if result["workdir"]:
+                    raise LaunchError(f"ssh {host}: workdir {self.workdir}: {result['workdir']}")
+                return dict(result["busy"])
+        raise LaunchError(
+            f"ssh {host}: {self.python} cannot import dynamoctl ({_status(code, output)}); "
+            "set the target's python to an interpreter that has dynamoctl installed"
+        )
+
+    async def start(self, spec: InstanceSpec, log: Path) -> SshProcess:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = log.open("ab", buffering=0)  # closed by the pump
+        proc: Process | None = None
+        who = f"{spec.name}: cannot start {self.python} -m dynamoctl.launch.keeper on {spec.host}"
+        try:
+            proc = await self._open(spec.host, self.remote_command(spec))
+            header = await asyncio.wait_for(_read_header(proc, out, who), _HEADER_TIMEOUT)
+            if header["pid"] != header["pgid"]:  # a login shell that did not exec the keeper
+                raise LaunchError(f"{who}: the keeper does not lead its process group {header}")
+        except BaseException as exc:
+            out.close()
+            if proc is not None:
+                proc.close()
+            if isinstance(exc, asyncio.TimeoutError):
+                raise LaunchError(f"{who}: no keeper header in {_HEADER_TIMEOUT:g} s") from None
+            raise
+        record = ProcessRecord(
+            launcher="ssh", host=spec.host, pid=header["pid"], pgid=header["pgid"]
+        )
+        return SshProcess(self, proc, record, out)
+
+    async def reap(self, record: ProcessRecord, grace: float) -> bool:
+        args = [self.python, "-c", _REAP, str(record.pgid), str(grace)]
+        code, output = await self._run(record.host, "exec " + shlex.join(args), grace + 30)
+        if code not in (0, 3):
+            raise LaunchError(
+                f"ssh {record.host}: cannot reap group {record.pgid} ({_status(code, output)})"
+            )
+        return code == 0
+
+    async def close(self) -> None:
+        conns = [c for host_conns in self._conns.values() for c in host_conns]
+        self._conns.clear()
+        for conn in conns:
+            conn.close()
+        for conn in conns:
+            await conn.wait_closed()
+
+    async def _run(self, host: str, command: str, timeout: float) -> tuple[int, str]:
+        """Run a short command on ``host``: its exit status and output."""
+        proc = await self._open(host, command)
+        try:
+            done = await proc.wait(timeout=timeout)
+        except asyncssh.TimeoutError:
+            proc.close()
+            raise LaunchError(f"ssh {host}: {command[:40]!r}... ran over {timeout:g} s") from None
+        output = done.stdout or b""
+        text = output if isinstance(output, str) else output.decode(errors="replace")
+        return (LOST if done.returncode is None else done.returncode), text
+
+    async def _open(self, host: str, command: str) -> Process:
+        """A session channel running ``command``, on a connection that still has room."""
+        async with self._locks.setdefault(host, asyncio.Lock()):
+            conns = self._conns.setdefault(host, [])
+            conns[:] = [c for c in conns if not c.is_closed()]
+            for conn in reversed(conns):  # a full one (MaxSessions) refuses, a lost one fails
+                with contextlib.suppress(asyncssh.Error, OSError, asyncio.TimeoutError):
+                    return await self._process(conn, command)
+            conn = await self._connect(host)
+            conns.append(conn)
+            try:
+                return await self._process(conn, command)
+            except (asyncssh.Error, OSError, asyncio.TimeoutError) as exc:
+                raise LaunchError(f"ssh {host}: no session ({exc!r})") from exc
+
+    async def _process(self, conn: asyncssh.SSHClientConnection, command: str) -> Process:
+        opening = conn.create_process(command, encoding=None, stderr=asyncssh.STDOUT)
+        return await asyncio.wait_for(opening, self.connect_timeout)
+
+    async def _connect(self, host: str) -> asyncssh.SSHClientConnection:
+        where = f"ssh {host}:{self.port}"
+        options: dict[str, Any] = {"port": self.port, "keepalive_interval": 30}
+        if self.user:
+            options["username"] = self.user
+        if self.key is not None:
+            if not self.key.is_file():
+                raise LaunchError(f"{where}: key {self.key} does not exist")
+            options["client_keys"] = [str(self.key)]
+        if self.known_hosts is None:
+            options["known_hosts"] = None
+        else:  # an absent file trusts no host, as with ssh's StrictHostKeyChecking=yes
+            exists = self.known_hosts.is_file()
+            options["known_hosts"] = str(self.known_hosts) if exists else b""
+        try:
+            return await asyncio.wait_for(asyncssh.connect(host, **options), self.connect_timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            reason = f"timed out after {self.connect_timeout:g} s"
+        except asyncssh.PermissionDenied:
+            reason = f"permission denied (publickey) for user {self.user or '(default)'}"
+            reason += f" with key {self.key}" if self.key else ""
+        except asyncssh.HostKeyNotVerifiable as exc:
+            reason = (
+                f"host key not verifiable ({exc.reason}); check it, then add it to "
+                f"{self.known_hosts}: ssh-keyscan -p {self.port} {host} >> {self.known_hosts}"
+            )
+        except asyncssh.Error as exc:
+            reason = exc.reason
+        except socket.gaierror as exc:
+            reason = f"cannot resolve the name ({exc.strerror})"
+        except OSError as exc:  # asyncio words it "Connect call failed": say why instead
+            reason = os.strerror(exc.errno).lower() if exc.errno else str(exc)
+        raise LaunchError(f"{where}: {reason}")
+
+
+async def _read_header(proc: Process, out: IO[bytes], who: str) -> dict[str, Any]:
+    """The keeper's JSON header; lines before it (a chatty shell rc file) go to the log."""
+    tail: deque[bytes] = deque(maxlen=3)
+    while line := await proc.stdout.readline():
+        if line.startswith(b'{"pid"'):
+            header: dict[str, Any] = json.loads(line)
+            return header
+        out.write(line)
+        tail.append(line)
+    await proc.wait_closed()
+    raise LaunchError(f"{who} ({_status(proc.returncode, b''.join(tail).decode())})")
+
+
+def _status(code: int | None, output: str) -> str:
+    last = output.strip().splitlines()[-1:] or ["no output"]
+    return f"exit {LOST if code is None else code}: {last[0]}"

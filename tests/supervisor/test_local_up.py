@@ -1,0 +1,171 @@
+"""``dynamoctl up`` on the local target, end to end: real processes, real signals."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import openai
+import psutil
+
+from tests.supervisor.conftest import Cli, free_port, live_in_group, mocker_recipe, states
+
+
+def _load(base_url: str, stop: threading.Event, errors: list[str], done: list[int]) -> None:
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
+    while not stop.is_set() and len(done) < 400:  # bounded in count and time
+        try:
+            out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16)
+            assert out.usage is not None and out.usage.completion_tokens == 16
+            done.append(1)
+        except Exception as exc:
+            errors.append(repr(exc))
+
+
+def test_up_serve_drain_restart_down(cli: Cli) -> None:
+    port = free_port()
+    recipe = cli.recipe(mocker_recipe("life", port, replicas=2))
+    up = cli("up", str(recipe), "--detach")
+    assert up.returncode == 0, up.stderr
+    assert f"http://127.0.0.1:{port}/v1" in up.stdout
+
+    # An official OpenAI client gets an answer.
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
+    chat = client.chat.completions.create(
+        model="mock-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=4
+    )
+    assert chat.usage is not None and chat.usage.completion_tokens == 4
+
+    report = cli.status()
+    assert states(report) == {"agg-0": "READY", "agg-1": "READY", "frontend-0": "READY"}
+    assert report["phase"] == "serving"
+    pgids = {row["name"]: row["pid"] for row in report["instances"]}
+
+    # Drain agg-1 under a bounded load: no request fails, agg-1 ends STOPPED, not restarted.
+    stop, errors, done = threading.Event(), [], []
+    load = [
+        threading.Thread(target=_load, args=(f"http://127.0.0.1:{port}/v1", stop, errors, done))
+        for _ in range(3)
+    ]
+    for thread in load:
+        thread.start()
+    try:
+        time.sleep(1.0)
+        drained = cli("drain", "agg-1")
+        assert drained.returncode == 0, drained.stderr
+        time.sleep(1.0)
+    finally:
+        stop.set()
+        for thread in load:
+            thread.join(60)
+    assert errors == []
+    assert len(done) > 10
+    report = cli.status()
+    assert states(report)["agg-1"] == "STOPPED"
+    row = next(r for r in report["instances"] if r["name"] == "agg-1")
+    assert row["restarts"] == 0 and row["pid"] is None
+    assert live_in_group(pgids["agg-1"]) == []
+
+    # kill -9 the worker process of agg-0 (the keeper's child): restarted, counted.
+    keeper = psutil.Process(pgids["agg-0"])
+    worker = keeper.children()[0]
+    os.kill(worker.pid, signal.SIGKILL)
+    report = cli.wait_for(
+        lambda r: any(
+            x["name"] == "agg-0" and x["restarts"] == 1 and x["state"] == "READY"
+            for x in r["instances"]
+        ),
+        what="agg-0 restarted",
+    )
+    row = next(r for r in report["instances"] if r["name"] == "agg-0")
+    assert row["last_exit"] in (137, -9)
+    new_pgid = row["pid"]
+    assert new_pgid != pgids["agg-0"]
+    assert client.completions.create(model="mock-llama", prompt="x", max_tokens=2).usage
+
+    # down: every process group is gone and the supervisor released the deployment.
+    state = json.loads((cli.home / "runs" / "life" / "state.json").read_text())
+    supervisor = state["supervisor_pid"]
+    down = cli("down")
+    assert down.returncode == 0, down.stderr
+    for pgid in [new_pgid, pgids["frontend-0"], supervisor]:
+        assert live_in_group(pgid) == [], pgid
+    assert not psutil.pid_exists(supervisor) or (
+        psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE
+    )
+    assert cli("status", "life").returncode == 3  # known, not running
+
+
+def test_second_up_is_refused_and_killed_supervisor_leaves_nothing(cli: Cli) -> None:
+    recipe = cli.recipe(mocker_recipe("twice", free_port(), replicas=1))
+    assert cli("up", str(recipe), "--detach").returncode == 0
+    again = cli("up", str(recipe), "--detach")
+    assert again.returncode == 1
+    assert "deployment 'twice' is already up" in again.stderr
+    report = cli.status()
+    groups = [row["pid"] for row in report["instances"]]
+    state = json.loads((cli.home / "runs" / "twice" / "state.json").read_text())
+
+    # SIGKILL the supervisor: each keeper sees its lifeline close and stops its instance.
+    os.kill(state["supervisor_pid"], signal.SIGKILL)
+    deadline = time.monotonic() + 20
+    while any(live_in_group(g) for g in groups) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert [g for g in groups if live_in_group(g)] == []
+    down = cli("down", "twice")
+    assert down.returncode == 0
+    assert "supervisor gone" in down.stdout
+
+
+def test_port_in_use_is_refused_before_anything_starts(cli: Cli) -> None:
+    import socket
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        recipe = cli.recipe(mocker_recipe("busy", port, replicas=1))
+        result = cli("up", str(recipe), "--detach")
+    assert result.returncode == 1
+    assert f"frontend-0: port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert not (cli.home / "runs" / "busy" / "logs" / "agg-0.log").exists()
+
+
+def test_crash_at_start_rolls_back_with_the_log_tail(cli: Cli) -> None:
+    recipe = cli.recipe(
+        mocker_recipe("crash", free_port(), replicas=2).replace(
+            "speedup-ratio: 10", "speedup-ratio: 10, no-such-option: 1"
+        )
+    )
+    result = cli("up", str(recipe), "--detach")
+    assert result.returncode == 1
+    assert "failed to start" in result.stderr
+    assert "no_such_option" in result.stderr or "no-such-option" in result.stderr
+    assert "rolled back" in result.stderr
+    state = json.loads((cli.home / "runs" / "crash" / "state.json").read_text())
+    assert state["phase"] == "failed" and state["records"] == {}
+
+
+def test_hung_worker_is_restarted(cli: Cli) -> None:
+    """SIGSTOP a worker: it stops answering probes, so after hang_timeout it counts as
+    failed and is replaced."""
+    recipe = cli.recipe(mocker_recipe("hang", free_port(), replicas=1))
+    assert cli("up", str(recipe), "--detach").returncode == 0
+    keeper = psutil.Process(cli.status()["instances"][0]["pid"])
+    worker = keeper.children()[0]
+    worker.suspend()
+    try:
+        report = cli.wait_for(
+            lambda r: r["instances"][0]["restarts"] >= 1 and r["instances"][0]["state"] == "READY",
+            timeout=45,
+            what="the hung worker replaced",
+        )
+    finally:
+        if worker.is_running():
+            worker.kill()
+    assert report["instances"][0]["pid"] != keeper.pid
+    assert "hung: not answering probes" in report["instances"][0]["message"]
+    assert cli("down", "--now").returncode == 0
