@@ -1,6 +1,18 @@
 #!/usr/bin/env bash
-# sbatch slurm/launch.sh RECIPE — run a dynamoctl deployment inside a Slurm allocation.
-# The supervisor that this script will start (one srun step per component) is tracked in
-# the supervisor issue; until it lands, say so plainly instead of pretending.
-echo "slurm/launch.sh: not implemented yet (tracked in the supervisor issue)" >&2
-exit 2
+#SBATCH --job-name=dynamoctl
+#SBATCH --ntasks-per-node=1
+# Run a dynamoctl deployment inside a Slurm allocation:
+#
+#   sbatch [--nodes N --gpus-per-node G --partition P ...] slurm/launch.sh RECIPE.yaml
+#
+# This batch script becomes the supervisor (`dynamoctl up`); every instance of the recipe
+# runs as an `srun` job step of this job on its node, so Slurm accounts for it and
+# `scancel JOBID` ends every step. `dynamoctl up RECIPE` on a login node submits this for
+# you with the recipe's target settings. The Python that runs dynamoctl: $DYNAMOCTL_PYTHON,
+# else python3 on the PATH sbatch exported (e.g. your activated venv on shared storage).
+set -euo pipefail
+RECIPE=${1:?usage: sbatch slurm/launch.sh RECIPE.yaml}
+PYTHON=${DYNAMOCTL_PYTHON:-python3}
+# SIGTERM (scancel --batch --signal=TERM, or the time limit's warning) reaches the
+# supervisor, which drains and stops every step before the job ends.
+exec "$PYTHON" -m dynamoctl up "$RECIPE" --no-live

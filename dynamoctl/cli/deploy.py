@@ -67,7 +67,7 @@ def up(
     if isinstance(recipe.target, SlurmTarget) and allocation is None:
         from dynamoctl.cli.slurm_submit import submit_and_follow
 
-        submit_and_follow(recipe, recipe_path, run_dir)
+        submit_and_follow(recipe, recipe_path, run_dir, timeout=600.0)
         return
     if detach:
         _detach(recipe, recipe_path, run_dir)
@@ -128,10 +128,13 @@ def down(
     timeout: float = typer.Option(120.0, help="Seconds to wait for the supervisor to finish."),
 ) -> None:
     """Drain and stop a deployment; cleans up after a supervisor that was killed, too."""
+    from dynamoctl.cli.slurm_submit import cancel_job
     from dynamoctl.supervisor.control import ControlClient, ControlError
 
     run_dir = find_deployment(name, running_only=False)
     state = run_dir.read_state()
+    if cancel_job(run_dir, timeout):  # submitted from this login node
+        return
     if run_dir.is_locked() and state is not None:
         client = ControlClient(state.control, state.token)
         try:

@@ -1,19 +1,70 @@
-"""``dynamoctl up`` on a login node with a Slurm target: submit the job and follow it."""
+"""``dynamoctl up`` on a login node with a Slurm target: submit the job and follow it.
+
+The batch script runs ``dynamoctl up RECIPE`` inside the allocation (what
+``slurm/launch.sh`` does). The run directory must be on storage the nodes share (the
+default, under ``$HOME``, usually is): the supervisor writes its state there, and this
+command waits for it to say "serving".
+"""
 
 from __future__ import annotations
 
+import os
+import shlex
+import sys
+import time
 from pathlib import Path
 
 import typer
 
-from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.models import Recipe, SlurmTarget
 from dynamoctl.supervisor.rundir import RunDir
+from dynamoctl.util import aio
+
+JOB_FILE = "slurm-job"
 
 
-def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir) -> None:
-    typer.echo(
-        "dynamoctl up: submitting from a login node is not wired yet; run "
-        f"`sbatch slurm/launch.sh {recipe_path}`",
-        err=True,
-    )
-    raise typer.Exit(2)
+def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeout: float) -> None:
+    from dynamoctl.launch.slurm import job_state, submit
+
+    assert isinstance(recipe.target, SlurmTarget)
+    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    script = run_dir.path / "launch.sh"
+    command = shlex.join([sys.executable, "-m", "dynamoctl", "up", str(recipe_path.resolve())])
+    script.write_text(f"#!/bin/sh\nexec {command} --no-live\n")
+    output = run_dir.path / "supervisor.log"
+    job = aio.run(submit(recipe.target, script, job_name=f"dynamoctl-{recipe.name}", output=output))
+    (run_dir.path / JOB_FILE).write_text(job + "\n")
+    typer.echo(f"{recipe.name}: submitted Slurm job {job}; supervisor log {output}")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = run_dir.read_state()
+        if state is not None and state.phase == "serving" and state.plan is not None:
+            typer.echo(f"{recipe.name}: serving {state.plan.model} at {state.plan.endpoint}")
+            return
+        slurm_state = aio.run(job_state(job))
+        if slurm_state is None or slurm_state in ("FAILED", "CANCELLED", "COMPLETED", "TIMEOUT"):
+            typer.echo(f"dynamoctl up: job {job} ended ({slurm_state}); see {output}", err=True)
+            raise typer.Exit(1)
+        time.sleep(1.0)
+    typer.echo(f"dynamoctl up: job {job} not serving after {timeout:.0f} s (still queued?)")
+    raise typer.Exit(1)
+
+
+def cancel_job(run_dir: RunDir, timeout: float) -> bool:
+    """Stop a submitted deployment: SIGTERM to the supervisor (it drains and stops every
+    step), then ``scancel`` whatever is left. False if no job was recorded."""
+    from dynamoctl.launch.slurm import _run as run_slurm
+    from dynamoctl.launch.slurm import cancel, job_state
+
+    try:
+        job = (run_dir.path / JOB_FILE).read_text().strip()
+    except FileNotFoundError:
+        return False
+    aio.run(run_slurm(["scancel", "--batch", "--signal=TERM", job], os.environ))
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and aio.run(job_state(job)) in ("RUNNING", "COMPLETING"):
+        time.sleep(1.0)
+    aio.run(cancel(job))
+    (run_dir.path / JOB_FILE).unlink(missing_ok=True)
+    typer.echo(f"{run_dir.name}: Slurm job {job} ended")
+    return True
