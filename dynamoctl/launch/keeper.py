@@ -91,13 +91,15 @@ def _watch_stdin(child: subprocess.Popen[bytes], pgid: int, grace: float) -> Non
     except OSError:
         pass
     if child.poll() is None:
-        print("[keeper] supervisor gone (stdin closed): stopping the instance", file=sys.stderr)
+        # stderr may be the very channel that just closed: saying so must not stop us.
+        with contextlib.suppress(OSError):
+            print("[keeper] supervisor gone (stdin closed): stopping the instance", file=sys.stderr)
         _stop_group(child, pgid, grace)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parse(sys.argv[1:] if argv is None else argv)
-    if args.setsid:
+    if args.setsid and os.getsid(0) != os.getpid():  # a session leader already leads a group
         os.setsid()
     pgid = os.getpgrp()
     if args.header:
