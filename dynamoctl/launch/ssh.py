@@ -1,24 +1,24 @@
 """The ssh launcher: instances run on SSH-reachable hosts, under a keeper, over asyncssh.
 
-Each instance is one SSH session channel (no PTY) running the keeper with ``exec``: the
-keeper replaces the login shell, so it is the session leader sshd created (pid = pgid), and
-the channel's stdin, held open by this process, is its lifeline. When the supervisor dies
-its TCP connection drops, sshd closes the channel, the keeper reads EOF and stops the
-group. Output (stdout and stderr merged) is streamed into the local log file.
+Each instance is one SSH session channel (no PTY) whose command ``exec``s the keeper: it
+replaces the login shell, so it leads the session sshd made for it (pid = pgid), and the
+channel's stdin, held open here, is its lifeline: when the supervisor dies, its connection
+drops, sshd closes the channel, the keeper reads EOF and stops the group. Output (stdout
+and stderr merged) streams into the local log file.
 
 Choices and known gaps:
 
-- Host keys are checked against ``known_hosts`` (default ``~/.ssh/known_hosts``, as
-  ``ssh`` does); an unknown host is refused with a hint. ``known_hosts=None`` turns the
-  check off, explicitly.
-- One connection per host, opened lazily and shared; sshd allows ``MaxSessions`` (default
-  10) channels per connection, so further connections are opened when it refuses one.
-- sshd notices a vanished supervisor host only through its TCP/ClientAlive keepalives;
-  a clean exit or a killed supervisor is seen at once.
-- Works around two keeper limits: ``--setsid`` fails (EPERM) in a session leader, which
-  is what an exec'd command under sshd is, so it is not passed; and the keeper dies
-  writing its "supervisor gone" note to the closed channel before stopping the group, so
-  its own stderr goes to /dev/null while the instance's output goes through ``sh -c``.
+- Host keys are checked against ``known_hosts`` (default ``~/.ssh/known_hosts``, as ssh
+  does); an unknown host is refused with a hint. ``known_hosts=None`` turns that off.
+- One connection per host, opened lazily and shared; when sshd refuses another channel on
+  it (``MaxSessions``, default 10) a further connection is opened.
+- sshd notices a vanished supervisor *host* only by its keepalives (TCPKeepAlive,
+  ClientAliveInterval); an exited or killed supervisor is noticed at once.
+- Two keeper limits are worked around: ``--setsid`` fails (EPERM) in a session leader,
+  which an exec'd command under sshd is, so it is not passed; and the keeper's note on
+  stderr when its stdin closes fails on the closed channel and kills its watcher before it
+  stops the group, so the keeper's stderr goes to /dev/null and the command's own stderr
+  to stdout (``sh -c 'exec "$@" 2>&1'``).
 """
 
 from __future__ import annotations
@@ -31,20 +31,19 @@ import shlex
 import socket
 from collections import deque
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any
 
 import asyncssh
 import msgspec
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
 from dynamoctl.launch.local import _listen_ports, keeper_argv
-
-if TYPE_CHECKING:
-    from dynamoctl.recipe.models import SshTarget
+from dynamoctl.recipe.models import Recipe, SshTarget
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 LOST = 255
-"""Return code of an instance whose connection was lost before it reported one (as ssh)."""
+"""Return code when the connection was lost before an exit status came (as ssh); a dead
+host is noticed after about 90 s of unanswered keepalives."""
 _HEADER_TIMEOUT = 30.0
 _MARK = "dynamoctl-preflight"
 # Runs on the host: the interpreter imports the keeper, the workdir exists, ports are free.
@@ -134,6 +133,8 @@ class SshLauncher:
         self.key = Path(key).expanduser() if key is not None else None
         self.python = python
         self.workdir = workdir
+        # Commands start in the remote home: "~/x" is "x" there, and quoting keeps it so.
+        self._cwd = "" if workdir in (None, "~") else workdir.removeprefix("~/")
         self.known_hosts = Path(known_hosts).expanduser() if known_hosts is not None else None
         self.connect_timeout = connect_timeout
         self._conns: dict[str, list[asyncssh.SSHClientConnection]] = {}
@@ -147,6 +148,7 @@ class SshLauncher:
             key=target.key,
             python=target.python,
             workdir=target.workdir,
+            known_hosts=target.known_hosts or DEFAULT_KNOWN_HOSTS,
             connect_timeout=connect_timeout,
         )
 
@@ -157,9 +159,9 @@ class SshLauncher:
             spec, argv=["sh", "-c", 'exec "$@" 2>&1', "sh", *spec.argv]
         )
         command = f"exec {shlex.join([*env, *keeper_argv(merged, self.python, header=True)])}"
-        command += ""
-        if self.workdir:  # relative to the remote home, where the shell starts; "~/" too
-            command = f"cd {shlex.quote(self.workdir.removeprefix('~/'))} && {command}"
+        command += " 2>/dev/null"
+        if self._cwd:
+            command = f"cd {shlex.quote(self._cwd)} && {command}"
         return command
 
     def describe(self, spec: InstanceSpec) -> list[str]:
@@ -197,7 +199,7 @@ class SshLauncher:
                     )
 
     async def _check_host(self, host: str, ports: list[int]) -> dict[str, str]:
-        args = [self.python, "-c", _PREFLIGHT, self.workdir or "", *map(str, ports)]
+        args = [self.python, "-c", _PREFLIGHT, self._cwd, *map(str, ports)]
         code, output = await self._run(host, "exec " + shlex.join(args), self.connect_timeout + 30)
         for line in output.splitlines():
             if line.startswith(_MARK + " "):
@@ -246,8 +248,7 @@ class SshLauncher:
         self._conns.clear()
         for conn in conns:
             conn.close()
-        for conn in conns:
-            await conn.wait_closed()
+        await asyncio.gather(*(conn.wait_closed() for conn in conns))
 
     async def _run(self, host: str, command: str, timeout: float) -> tuple[int, str]:
         """Run a short command on ``host``: its exit status and output."""
@@ -278,7 +279,7 @@ class SshLauncher:
 
     async def _process(self, conn: asyncssh.SSHClientConnection, command: str) -> Process:
         opening = conn.create_process(command, encoding=None, stderr=asyncssh.STDOUT)
-        return await asyncio.wait_for(opening, self.connect_timeout)
+        return await asyncio.wait_for(opening, self.connect_timeout)  # no PTY: none asked
 
     async def _connect(self, host: str) -> asyncssh.SSHClientConnection:
         where = f"ssh {host}:{self.port}"
@@ -289,11 +290,8 @@ class SshLauncher:
             if not self.key.is_file():
                 raise LaunchError(f"{where}: key {self.key} does not exist")
             options["client_keys"] = [str(self.key)]
-        if self.known_hosts is None:
-            options["known_hosts"] = None
-        else:  # an absent file trusts no host, as with ssh's StrictHostKeyChecking=yes
-            exists = self.known_hosts.is_file()
-            options["known_hosts"] = str(self.known_hosts) if exists else b""
+        known = self.known_hosts  # an absent file trusts no host, as ssh
+        options["known_hosts"] = None if known is None else (str(known) if known.is_file() else b"")
         try:
             return await asyncio.wait_for(asyncssh.connect(host, **options), self.connect_timeout)
         except (asyncio.TimeoutError, TimeoutError):
@@ -331,3 +329,8 @@ async def _read_header(proc: Process, out: IO[bytes], who: str) -> dict[str, Any
 def _status(code: int | None, output: str) -> str:
     last = output.strip().splitlines()[-1:] or ["no output"]
     return f"exit {LOST if code is None else code}: {last[0]}"
+
+
+def from_recipe(recipe: Recipe) -> SshLauncher:
+    assert isinstance(recipe.target, SshTarget)
+    return SshLauncher.from_target(recipe.target)

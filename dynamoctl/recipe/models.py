@@ -148,6 +148,9 @@ class SshTarget(_Model):
     """SSH port."""
     key: LocalPath | None = None
     """Private key file. Default: the SSH agent and ``~/.ssh/config``."""
+    known_hosts: LocalPath | None = None
+    """File of trusted host keys; an unknown host key is refused. Default:
+    ``~/.ssh/known_hosts``."""
     python: NonEmptyStr = "python3"
     """Python interpreter on the hosts that has dynamoctl installed, e.g. a venv's
     ``bin/python``."""
