@@ -27,33 +27,29 @@ from pathlib import Path
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
 from dynamoctl.launch.local import keeper_argv
-from dynamoctl.recipe.models import SlurmContainer, SlurmTarget
+from dynamoctl.recipe.models import Recipe, SlurmContainer, SlurmTarget
 
 STEP_PREFIX = "dynamoctl:"
 """Job-step names are ``dynamoctl:INSTANCE``: how ``start`` finds the step it made."""
 
-STRIPPED_ENV = frozenset(
-    {
-        # Inherited from the allocation, each of these reshapes or breaks a nested step
-        # (measured with Slurm 22.05: SRUN_CPUS_PER_TASK → "More processors requested than
-        # permitted", SLURM_MEM_PER_NODE next to the job's SLURM_MEM_PER_CPU → fatal,
-        # SLURM_GPUS_PER_NODE on a GPU-less node → "Invalid gres", SLURM_EXPORT_ENV=NONE →
-        # no PATH in the step, SLURM_STDOUTMODE → output away from the log).
-        *("SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NTASKS_PER_NODE", "SLURM_NTASKS_PER_CORE"),
-        *("SLURM_NTASKS_PER_SOCKET", "SLURM_NTASKS_PER_GPU", "SLURM_CPUS_PER_TASK"),
-        *("SRUN_CPUS_PER_TASK", "SLURM_CPUS_PER_GPU", "SLURM_TRES_PER_TASK"),
-        *("SLURM_MEM_PER_CPU", "SLURM_MEM_PER_GPU", "SLURM_MEM_PER_NODE"),
-        *("SLURM_GPUS", "SLURM_GPUS_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_GRES"),
-        *("SLURM_STEP_GRES", "SLURM_GRES_FLAGS", "SLURM_EXACT", "SLURM_EXCLUSIVE"),
-        *("SLURM_OVERCOMMIT", "SLURM_DISTRIBUTION", "SLURM_DIST_PLANESIZE", "SLURM_HINT"),
-        *("SLURM_CPU_BIND", "SLURM_MEM_BIND", "SLURM_GPU_BIND", "SLURM_THREADS_PER_CORE"),
-        *("SLURM_CORE_SPEC", "SLURM_THREAD_SPEC", "SLURM_TIMELIMIT", "SLURM_CONSTRAINT"),
-        *("SLURM_STDOUTMODE", "SLURM_STDERRMODE", "SLURM_STDINMODE", "SLURM_OPEN_MODE"),
-        *("SLURM_LABELIO", "SLURM_EXPORT_ENV", "SRUN_EXPORT_ENV", "SLURM_KILL_BAD_EXIT"),
-        *("SLURM_NO_KILL", "SLURM_WAIT", "SLURM_SIGNAL", "SRUN_CONTAINER", "SLURM_NETWORK"),
-        *("SLURM_TASK_PROLOG", "SLURM_TASK_EPILOG", "SLURM_SPREAD_JOB", "SLURM_USE_MIN_NODES"),
-    }
-)
+# Inherited from the allocation, each of these reshapes or breaks a nested step (measured
+# with Slurm 22.05: SRUN_CPUS_PER_TASK → "More processors requested than permitted",
+# SLURM_MEM_PER_NODE next to the job's SLURM_MEM_PER_CPU → fatal, SLURM_GPUS_PER_NODE on a
+# GPU-less node → "Invalid gres", SLURM_EXPORT_ENV=NONE → no PATH in the step,
+# SLURM_STDOUTMODE → output away from the log). Options srun is given override the rest.
+_STRIPPED = """
+    SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_NTASKS_PER_CORE SLURM_NTASKS_PER_GPU
+    SLURM_NTASKS_PER_SOCKET SLURM_CPUS_PER_TASK SRUN_CPUS_PER_TASK SLURM_CPUS_PER_GPU
+    SLURM_TRES_PER_TASK SLURM_MEM_PER_CPU SLURM_MEM_PER_GPU SLURM_MEM_PER_NODE SLURM_GPUS
+    SLURM_GPUS_PER_NODE SLURM_GPUS_PER_TASK SLURM_GRES SLURM_STEP_GRES SLURM_GRES_FLAGS
+    SLURM_EXACT SLURM_EXCLUSIVE SLURM_OVERCOMMIT SLURM_DISTRIBUTION SLURM_DIST_PLANESIZE
+    SLURM_HINT SLURM_CPU_BIND SLURM_MEM_BIND SLURM_GPU_BIND SLURM_THREADS_PER_CORE
+    SLURM_CORE_SPEC SLURM_THREAD_SPEC SLURM_TIMELIMIT SLURM_CONSTRAINT SLURM_NETWORK
+    SLURM_STDOUTMODE SLURM_STDERRMODE SLURM_STDINMODE SLURM_OPEN_MODE SLURM_LABELIO
+    SLURM_EXPORT_ENV SRUN_EXPORT_ENV SLURM_KILL_BAD_EXIT SLURM_NO_KILL SLURM_WAIT SLURM_SIGNAL
+    SRUN_CONTAINER SLURM_TASK_PROLOG SLURM_TASK_EPILOG SLURM_SPREAD_JOB SLURM_USE_MIN_NODES
+"""
+STRIPPED_ENV = frozenset(_STRIPPED.split())
 CLIENT_TIMEOUT_S = 30.0
 KILL_FALLBACK_S = 10.0
 """After ``scancel --signal=KILL``, srun gets this long to notice before it is killed."""
@@ -93,9 +89,10 @@ async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str, s
     return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 
-async def _checked(argv: Sequence[str], env: Mapping[str, str]) -> str:
+async def _checked(argv: Sequence[str], env: Mapping[str, str], gone_ok: bool = False) -> str:
+    """stdout, or LaunchError; with ``gone_ok``, a job Slurm no longer knows gives ``""``."""
     code, out, err = await _run(argv, env)
-    if code != 0:
+    if code != 0 and not (gone_ok and "Invalid job id" in err):
         raise LaunchError(f"{' '.join(argv)} failed ({code}): {err.strip()}")
     return out
 
@@ -103,9 +100,7 @@ async def _checked(argv: Sequence[str], env: Mapping[str, str]) -> str:
 async def list_steps(job_id: str, env: Mapping[str, str]) -> dict[str, str]:
     """The job's live steps: ``{"JOBID.STEPID": name}`` (empty once the job is gone)."""
     argv = ["squeue", "--steps", f"--jobs={job_id}", "-h", "-o", "%i %j"]
-    code, out, err = await _run(argv, env)
-    if code != 0 and "Invalid job id" not in err:
-        raise LaunchError(f"{' '.join(argv)} failed ({code}): {err.strip()}")
+    out = await _checked(argv, env, gone_ok=True)
     steps = {}
     for line in out.splitlines():
         step, _, name = line.strip().partition(" ")
@@ -230,8 +225,8 @@ class SlurmLauncher:
         env = instance_env(spec)
         if env:
             # Set inside the step: slurmstepd overwrites CUDA_VISIBLE_DEVICES passed via srun.
-            pass
-        return argv + keeper_argv(spec, self.python, no_watch_stdin=True)
+            argv += ["env", *(f"{key}={value}" for key, value in env.items())]
+        return argv + keeper_argv(spec, self.python)
 
     async def start(self, spec: InstanceSpec, log: Path) -> SlurmStep:
         job = self._job()
@@ -245,7 +240,7 @@ class SlurmLauncher:
                     stdin=asyncio.subprocess.PIPE,  # forwarded to the keeper: EOF = we are gone
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
-                    env={**self._env, **instance_env(spec)},
+                    env=self._env,
                     start_new_session=True,
                 )
             except OSError as exc:
@@ -270,8 +265,8 @@ class SlurmLauncher:
         deadline = loop.time() + self.step_timeout
         delay = 0.05
         while loop.time() < deadline:
-            new = [s for s, n in (await list_steps(job, self._env)).items() if n == name]
-            new = [s for s in new if s not in before]
+            steps = await list_steps(job, self._env)
+            new = [s for s, n in steps.items() if n == name and s not in before]
             if new:
                 return new[0]
             if proc.returncode is not None:
@@ -279,9 +274,9 @@ class SlurmLauncher:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
         for sig in (signal.SIGTERM, signal.SIGKILL):
-            if proc.returncode is None:
-                os.killpg(proc.pid, sig)
-                with contextlib.suppress(asyncio.TimeoutError):
+            with contextlib.suppress(ProcessLookupError, asyncio.TimeoutError):
+                if proc.returncode is None:
+                    os.killpg(proc.pid, sig)
                     await asyncio.wait_for(proc.wait(), 5)
         raise LaunchError(
             f"{spec.name}: no job step on {spec.host} after {self.step_timeout:.0f} s "
@@ -307,6 +302,12 @@ class SlurmLauncher:
 
     async def close(self) -> None:
         """Nothing held: srun's stdin pipes close with this process, and keepers act."""
+
+
+def from_recipe(recipe: Recipe) -> SlurmLauncher:
+    """The launcher for a Slurm recipe, inside its allocation (``$SLURM_JOB_ID``)."""
+    assert isinstance(recipe.target, SlurmTarget)
+    return SlurmLauncher(container=recipe.target.container)
 
 
 # --- the login-node path -------------------------------------------------------------------
@@ -346,16 +347,10 @@ async def submit(
 async def job_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
     """``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...; None once Slurm forgot it."""
     argv = ["squeue", f"--jobs={job_id}", "--states=all", "-h", "-o", "%T"]
-    code, out, err = await _run(argv, os.environ if env is None else env)
-    if code != 0 and "Invalid job id" in err:
-        return None
-    if code != 0:
-        raise LaunchError(f"{' '.join(argv)} failed ({code}): {err.strip()}")
+    out = await _checked(argv, os.environ if env is None else env, gone_ok=True)
     return out.strip() or None
 
 
 async def cancel(job_id: str, env: Mapping[str, str] | None = None) -> None:
     """Cancel the job and every step in it (no error if it has already ended)."""
-    code, _, err = await _run(["scancel", job_id], os.environ if env is None else env)
-    if code != 0 and "Invalid job id" not in err:
-        raise LaunchError(f"scancel {job_id} failed ({code}): {err.strip()}")
+    await _checked(["scancel", job_id], os.environ if env is None else env, gone_ok=True)
