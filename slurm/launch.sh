@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 #SBATCH --job-name=dynamoctl
 #SBATCH --ntasks-per-node=1
+#SBATCH --signal=B:TERM@120
 # Run a dynamoctl deployment inside a Slurm allocation:
 #
 #   sbatch [--nodes N --gpus-per-node G --partition P ...] slurm/launch.sh RECIPE.yaml
@@ -13,6 +14,8 @@
 set -euo pipefail
 RECIPE=${1:?usage: sbatch slurm/launch.sh RECIPE.yaml}
 PYTHON=${DYNAMOCTL_PYTHON:-python3}
-# SIGTERM (scancel --batch --signal=TERM, or the time limit's warning) reaches the
-# supervisor, which drains and stops every step before the job ends.
+# SIGTERM (scancel --batch --signal=TERM, or --signal=B:TERM@120: two minutes before the
+# time limit) reaches the supervisor, which drains and stops every step before the job
+# ends. On real GPU nodes add --exclusive (or CPU/memory options): otherwise the job holds
+# one CPU per node and every step shares it.
 exec "$PYTHON" -m dynamoctl up "$RECIPE" --no-live

@@ -143,7 +143,9 @@ def bind_address(recipe: Recipe, host: str) -> str:
 def python_for(recipe: Recipe) -> str:
     if isinstance(recipe.target, SshTarget):
         return recipe.target.python
-    # Local, and Slurm nodes sharing this environment (a venv on shared storage, the image).
+    if isinstance(recipe.target, SlurmTarget) and recipe.target.container is not None:
+        return "python3"  # the image's interpreter, which has dynamoctl installed
+    # Local, and Slurm nodes sharing this environment (a venv on shared storage).
     return sys.executable
 
 

@@ -29,10 +29,18 @@ def dry_run(cli: Cli, recipe: Path) -> str:
     return result.stdout.replace(sys.executable, "PYTHON")
 
 
-@pytest.mark.parametrize("recipe", ["local.yaml"])
-def test_dry_run_matches_golden(cli: Cli, recipe: str) -> None:
-    text = dry_run(cli, REPO / "recipes" / recipe)
-    golden = GOLDEN / recipe.replace(".yaml", ".txt")
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        REPO / "recipes" / "local.yaml",
+        Path(__file__).parent / "recipes" / "ssh.yaml",
+        REPO / "recipes" / "llama70b-disagg.yaml",  # slurm, dry run outside an allocation
+    ],
+    ids=["local", "ssh", "slurm"],
+)
+def test_dry_run_matches_golden(cli: Cli, recipe: Path) -> None:
+    text = dry_run(cli, recipe)
+    golden = GOLDEN / recipe.name.replace(".yaml", ".txt")
     if os.environ.get("UPDATE_GOLDEN"):
         golden.write_text(text)
     assert text == golden.read_text()
