@@ -7,6 +7,7 @@ on a shared login node, other users can reach 127.0.0.1 but cannot read the toke
 from __future__ import annotations
 
 import hmac
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 import httpx
@@ -38,61 +39,53 @@ def _json(payload: msgspec.Struct, status: int = 200) -> Response:
 
 
 def build_app(supervisor: Supervisor, token: str) -> Starlette:
-    async def authorized(request: Request, kind: type[T] | None) -> T | Response | None:
+    def allowed(request: Request) -> bool:
         given = request.headers.get("authorization", "").removeprefix("Bearer ")
-        if not hmac.compare_digest(given, token):
-            return _json(ControlReply(ok=False, message="bad or missing token"), 401)
-        if kind is None:
-            return None
-        try:
-            return msgspec.json.decode(await request.body(), type=kind)
-        except msgspec.DecodeError as exc:
-            return _json(ControlReply(ok=False, message=str(exc)), 400)
+        return hmac.compare_digest(given, token)
+
+    def command(
+        kind: type[T], act: Callable[[T], Awaitable[ControlReply]]
+    ) -> Callable[[Request], Awaitable[Response]]:
+        """A POST route: check the token, decode ``kind``, run ``act``, map refusals."""
+
+        async def route(request: Request) -> Response:
+            if not allowed(request):
+                return _json(ControlReply(ok=False, message="bad or missing token"), 401)
+            try:
+                body = msgspec.json.decode(await request.body(), type=kind)
+                return _json(await act(body))
+            except PlanError as exc:  # no room for another replica
+                return _json(ControlReply(ok=False, message=str(exc)), 409)
+            except (msgspec.DecodeError, ValueError) as exc:
+                return _json(ControlReply(ok=False, message=str(exc)), 400)
+            except KeyError as exc:  # no such instance or pool
+                return _json(ControlReply(ok=False, message=str(exc.args[0])), 404)
+
+        return route
 
     async def status(request: Request) -> Response:
-        denied = await authorized(request, None)
-        return denied if isinstance(denied, Response) else _json(supervisor.status())
+        if not allowed(request):
+            return _json(ControlReply(ok=False, message="bad or missing token"), 401)
+        return _json(supervisor.status())
 
-    async def drain(request: Request) -> Response:
-        body = await authorized(request, DrainRequest)
-        if isinstance(body, Response):
-            return body
-        assert body is not None
-        try:
-            names = await supervisor.drain(body.target)
-        except KeyError as exc:
-            return _json(ControlReply(ok=False, message=str(exc.args[0])), 404)
-        return _json(ControlReply(ok=True, instances=names))
+    async def drain(body: DrainRequest) -> ControlReply:
+        return ControlReply(ok=True, instances=await supervisor.drain(body.target))
 
-    async def scale(request: Request) -> Response:
-        body = await authorized(request, ScaleRequest)
-        if isinstance(body, Response):
-            return body
-        assert body is not None
+    async def scale(body: ScaleRequest) -> ControlReply:
         if body.replicas < 0:
-            return _json(ControlReply(ok=False, message="replicas must be >= 0"), 400)
-        try:
-            names = await supervisor.scale(body.pool, body.replicas)
-        except KeyError as exc:
-            return _json(ControlReply(ok=False, message=str(exc.args[0])), 404)
-        except PlanError as exc:
-            return _json(ControlReply(ok=False, message=str(exc)), 409)
-        return _json(ControlReply(ok=True, instances=names))
+            raise ValueError("replicas must be >= 0")
+        return ControlReply(ok=True, instances=await supervisor.scale(body.pool, body.replicas))
 
-    async def down(request: Request) -> Response:
-        body = await authorized(request, DownRequest)
-        if isinstance(body, Response):
-            return body
-        assert body is not None
+    async def down(body: DownRequest) -> ControlReply:
         supervisor.request_down(now=body.now)
-        return _json(ControlReply(ok=True, message="stopping"))
+        return ControlReply(ok=True, message="stopping")
 
     return Starlette(
         routes=[
             Route("/status", status),
-            Route("/drain", drain, methods=["POST"]),
-            Route("/scale", scale, methods=["POST"]),
-            Route("/down", down, methods=["POST"]),
+            Route("/drain", command(DrainRequest, drain), methods=["POST"]),
+            Route("/scale", command(ScaleRequest, scale), methods=["POST"]),
+            Route("/down", command(DownRequest, down), methods=["POST"]),
         ]
     )
 

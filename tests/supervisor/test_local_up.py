@@ -8,6 +8,7 @@ import signal
 import threading
 import time
 
+import httpx
 import openai
 import psutil
 
@@ -108,6 +109,16 @@ def test_second_up_is_refused_and_killed_supervisor_leaves_nothing(cli: Cli) -> 
     report = cli.status()
     groups = [row["pid"] for row in report["instances"]]
     state = json.loads((cli.home / "runs" / "twice" / "state.json").read_text())
+
+    # Commands the supervisor refuses, each with the reason.
+    unknown = cli("drain", "nosuch")
+    assert unknown.returncode == 1
+    assert "no running instance or pool named 'nosuch'" in unknown.stderr
+    no_pool = cli("scale", "decode=2")
+    assert no_pool.returncode == 1 and "no worker pool 'decode'" in no_pool.stderr
+    forged = httpx.post(f"{state['control']}/down", headers={"authorization": "Bearer x"})
+    assert forged.status_code == 401
+    assert cli.status()["phase"] == "serving"
 
     # SIGKILL the supervisor: each keeper sees its lifeline close and stops its instance.
     os.kill(state["supervisor_pid"], signal.SIGKILL)
