@@ -1,0 +1,277 @@
+"""dynamoctl vs NVIDIA Dynamo 1.6.1, side by side in one run, same machine, same load.
+
+    benchmarks/dynamo/install.sh                 # once: Dynamo into benchmarks/.dynamo-venv
+    python benchmarks/dynamo_compare.py [--concurrency 1,8,32,128] [--seconds 5] [--rounds 2]
+
+Each system gets the same deployment: one frontend with KV routing (block size 16) and 4
+mocker workers at speedup 1000 in one process, file-based/embedded discovery, serving the
+same model directory (dynamoctl's builtin tokenizer, which is an HF-style model dir). Each
+runs in a network namespace of its own with only loopback up (Dynamo's mocker binds some
+ZMQ sockets on 0.0.0.0), and the load generator runs inside that namespace: closed-loop
+clients sending streamed 16-token completions (`ignore_eos`), one new connection per
+request, a one-write raw HTTP/1.1 client (see benchmarks/frontend.py for why not httpx).
+The systems alternate for ``--rounds`` rounds so drift on the machine hits both. Needs root
+(``ip netns``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from importlib import resources
+from pathlib import Path
+
+import psutil
+
+MODEL = "mock-llama"
+PORT = 8000
+REPO = Path(__file__).resolve().parents[1]
+
+
+# -- the load generator (runs inside the namespace: ``--load``) ------------------------------
+
+
+async def stream_once(port: int, payload: bytes) -> tuple[float, float, bool]:
+    start = time.monotonic()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(
+            b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: " + str(len(payload)).encode() + b"\r\n\r\n"
+            + payload
+        )  # fmt: skip
+        status = await reader.readline()
+        first: float | None = None
+        done = False
+        while line := await reader.readline():
+            if first is None and line.startswith(b"data: {"):
+                first = time.monotonic()
+            if line.startswith(b"data: [DONE]"):
+                done = True
+                break
+        end = time.monotonic()
+        return (first or end) - start, end - start, done and b" 200 " in status
+    finally:
+        writer.close()
+
+
+async def load(port: int, concurrency: int, seconds: float) -> dict[str, float]:
+    body = {"model": MODEL, "prompt": "benchmark prompt", "max_tokens": 16, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    payload = json.dumps(body).encode()
+    ttfts: list[float] = []
+    e2es: list[float] = []
+    errors = 0
+    stop_at = time.monotonic() + seconds
+
+    async def client() -> None:
+        nonlocal errors
+        while time.monotonic() < stop_at:
+            try:
+                ttft, e2e, ok = await stream_once(port, payload)
+            except OSError:
+                errors += 1
+                await asyncio.sleep(0.01)
+                continue
+            if ok:
+                ttfts.append(ttft)
+                e2es.append(e2e)
+            else:
+                errors += 1
+
+    began = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(concurrency)))
+    wall = time.monotonic() - began
+    ordered = sorted(e2es) or [float("nan")]
+    return {
+        "concurrency": concurrency,
+        "requests": len(e2es),
+        "errors": errors,
+        "req_per_s": round(len(e2es) / wall, 1),
+        "ttft_p50_ms": round(statistics.median(ttfts or [float("nan")]) * 1e3, 2),
+        "e2e_p50_ms": round(statistics.median(ordered) * 1e3, 2),
+        "e2e_p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 2),
+    }
+
+
+# -- the systems ---------------------------------------------------------------------------------
+
+
+def netns(name: str) -> list[str]:
+    subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    subprocess.run(["ip", "netns", "exec", name, "ip", "link", "set", "lo", "up"], check=True)
+    return ["ip", "netns", "exec", name]
+
+
+def model_dir(tmp: str) -> str:
+    """dynamoctl's builtin tokenizer as an HF model dir; Dynamo also wants ``architectures``."""
+    builtin = resources.files("dynamoctl.tokenizer").joinpath("builtin")
+    out = Path(tmp) / "model"
+    out.mkdir(exist_ok=True)
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        (out / name).write_text(builtin.joinpath(name).read_text())
+    config = json.loads((out / "config.json").read_text())
+    config.setdefault("architectures", ["LlamaForCausalLM"])
+    config.setdefault("model_type", "llama")
+    (out / "config.json").write_text(json.dumps(config))
+    return str(out)
+
+
+def dynamoctl_commands(tmp: str) -> tuple[list[list[str]], dict[str, str]]:
+    common = ["--namespace", "bench", "--discovery", f"embedded://{tmp}"]
+    worker = [sys.executable, "-m", "dynamoctl", "worker", *common, "--num-workers", "4",
+              "--model", MODEL, "--block-size", "16", "--speedup-ratio", "1000"]  # fmt: skip
+    frontend = [sys.executable, "-m", "dynamoctl", "frontend", *common, "--port", str(PORT),
+                "--router-mode", "kv"]  # fmt: skip
+    return [worker, frontend], {}
+
+
+def dynamo_commands(tmp: str, venv: Path) -> tuple[list[list[str]], dict[str, str]]:
+    python = str(venv / "bin" / "python")
+    worker = [python, "-m", "dynamo.mocker", "--model-path", model_dir(tmp), "--model-name", MODEL,
+              "--num-workers", "4", "--speedup-ratio", "1000", "--block-size", "16"]  # fmt: skip
+    frontend = [python, "-m", "dynamo.frontend", "--http-host", "127.0.0.1", "--http-port",
+                str(PORT), "--router-mode", "kv", "--kv-cache-block-size", "16"]  # fmt: skip
+    return [worker, frontend], {"DYN_DISCOVERY_BACKEND": "file", "DYN_FILE_KV": tmp}
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    """CPU time of ``proc`` and its descendants (a frontend may run helper processes)."""
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            times = p.cpu_times()
+            total += times.user + times.system
+        except psutil.Error:
+            continue
+    return total
+
+
+def wait_serving(prefix: list[str], timeout: float = 120) -> None:
+    probe = (
+        "import json,sys,urllib.request as u;"
+        f"d=json.load(u.urlopen('http://127.0.0.1:{PORT}/v1/models',timeout=2));"
+        f"sys.exit(0 if any(m['id']=='{MODEL}' for m in d['data']) else 1)"
+    )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (
+            subprocess.run([*prefix, sys.executable, "-c", probe], capture_output=True).returncode
+            == 0
+        ):
+            return
+        time.sleep(0.5)
+    raise TimeoutError("the system did not list the model")
+
+
+def measure(system: str, levels: list[int], seconds: float, venv: Path) -> list[dict[str, float]]:
+    prefix = netns(f"cmp-{system}")
+    with tempfile.TemporaryDirectory() as tmp:
+        commands, extra = (
+            dynamo_commands(tmp, venv) if system == "dynamo" else dynamoctl_commands(tmp)
+        )
+        env = {**os.environ, **extra}
+        logs = [open(Path(tmp) / f"{i}.log", "wb") for i in range(len(commands))]  # noqa: SIM115
+        procs = [
+            subprocess.Popen([*prefix, *cmd], env=env, stdout=log, stderr=subprocess.STDOUT)
+            for cmd, log in zip(commands, logs, strict=True)
+        ]
+        try:
+            wait_serving(prefix)
+            frontend = psutil.Process(procs[-1].pid)  # `ip netns exec` execs the command
+            rows = []
+            for level in [1, *levels]:  # the first c=1 pass warms both up and is dropped
+                before = cpu_seconds(frontend)
+                out = subprocess.run(
+                    [*prefix, sys.executable, __file__, "--load", str(level), "--seconds",
+                     str(seconds)],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                row = json.loads(out.stdout)
+                row["frontend_cpu_cores"] = round((cpu_seconds(frontend) - before) / seconds, 2)
+                rows.append(row)
+            return rows[1:]
+        except Exception:
+            for log in logs:
+                log.flush()
+                print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
+        finally:
+            for proc in procs:
+                proc.terminate()
+            for proc in procs:
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+            for log in logs:
+                log.close()
+            subprocess.run(["ip", "netns", "del", f"cmp-{system}"], capture_output=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", default="1,8,32,128")
+    parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--dynamo-venv", type=Path, default=REPO / "benchmarks" / ".dynamo-venv")
+    parser.add_argument("--out", default="benchmarks/results/dynamo_compare.json")
+    parser.add_argument("--load", type=int, help=argparse.SUPPRESS)  # internal: run the load
+    args = parser.parse_args()
+    if args.load:
+        print(json.dumps(asyncio.run(load(PORT, args.load, args.seconds))))
+        return
+    levels = [int(c) for c in args.concurrency.split(",")]
+    results: dict[str, list[list[dict[str, float]]]] = {"dynamoctl": [], "dynamo": []}
+    for round_ in range(args.rounds):
+        for system in ("dynamoctl", "dynamo"):
+            rows = measure(system, levels, args.seconds, args.dynamo_venv)
+            results[system].append(rows)
+            for row in rows:
+                print(
+                    f"round {round_} {system:<9} c={row['concurrency']:<4} "
+                    f"{row['req_per_s']:>7} req/s  TTFT p50 {row['ttft_p50_ms']} ms  "
+                    f"e2e p50 {row['e2e_p50_ms']} ms p99 {row['e2e_p99_ms']} ms  "
+                    f"frontend {row['frontend_cpu_cores']} cores  errors {row['errors']}"
+                )
+    best = {
+        system: [
+            max((r[i] for r in rounds), key=lambda x: x["req_per_s"]) for i in range(len(levels))
+        ]
+        for system, rounds in results.items()
+    }
+    ratio = [
+        {
+            "concurrency": ours["concurrency"],
+            "req_per_s_ratio": round(ours["req_per_s"] / max(theirs["req_per_s"], 1e-9), 2),
+            "e2e_p50_ratio": round(ours["e2e_p50_ms"] / max(theirs["e2e_p50_ms"], 1e-9), 2),
+        }
+        for ours, theirs in zip(best["dynamoctl"], best["dynamo"], strict=True)
+    ]
+    for row in ratio:
+        print(f"c={row['concurrency']:<4} dynamoctl/dynamo: req/s x{row['req_per_s_ratio']}, "
+              f"e2e p50 x{row['e2e_p50_ratio']}")  # fmt: skip
+    result = {
+        "machine": {"platform": platform.platform(), "python": platform.python_version(),
+                    "cpus": os.cpu_count()},
+        "workload": "streamed completions, 16 tokens, 4 mocker workers at speedup 1000, kv router",
+        "rounds": results,
+        "best": best,
+        "ratio_dynamoctl_over_dynamo": ratio,
+    }  # fmt: skip
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
