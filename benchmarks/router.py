@@ -102,12 +102,13 @@ def main() -> None:
         "--out", type=Path, default=Path(__file__).parent / "results" / "router.json"
     )
     parser.add_argument("--rounds", type=int, default=500)
+    parser.add_argument(
+        "--cases",
+        default="128x8192x4096x16,128x4096x4096x16,128x4096x4096x64,16x4096x1024x64",
+        help="WORKERSxBLOCKSxISLxBLOCK_SIZE,...; 128x8192 is the 1M-cached-block case",
+    )
     args = parser.parse_args()
-    cases = [
-        (128, 4096, 4096, 16),
-        (128, 4096, 4096, 64),
-        (16, 4096, 1024, 64),
-    ]
+    cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
     results = {
         "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
         "cases": [measure(*case, rounds=args.rounds) for case in cases],
