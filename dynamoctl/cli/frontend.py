@@ -16,6 +16,15 @@ def frontend(
     discovery: str = common.DISCOVERY,
     host: str = typer.Option("127.0.0.1", help="HTTP listen address."),
     port: int = typer.Option(8000, min=0, max=65535, help="HTTP port (0: any free port)."),
+    router: str = typer.Option(
+        "embedded",
+        help="Where routing decisions are made: embedded (in this process) or standalone "
+        "(ask the `dynamoctl router` replicas of the namespace; --router-mode and the "
+        "weights are then theirs).",
+    ),
+    router_timeout: float = typer.Option(
+        1.0, min=0.01, help="Standalone: seconds a router replica may take before the next."
+    ),
     router_mode: str = typer.Option("kv", help="Routing mode (kv, round-robin, ...)."),
     overlap_weight: float = typer.Option(1.0, min=0.0, help="KV router prefill weight (alpha)."),
     temperature: float = typer.Option(0.0, min=0.0, help="KV router softmax temperature."),
@@ -32,8 +41,12 @@ def frontend(
 ) -> None:
     """Serve the OpenAI API for every model the namespace's workers serve."""
     from dynamoctl.frontend.main import FrontendOptions, run_frontend
-    from dynamoctl.frontend.routing import RouterSettings, check_mode
+    from dynamoctl.frontend.routing import RouterSettings, check_mode, routing_names
 
+    if router not in routing_names():
+        raise typer.BadParameter(
+            f"must be one of {', '.join(routing_names())}, got {router!r}", param_hint="--router"
+        )
     try:
         check_mode(router_mode)
     except ValueError as exc:
@@ -47,6 +60,8 @@ def frontend(
         drain_grace=drain_grace,
         label=label,
         router=RouterSettings(router_mode, overlap_weight, temperature, busy_kv_usage),
+        routing=router,
+        route_timeout=router_timeout,
         queue_timeout=queue_timeout,
         max_queued=max_queued,
     )

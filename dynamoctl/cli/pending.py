@@ -20,9 +20,7 @@ class PendingCommand(NamedTuple):
     """The issue that will implement the command."""
 
 
-PENDING: dict[str, PendingCommand] = {
-    "router": PendingCommand("Run a standalone router.", "router"),
-}
+PENDING: dict[str, PendingCommand] = {}
 
 
 def _not_implemented(name: str, issue: str) -> Callable[[], None]:

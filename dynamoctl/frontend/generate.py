@@ -66,7 +66,7 @@ class Admission:
         self, picker: WorkerPicker, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         try:
-            return picker.pick(token_ids, request_id, exclude)
+            return await picker.pick(token_ids, request_id, exclude)
         except NoWorkerAvailable as exc:
             if not exc.busy or self.waiting >= self.max_queued:
                 raise
@@ -76,7 +76,7 @@ class Admission:
             while True:
                 await asyncio.sleep(self.poll)
                 try:
-                    return picker.pick(token_ids, request_id, exclude)
+                    return await picker.pick(token_ids, request_id, exclude)
                 except NoWorkerAvailable as exc:
                     if not exc.busy or time.monotonic() >= deadline:
                         raise
@@ -85,9 +85,14 @@ class Admission:
 
 
 class WorkerPicker(Protocol):
-    """What the frontend needs from a router (embedded or remote)."""
+    """What the frontend needs from a router (embedded or standalone).
 
-    def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
+    ``pick`` is a coroutine because a standalone router is asked over the network; the
+    two notifications are not: they must never hold up the token stream (a standalone
+    router gets them batched, in the background).
+    """
+
+    async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
         """Choose a worker; raises :class:`NoWorkerAvailable`."""
         ...
 

@@ -1,4 +1,5 @@
-"""``dynamoctl frontend``: the OpenAI-compatible HTTP endpoint, with the router embedded.
+"""``dynamoctl frontend``: the OpenAI-compatible HTTP endpoint, with the router embedded
+or asking the standalone ``dynamoctl router`` replicas (``--router``).
 
 SIGTERM/SIGINT: the frontend leaves discovery, stops accepting connections, lets open
 streams finish for ``drain_grace`` seconds, then closes.
@@ -19,7 +20,7 @@ from dynamoctl.frontend.app import build_app
 from dynamoctl.frontend.generate import Admission, Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
-from dynamoctl.frontend.routing import RouterSettings, embedded_picker_factory
+from dynamoctl.frontend.routing import RouterSettings, create_routing
 from dynamoctl.planes.request import RequestClient
 from dynamoctl.util.component import ComponentOptions
 from dynamoctl.util.http import BoundServer
@@ -34,7 +35,11 @@ class FrontendOptions(ComponentOptions):
     port: int = 8000
     """HTTP port; 0 picks a free one (logged and registered)."""
     router: RouterSettings | None = None
-    """Routing mode and weights; default: ``kv``."""
+    """Routing mode and weights of the embedded router; default: ``kv``."""
+    routing: str = "embedded"
+    """Where routing decisions are made: ``embedded`` or ``standalone`` (routing.py)."""
+    route_timeout: float = 1.0
+    """Standalone: seconds a router replica may take to answer before the next is asked."""
     queue_timeout: float = 5.0
     """Seconds a request waits when every worker is busy, before 503."""
     max_queued: int = 256
@@ -51,9 +56,9 @@ async def run_frontend(opts: FrontendOptions) -> None:
     metrics = FrontendMetrics()
     client = RequestClient()
     settings = opts.router or RouterSettings()
-    registry = ModelRegistry(
-        discovery, opts.namespace, embedded_picker_factory(discovery, opts.namespace, settings)
-    )
+    routing = create_routing(opts.routing, discovery, opts.namespace, settings, opts.route_timeout)
+    routing.register_metrics(metrics.registry)
+    registry = ModelRegistry(discovery, opts.namespace, routing.make_picker)
     http = BoundServer(
         build_app(
             registry,
@@ -69,6 +74,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
     serving = asyncio.create_task(http.run_bound(), name="frontend-http")
     try:
         await discovery.start()
+        await routing.start()
         await registry.start()
         record = wire.InstanceRecord(
             instance_id=instance_id,
@@ -86,7 +92,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
             opts.host,
             http.port,
             opts.namespace,
-            settings.mode,
+            settings.mode if opts.routing == "embedded" else opts.routing,
         )
         await stop.wait()
         log.info("stopping: leaving discovery, finishing open streams")
@@ -95,6 +101,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
         http.should_exit = True
         await serving
         await registry.close()
+        await routing.close()
         await client.close()
         await discovery.close()
         log.info("frontend stopped")

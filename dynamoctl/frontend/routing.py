@@ -1,40 +1,43 @@
-"""The embedded router, as the frontend sees it: one :class:`RouterService` per model.
+"""Where the frontend's routing decisions are made, by name (``--router``):
 
-Adapts :class:`~dynamoctl.router.KvRouter`'s decisions to the frontend's
-:class:`~dynamoctl.frontend.generate.WorkerPicker`: a worker id plus the request-plane
-address from its discovery record, and router errors mapped to ``NoWorkerAvailable``.
+* ``embedded``: one in-process :class:`RouterService` per model (:class:`EmbeddedPicker`);
+* ``standalone``: ask the ``dynamoctl router`` replicas found in discovery
+  (:mod:`dynamoctl.frontend.remote`).
+
+Either way a model gets a :class:`~dynamoctl.frontend.models.ModelPicker`, so the
+request pipeline (admission, migration) is the same.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Protocol
+
+from prometheus_client import CollectorRegistry
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
-from dynamoctl.frontend.models import ModelPicker, PickerFactory
-from dynamoctl.router import AllWorkersBusy, KvRouter, RouterError, RouterService, mode_names
+from dynamoctl.frontend.models import ModelPicker
+from dynamoctl.frontend.remote import StandaloneRouting
+from dynamoctl.router import AllWorkersBusy, RouterError, RouterService
+from dynamoctl.router.settings import RouterSettings, check_mode
+from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire.engine import ModelCard
 
-
-@dataclass(frozen=True)
-class RouterSettings:
-    """Routing knobs (recipe ``frontend.router``)."""
-
-    mode: str = "kv"
-    """Policy name; see ``dynamoctl.router.mode_names()``."""
-    overlap_weight: float = 1.0
-    """Alpha: weight of prefill cost against decode load."""
-    temperature: float = 0.0
-    """Softmax temperature over costs; 0 picks the cheapest."""
-    busy_kv_usage: float | None = 0.95
-    """A worker whose KV usage exceeds this is skipped; all busy → 503."""
-    busy_waiting: int | None = None
-    """A worker with more queued requests than this is skipped."""
+__all__ = ["RouterSettings", "check_mode", "create_routing", "routing_names"]
 
 
-def check_mode(mode: str) -> None:
-    if mode not in mode_names():
-        raise ValueError(f"unknown router mode {mode!r}; valid: {', '.join(mode_names())}")
+class Routing(Protocol):
+    """Builds each model's picker; started before the first and closed after the last."""
+
+    async def start(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def make_picker(self, model: str, card: ModelCard) -> ModelPicker: ...
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """Add this routing's series to the frontend's ``/metrics``."""
 
 
 class EmbeddedPicker:
@@ -43,7 +46,7 @@ class EmbeddedPicker:
     def __init__(self, service: RouterService) -> None:
         self.service = service
 
-    def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
+    async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
         try:
             decision = self.service.router.pick(token_ids, request_id, exclude=exclude)
         except RouterError as exc:
@@ -65,20 +68,49 @@ class EmbeddedPicker:
         await self.service.close()
 
 
-def embedded_picker_factory(
-    discovery: Discovery, namespace: str, settings: RouterSettings
-) -> PickerFactory:
-    async def make(model: str, card: ModelCard) -> ModelPicker:
-        router = KvRouter(
-            settings.mode,
-            card.block_size,
-            overlap_weight=settings.overlap_weight,
-            temperature=settings.temperature,
-            busy_kv_usage=settings.busy_kv_usage,
-            busy_waiting=settings.busy_waiting,
-        )
-        service = RouterService(discovery, namespace, model, router)
+class EmbeddedRouting(AsyncService):
+    """A :class:`RouterService` per model, inside the frontend."""
+
+    def __init__(self, discovery: Discovery, namespace: str, settings: RouterSettings) -> None:
+        self.discovery = discovery
+        self.namespace = namespace
+        self.settings = settings
+
+    async def close(self) -> None:
+        """Each model's router is closed with its picker."""
+
+    def register_metrics(self, registry: CollectorRegistry) -> None:
+        """None: the embedded router's decisions show in the frontend's own metrics."""
+
+    async def make_picker(self, model: str, card: ModelCard) -> ModelPicker:
+        router = self.settings.build(card.block_size)
+        service = RouterService(self.discovery, self.namespace, model, router)
         await service.start()
         return EmbeddedPicker(service)
 
-    return make
+
+RoutingFactory = Callable[[Discovery, str, RouterSettings, float], Routing]
+"""``(discovery, namespace, settings, route_timeout) -> Routing``."""
+
+_ROUTINGS: dict[str, RoutingFactory] = {
+    "embedded": lambda disc, ns, settings, _timeout: EmbeddedRouting(disc, ns, settings),
+    "standalone": lambda disc, ns, _settings, timeout: StandaloneRouting(disc, ns, timeout),
+}
+
+
+def routing_names() -> list[str]:
+    return list(_ROUTINGS)
+
+
+def create_routing(
+    name: str,
+    discovery: Discovery,
+    namespace: str,
+    settings: RouterSettings,
+    route_timeout: float = 1.0,
+) -> Routing:
+    """The routing called ``name``; ``ValueError`` naming the valid ones otherwise."""
+    factory = _ROUTINGS.get(name)
+    if factory is None:
+        raise ValueError(f"unknown router {name!r}; valid: {', '.join(_ROUTINGS)}")
+    return factory(discovery, namespace, settings, route_timeout)

@@ -2,7 +2,8 @@
 
 :class:`KvRouter` is the pure, synchronous decision state (KV index, booked load,
 policies by name); :class:`RouterService` feeds it from discovery and the workers' KV
-and load streams. See docs/router.md.
+and load streams. It runs inside the frontend or as ``dynamoctl router``
+(:mod:`dynamoctl.router.standalone`). See docs/router.md.
 """
 
 from dynamoctl.router.errors import AllWorkersBusy, NoWorkers, RouterError, UnknownMode

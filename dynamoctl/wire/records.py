@@ -54,6 +54,18 @@ class EventsRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Topic frame of load metrics."""
 
 
+class BookingsRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """``{ns}/events/router/{instance_id}``: where a router replica publishes its bookings
+    (:mod:`dynamoctl.wire.router`), for the other replicas to apply."""
+
+    bookings: str
+    """PUB address of the bookings stream."""
+    bookings_replay: str | None
+    """Replay ROUTER of the bookings stream (answers with a snapshot when needed)."""
+    topic: str
+    """Topic frame of the stream."""
+
+
 Record = TypeVar("Record", bound=msgspec.Struct)
 
 

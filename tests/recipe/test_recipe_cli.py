@@ -126,9 +126,9 @@ def test_python_dash_m(broken: Path) -> None:
     bad = run(sys.executable, "-m", "dynamoctl", "recipe", "validate", str(broken))
     assert bad.returncode == 1
     assert f"{broken}:6 workers.decode.replicas: must be >= 0, got -1" in bad.stderr
-    pending = run(sys.executable, "-m", "dynamoctl", "router")
-    assert pending.returncode == 2
-    assert "dynamoctl router: not implemented yet" in pending.stderr
+    usage = run(sys.executable, "-m", "dynamoctl", "router", "--router-mode", "nope")
+    assert usage.returncode == 2
+    assert "Invalid value for --router-mode" in usage.stderr
 
 
 def test_installed_console_script() -> None:

@@ -1,0 +1,162 @@
+"""BookingSync in one process: replicas converge on one booked load (live events, a late
+joiner's snapshot, a worker met late), forget a replica that leaves, and expire bookings
+nobody released."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+
+import pytest
+
+from dynamoctl.discovery import Discovery, store_from_url
+from dynamoctl.router import KvRouter
+from dynamoctl.router.standalone.bookings import BookingSync
+from dynamoctl.wire import router as wire_router
+from dynamoctl.wire.router import Booked, BookingState, Released, RouteNotify, RouteRequest
+
+NS = "bk"
+MODEL = "m"
+WORKERS = ("a", "b", "c")
+PROMPT = list(range(1, 19))  # 4 full blocks of 4 + 2 tokens
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def new_router() -> KvRouter:
+    router = KvRouter("kv", 4, seed=0)
+    for w in WORKERS:
+        router.add_worker(w)
+    return router
+
+
+class Replica:
+    def __init__(self, disc: Discovery, name: str, **kwargs: float) -> None:
+        self.router = new_router()
+        self.sync = BookingSync(
+            disc, NS, name, lambda m: self.router if m == MODEL else None, idle_poll=0.2,
+            **kwargs,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    def pick(self, rid: str, prompt: list[int] = PROMPT) -> str:
+        worker = self.router.pick(prompt, rid).worker_id
+        self.sync.booked(MODEL, rid)
+        return worker
+
+    def view(self) -> tuple[list[int], list[int], int]:
+        prefill, blocks = self.router.load.loads(list(WORKERS))
+        return prefill, blocks, len(self.router.load)
+
+
+@pytest.fixture
+async def replicas(tmp_path: Path) -> AsyncIterator[Callable[..., Replica]]:
+    made: list[Replica] = []
+    async with Discovery(store_from_url(f"embedded://{tmp_path}"), lease_ttl=2) as disc:
+
+        async def make(name: str, **kwargs: float) -> Replica:
+            replica = Replica(disc, name, **kwargs)
+            await replica.sync.start()
+            await replica.sync.register()
+            made.append(replica)
+            return replica
+
+        try:
+            yield make
+        finally:
+            for replica in made:
+                await replica.sync.close()
+
+
+async def converge(*replicas: Replica, timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while len({str(r.view()) for r in replicas}) > 1:
+        assert time.monotonic() < deadline, [r.view() for r in replicas]
+        await asyncio.sleep(0.02)
+
+
+async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.02)
+
+
+async def test_replicas_converge_and_spread_a_burst(replicas: Callable[..., Replica]) -> None:
+    one, two = await replicas("one"), await replicas("two")
+    await until(lambda: one.sync.peers() == ["two"] and two.sync.peers() == ["one"])
+    await until(lambda: one.sync.synced() and two.sync.synced(), timeout=2)  # no bookings yet
+    first = one.pick("r1")
+    await converge(one, two)
+    assert two.view()[2] == 1 and two.router.load.prefill_tokens(first) == len(PROMPT)
+    # The same prompt on the other replica: it sees the first booking and spreads.
+    assert two.pick("r2") != first
+    await converge(one, two)
+    one.sync.released(MODEL, "r1", "first_token")
+    await converge(one, two)
+    assert two.router.load.prefill_tokens(first) == 0
+    one.sync.released(MODEL, "r1", "finished")
+    two.sync.released(MODEL, "r2", "finished")
+    await converge(one, two)
+    assert one.view() == ([0, 0, 0], [0, 0, 0], 0)
+
+
+async def test_late_joiner_gets_a_snapshot_and_a_leaver_is_forgotten(
+    replicas: Callable[..., Replica],
+) -> None:
+    one = await replicas("one", buffer_size=2)  # a late subscriber needs the snapshot
+    for i in range(6):
+        one.pick(f"r{i}", [i, *PROMPT])
+    one.sync.released(MODEL, "r0", "finished")
+    late = await replicas("late")
+    await converge(one, late)
+    assert late.view()[2] == 5 and late.sync.pending() == 0
+    await one.sync.discovery.unregister(one.sync.key)  # one stops
+    await until(lambda: late.view() == ([0, 0, 0], [0, 0, 0], 0))
+
+
+async def test_a_booking_on_a_worker_not_known_yet_waits_for_it(
+    replicas: Callable[..., Replica],
+) -> None:
+    one, two = await replicas("one"), await replicas("two")
+    two.router.remove_worker("c")  # two has not seen worker c yet
+    await until(lambda: two.sync.peers() == ["one"] and two.sync.synced())
+    assert one.router.pick(PROMPT, "r", exclude={"a", "b"}).worker_id == "c"
+    one.sync.booked(MODEL, "r")
+    await until(lambda: two.sync.pending() == 1)
+    two.router.add_worker("c")
+    await converge(one, two)
+    two.router.remove_worker("c")  # c restarted: our load forgot what was booked on it
+    two.router.add_worker("c")
+    await converge(one, two)
+    assert two.view()[2] == 1 and two.sync.pending() == 0
+
+
+async def test_unreleased_bookings_expire(replicas: Callable[..., Replica]) -> None:
+    one, two = await replicas("one", ttl=0.4), await replicas("two")
+    await until(lambda: two.sync.peers() == ["one"])
+    one.pick("lost")  # its frontend died: no release will ever come
+    await converge(one, two)
+    assert one.view()[2] == 1
+    await until(lambda: one.view()[2] == 0 and two.view()[2] == 0)
+    assert one.sync.expired == 1
+
+
+def test_wire_round_trips() -> None:
+    messages = [
+        RouteRequest(MODEL, "r", [1, 2, 3], ["w"]),
+        RouteNotify([wire_router.RouteEvent(MODEL, "r", "finished")]),
+        Booked(MODEL, "r", "w", 7, [2**64 - 1, 0]),
+        Released(MODEL, "r", "first_token"),
+        BookingState([Booked(MODEL, "r", "w", 0, [])]),
+    ]
+    for message in messages:
+        decode = (
+            wire_router.decode_call
+            if isinstance(message, RouteRequest | RouteNotify)
+            else wire_router.decode_booking
+        )
+        assert decode(wire_router.encode(message)) == message
+    reply = wire_router.RouteReply("w", "tcp://h:1", 3, 4)
+    assert wire_router.decode_answer(wire_router.encode(reply)) == reply
