@@ -215,14 +215,36 @@ def worker_spec(
     )
 
 
-def _frontend_spec(recipe: Recipe, head: str, url: str) -> InstanceSpec:
+def _router_knobs(recipe: Recipe) -> list[str]:
     router = recipe.frontend.router
+    return [
+        "--router-mode",
+        router.mode,
+        "--overlap-weight",
+        str(router.overlap_weight),
+        "--temperature",
+        str(router.temperature),
+    ]
+
+
+def _router_spec(recipe: Recipe, index: int, host: str, url: str) -> InstanceSpec:
+    """A standalone router replica (``frontend.router.replicas > 0``)."""
+    name = f"router-{index}"
+    argv = [python_for(recipe), "-m", "dynamoctl", "router", *_common(recipe, url, name, host)]
+    argv += _router_knobs(recipe)
+    return InstanceSpec(
+        name=name, pool="router", component="router", host=host, argv=argv, env=dict(BASE_ENV)
+    )
+
+
+def _frontend_spec(recipe: Recipe, head: str, url: str) -> InstanceSpec:
     argv = [python_for(recipe), "-m", "dynamoctl", "frontend"]
     argv += _common(recipe, url, "frontend-0", head)[:4]
     argv += ["--host", recipe.frontend.host, "--port", str(recipe.frontend.port)]
     argv += ["--lease-ttl", str(recipe.discovery.lease_ttl), "--label", "frontend-0"]
-    argv += ["--router-mode", router.mode, "--overlap-weight", str(router.overlap_weight)]
-    argv += ["--temperature", str(router.temperature)]
+    argv += _router_knobs(recipe)
+    if recipe.frontend.router.replicas:
+        argv += ["--router", "standalone"]  # ask the router replicas, no embedded router
     return InstanceSpec(
         name="frontend-0",
         pool="frontend",
@@ -263,11 +285,6 @@ def build_plan(
     recipe: Recipe, run_dir: Path, allocation: list[str] | None = None
 ) -> tuple[Plan, GpuMap]:
     """The plan and the GPU map left after placing it (``scale`` places more later)."""
-    if recipe.frontend.router.replicas:
-        raise PlanError(
-            "frontend.router.replicas: standalone router processes are not supported yet; "
-            "use 0 (the router runs inside the frontend)"
-        )
     hosts, gpus_per_host = target_hosts(recipe, allocation)
     head = hosts[0]
     url = discovery_url(recipe, run_dir, head)
@@ -294,6 +311,8 @@ def build_plan(
                     f"with {gpus_per_host} GPU(s) each, already taken by earlier replicas"
                 )
             instances.append(worker_spec(recipe, role, index, placed[0], placed[1], url))
+    for index in range(recipe.frontend.router.replicas):  # spread, like CPU replicas
+        instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url))
     instances.append(_frontend_spec(recipe, head, url))
     shown_host = "127.0.0.1" if recipe.frontend.host == "0.0.0.0" else recipe.frontend.host
     if not isinstance(recipe.target, LocalTarget) and shown_host == "127.0.0.1":

@@ -296,15 +296,17 @@ class Supervisor:
         """Answering probes; and for workers with requests in flight, the token counter
         (None when progress is not in question)."""
         probes = await self.probes()
-        if inst.spec.component != "worker":
-            ready = await self._is_ready(inst) if inst.spec.component == "etcd" else None
-            if inst.spec.component == "frontend":
-                ready = await probes.ok(self.plan.endpoint.removesuffix("/v1") + "/health")
-            return bool(ready), None
+        component = inst.spec.component
+        if component == "etcd":
+            return await self._is_ready(inst), None
+        if component == "frontend":
+            return await probes.ok(self.plan.endpoint.removesuffix("/v1") + "/health"), None
         await probes.refresh_records()
         record = probes.records.get(inst.spec.name)
         if record is None or record.metrics_url is None:
             return False, None
+        if component == "router":  # registered, and its /health answers
+            return await probes.ok(record.metrics_url.removesuffix("/metrics") + "/health"), None
         inst.sample = await probes.scrape_worker(record.metrics_url)
         if inst.sample is None:
             return False, None

@@ -180,3 +180,42 @@ def test_hung_worker_is_restarted(cli: Cli) -> None:
     assert report["instances"][0]["pid"] != keeper.pid
     assert "hung: not answering probes" in report["instances"][0]["message"]
     assert cli("down", "--now").returncode == 0
+
+
+def test_standalone_router_replicas_are_supervised(cli: Cli) -> None:
+    """``frontend.router.replicas: 2`` starts two ``dynamoctl router`` processes before the
+    frontend, which asks them; a router killed with -9 is restarted and requests go on."""
+    port = free_port()
+    recipe = cli.recipe(
+        mocker_recipe("routed", port, replicas=2).replace(
+            f"frontend: {{port: {port}}}",
+            f"frontend: {{port: {port}, router: {{mode: kv, replicas: 2}}}}",
+        )
+    )
+    up = cli("up", str(recipe), "--detach")
+    assert up.returncode == 0, up.stderr
+    report = cli.status()
+    assert states(report) == {
+        "agg-0": "READY",
+        "agg-1": "READY",
+        "router-0": "READY",
+        "router-1": "READY",
+        "frontend-0": "READY",
+    }
+    frontend = next(r for r in report["instances"] if r["name"] == "frontend-0")
+    argv = " ".join(psutil.Process(frontend["pid"]).children()[0].cmdline())
+    assert "--router standalone" in argv
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=30)
+    assert client.completions.create(model="mock-llama", prompt="a", max_tokens=2).usage
+
+    router = next(r for r in report["instances"] if r["name"] == "router-0")
+    psutil.Process(router["pid"]).children()[0].kill()
+    for _ in range(10):  # the other replica answers while router-0 comes back
+        out = client.completions.create(model="mock-llama", prompt="b", max_tokens=2)
+        assert out.usage is not None and out.usage.completion_tokens == 2
+    cli.wait_for(
+        lambda r: any(x["name"] == "router-0" and x["restarts"] == 1 and x["state"] == "READY"
+                      for x in r["instances"]),
+        what="router-0 restarted",
+    )  # fmt: skip
+    assert cli("down").returncode == 0

@@ -106,3 +106,15 @@ def test_local_describe_wraps_the_command_in_a_keeper() -> None:
     text = render(plan, LocalLauncher().describe)
     assert "-m dynamoctl.launch.keeper -- " in text
     assert "--discovery embedded:///run/discovery" in text
+
+
+def test_router_replicas_are_planned_before_the_frontend_that_asks_them() -> None:
+    text = _recipe("  agg: {engine: mocker, gpus_per_replica: 0}").replace(
+        "model:", "frontend: {router: {mode: kv, replicas: 2}}\nmodel:"
+    )
+    plan, _ = build_plan(load_recipe_text(text, "r.yaml"), Path("/run"))
+    names = [spec.name for spec in plan.instances]
+    assert names == ["agg-0", "router-0", "router-1", "frontend-0"]
+    router = plan.by_pool("router")[0]
+    assert router.argv[2:4] == ["dynamoctl", "router"] and "--label" in router.argv
+    assert plan.by_pool("frontend")[0].argv[-2:] == ["--router", "standalone"]
