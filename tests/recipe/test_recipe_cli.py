@@ -13,7 +13,6 @@ from typer.testing import CliRunner
 
 from dynamoctl import __version__
 from dynamoctl.cli import app
-from dynamoctl.cli.pending import NOT_IMPLEMENTED_EXIT_CODE, PENDING
 from dynamoctl.recipe import Recipe, load_recipe, load_recipe_text
 
 REPO = Path(__file__).resolve().parents[2]
@@ -94,23 +93,6 @@ def test_schema_is_json_schema_with_field_descriptions() -> None:
     schema = json.loads(result.stdout)
     assert schema["required"] == ["schema", "name", "model", "workers"]
     assert schema["$defs"]["WorkerPool"]["properties"]["replicas"]["description"]
-
-
-@pytest.mark.parametrize("command", list(PENDING))
-def test_pending_command_says_not_implemented(command: str) -> None:
-    result = runner.invoke(app, [command, "--engine", "mocker", "positional", "-x"])
-    assert result.exit_code == NOT_IMPLEMENTED_EXIT_CODE == 2
-    assert result.stderr == (
-        f"dynamoctl {command}: not implemented yet "
-        f"(tracked in the {PENDING[command].issue} issue)\n"
-    )
-
-
-def test_pending_command_has_help() -> None:
-    result = runner.invoke(app, ["--help"])
-    for command, pending in PENDING.items():
-        assert command in result.stdout
-        assert pending.help[:20] in result.stdout
 
 
 # --- the real entry points, in a child process ---------------------------------------------
