@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import time
 from typing import Any
@@ -12,10 +13,33 @@ import zmq.asyncio
 
 from dynamoctl.util.backoff import Backoff
 
+MAX_SOCKETS = 65536
+"""ZeroMQ's default (1023) is reached by a frontend or router following ~100 workers: each
+costs several sockets (request DEALER, KV and load SUB, their replay DEALERs)."""
+
 
 def async_context() -> zmq.asyncio.Context:
     """The process-wide asyncio context (one I/O thread for every plane)."""
+    current = zmq.asyncio.Context._instance
+    if current is None or current.closed:  # sized before its first socket, or never
+        ctx = zmq.asyncio.Context.instance()
+        ctx.set(zmq.MAX_SOCKETS, MAX_SOCKETS)
+        _raise_open_files_limit()
     return zmq.asyncio.Context.instance()
+
+
+def _raise_open_files_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard limit: each ZeroMQ socket and connection is a file
+    descriptor, and soft limits of 1024 are common (vLLM raises it the same way)."""
+    try:
+        import resource
+    except ImportError:  # not on this platform
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = MAX_SOCKETS if hard == resource.RLIM_INFINITY else hard
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
 
 
 def sync_context() -> zmq.Context[zmq.Socket[bytes]]:

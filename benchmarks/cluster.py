@@ -1,0 +1,124 @@
+"""Real ``dynamoctl worker`` and ``dynamoctl frontend`` processes for the benchmarks.
+
+Everything runs on 127.0.0.1 with embedded discovery in a temporary directory, like a
+`dynamoctl up` of recipes/local.yaml but with the knobs a benchmark needs (several worker
+processes of many mocker instances each, the frontend's router mode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psutil
+
+from dynamoctl import wire
+from dynamoctl.bench.http import Endpoint, get_json_bytes
+from dynamoctl.discovery import Discovery, store_from_url
+
+NS = "bench"
+MODEL = "mock-llama"
+
+
+@dataclass
+class Cluster:
+    url: str
+    """The frontend's base URL."""
+    frontend: psutil.Process
+    workers: list[psutil.Process]
+
+
+async def _frontend_url(discovery: str) -> str:
+    async with Discovery(store_from_url(discovery), lease_ttl=2) as disc:
+        for _ in range(600):
+            found = await disc.list(f"{NS}/instances/frontend/")
+            if found:
+                return wire.decode_json(next(iter(found.values())), wire.InstanceRecord).address
+            await asyncio.sleep(0.1)
+    raise TimeoutError("frontend did not register")
+
+
+async def _wait_served(url: str, instances: int, timeout: float = 120.0) -> None:
+    """Until the model is served, then a settle for the router's subscriptions to the
+    KV events and load of every instance (it learns them from discovery as well)."""
+    endpoint = Endpoint(url)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while loop.time() < deadline:
+        status, body = await get_json_bytes(endpoint, "/v1/models")
+        if status == 200 and MODEL.encode() in body:
+            await asyncio.sleep(1.0 + instances / 64)  # subscriptions to every worker
+            return
+        await asyncio.sleep(0.2)
+    raise TimeoutError("the model was not served in time")
+
+
+async def _wait_workers(discovery: str, instances: int, timeout: float = 120.0) -> None:
+    async with Discovery(store_from_url(discovery), lease_ttl=2) as disc:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while loop.time() < deadline:
+            found = await disc.list(f"{NS}/instances/")
+            workers = [k for k in found if "/frontend/" not in k]
+            if len(workers) >= instances:
+                return
+            await asyncio.sleep(0.2)
+    raise TimeoutError(f"fewer than {instances} worker instances registered")
+
+
+@asynccontextmanager
+async def cluster(
+    *,
+    processes: int = 1,
+    per_process: int = 4,
+    worker_args: list[str] | None = None,
+    router_mode: str = "kv",
+    frontend_args: list[str] | None = None,
+) -> AsyncIterator[Cluster]:
+    """``processes`` worker processes of ``per_process`` mocker instances, one frontend."""
+    with tempfile.TemporaryDirectory() as tmp:
+        discovery = f"embedded://{tmp}"
+        common = ["--namespace", NS, "--discovery", discovery]
+        wargs = ["--num-workers", str(per_process), "--model", MODEL, "--block-size", "16",
+                 "--speedup-ratio", "1000", *(worker_args or [])]  # fmt: skip
+        logs = os.environ.get("BENCH_LOGS")  # a directory: keep each process's stderr there
+        procs = []
+
+        def stderr(name: str) -> Any:
+            return open(f"{logs}/{name}.log", "wb") if logs else subprocess.DEVNULL
+
+        try:
+            for i in range(processes):
+                procs.append(await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "dynamoctl", "worker", *wargs, *common,
+                    stderr=stderr(f"worker-{i}")))  # fmt: skip
+            await _wait_workers(discovery, processes * per_process)
+            fargs = ["--port", "0", "--router-mode", router_mode, *(frontend_args or [])]
+            procs.append(await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "dynamoctl", "frontend", *fargs, *common,
+                stderr=stderr("frontend")))  # fmt: skip
+            url = await _frontend_url(discovery)
+            await _wait_served(url, processes * per_process)
+            yield Cluster(url, psutil.Process(procs[-1].pid),
+                          [psutil.Process(p.pid) for p in procs[:-1]])  # fmt: skip
+        finally:
+            for proc in procs:
+                if proc.returncode is None:
+                    proc.terminate()
+            for proc in procs:
+                try:
+                    await asyncio.wait_for(proc.wait(), 20)
+                except asyncio.TimeoutError:
+                    proc.kill()
+
+
+def cpu_seconds(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return times.user + times.system

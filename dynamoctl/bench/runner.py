@@ -1,0 +1,204 @@
+"""A whole benchmark: resolve the target, run each load level, summarise, with progress.
+
+The target is a URL or a recipe; from a recipe we read where its frontend listens and
+which model it serves, and benchmark that endpoint without starting anything.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from dynamoctl import __version__
+from dynamoctl.bench.client import RequestRecord, Sender
+from dynamoctl.bench.clock import Clock, LoopClock
+from dynamoctl.bench.http import Endpoint, get_json_bytes
+from dynamoctl.bench.report import BenchResult, RunResult
+from dynamoctl.bench.schedule import Limits, drive
+from dynamoctl.bench.stats import Slo, summarize
+from dynamoctl.bench.workload import (
+    Api,
+    LengthDist,
+    Session,
+    poisson_arrivals,
+    read_trace,
+    synthetic_sessions,
+    trace_sessions,
+)
+
+
+class BenchConfig(msgspec.Struct, kw_only=True):
+    target: str
+    model: str | None = None
+    api: Api = "completions"
+    text: bool = False
+    concurrency: list[int] = []
+    rates: list[float] = []
+    trace: str | None = None
+    speedup: float = 1.0
+    trace_block_size: int = 512
+    isl: str = "512"
+    osl: str = "128"
+    turns: int = 1
+    shared_prefix: int = 0
+    prefix_groups: int = 1
+    think_time: float = 0.0
+    limits: Limits = Limits()
+    timeout: float = 60.0
+    slo: Slo = Slo()
+    seed: int = 0
+    ignore_eos: bool = True
+    extra_body: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    warmup: int = 0
+
+    def levels(self) -> list[tuple[str, int | None, float | None]]:
+        """(label, concurrency, rate) of each run, in order."""
+        if self.trace is not None:
+            return [(f"trace x{self.speedup:g}", None, None)]
+        if self.rates:
+            return [(f"rate={r:g}/s", None, r) for r in self.rates]
+        return [(f"c={c}", c, None) for c in self.concurrency or [1]]
+
+
+def endpoint_of(target: str) -> tuple[Endpoint, str | None]:
+    """The endpoint and, for a recipe, its model name. A URL may end in ``/v1``."""
+    if Path(target).is_file():
+        from dynamoctl.recipe.loader import load_recipe
+        from dynamoctl.recipe.models import LocalTarget, SshTarget
+
+        recipe = load_recipe(target)
+        host = recipe.frontend.host
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        if not isinstance(recipe.target, LocalTarget) and host == "127.0.0.1":
+            if not isinstance(recipe.target, SshTarget):
+                raise ValueError(
+                    f"{target}: the frontend's host is only known inside the Slurm allocation; "
+                    "pass its URL instead"
+                )
+            host = recipe.target.hosts[0]
+        return Endpoint(f"http://{host}:{recipe.frontend.port}"), recipe.model.name
+    url = target.rstrip("/")
+    return Endpoint(url.removesuffix("/v1")), None
+
+
+async def served_model(endpoint: Endpoint) -> str:
+    """The first model of ``GET /v1/models``."""
+    status, body = await get_json_bytes(endpoint, "/v1/models")
+    if status != 200:
+        raise ValueError(f"{endpoint.base_url}/v1/models answered HTTP {status}")
+    data = msgspec.json.decode(body).get("data") or []
+    if not data:
+        raise ValueError(f"{endpoint.base_url} serves no model yet")
+    return str(data[0]["id"])
+
+
+def sessions_for(config: BenchConfig, rate: float | None, seed: int) -> Iterator[Session]:
+    if config.trace is not None:
+        return trace_sessions(read_trace(config.trace), config.speedup, config.trace_block_size)
+    sessions = synthetic_sessions(
+        LengthDist.parse(config.isl),
+        LengthDist.parse(config.osl),
+        turns=config.turns,
+        shared_prefix=config.shared_prefix,
+        prefix_groups=config.prefix_groups,
+        seed=seed,
+    )
+    return poisson_arrivals(sessions, rate, seed) if rate is not None else sessions
+
+
+def _progress(console: Console) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        disable=not console.is_terminal,
+    )
+
+
+class _Tally:
+    """Live counters shown next to the progress bar."""
+
+    def __init__(self, clock: Clock) -> None:
+        self.clock = clock
+        self.began = clock.now()
+        self.ok = self.errors = 0
+
+    def add(self, record: RequestRecord) -> str:
+        if record.error is None:
+            self.ok += 1
+        else:
+            self.errors += 1
+        rate = self.ok / max(1e-9, self.clock.now() - self.began)
+        return f"ok {self.ok}  errors {self.errors}  {rate:.1f} req/s"
+
+
+async def run_bench(
+    config: BenchConfig,
+    *,
+    console: Console | None = None,
+    clock: Clock | None = None,
+    on_run: Callable[[RunResult], None] | None = None,
+) -> BenchResult:
+    """Run every level of ``config`` one after the other and return all results."""
+    console = console or Console(stderr=True)
+    clock = clock or LoopClock()
+    endpoint, recipe_model = endpoint_of(config.target)
+    model = config.model or recipe_model or await served_model(endpoint)
+    sender = Sender(
+        endpoint, model, clock, api=config.api, timeout=config.timeout,
+        ignore_eos=config.ignore_eos, extra_body=config.extra_body, headers=config.headers,
+    )  # fmt: skip
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    runs: list[RunResult] = []
+    for label, concurrency, rate in config.levels():
+        if config.warmup and config.trace is None:
+            warm = sessions_for(config, None, config.seed + 1_000_003)
+            limits = Limits(config.warmup, config.limits.max_seconds, config.limits.drain_seconds)
+            await drive(warm, sender.send, clock=clock, limits=limits,
+                        concurrency=min(config.warmup, concurrency or 8), api=config.api,
+                        text=config.text)  # fmt: skip
+        with _progress(console) as progress:
+            task = progress.add_task(label, total=config.limits.max_requests, stats="")
+            tally = _Tally(clock)
+
+            def update(record: RequestRecord, task: Any = task, tally: _Tally = tally) -> None:
+                progress.update(task, advance=1, stats=tally.add(record))
+
+            outcome = await drive(
+                sessions_for(config, rate, config.seed),
+                sender.send,
+                clock=clock,
+                limits=config.limits,
+                concurrency=concurrency,
+                api=config.api,
+                text=config.text,
+                think_time=config.think_time,
+                on_record=update,
+            )
+        summary = summarize(outcome, config.slo, label=label, concurrency=concurrency, rate=rate)
+        runs.append(RunResult(summary, outcome.records))
+        if on_run is not None:
+            on_run(runs[-1])
+    workload = {k: v for k, v in msgspec.structs.asdict(config).items() if k != "headers"}
+    workload["limits"] = msgspec.structs.asdict(config.limits)
+    workload["slo"] = msgspec.structs.asdict(config.slo)
+    return BenchResult(
+        version=__version__,
+        started_at=started,
+        endpoint=endpoint.base_url,
+        model=model,
+        api=config.api,
+        workload=workload,
+        runs=runs,
+    )
