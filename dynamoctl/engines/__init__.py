@@ -12,8 +12,10 @@ from dynamoctl.engines.api import (
     GenerateChunk,
     GenerateRequest,
     KVEventSink,
+    KvEventSource,
     LoadMetrics,
     ModelCard,
+    PublishesKvEvents,
     RequestRejected,
 )
 from dynamoctl.engines.registry import (
@@ -33,8 +35,10 @@ __all__ = [
     "GenerateChunk",
     "GenerateRequest",
     "KVEventSink",
+    "KvEventSource",
     "LoadMetrics",
     "ModelCard",
+    "PublishesKvEvents",
     "RequestRejected",
     "UnknownEngine",
     "create_engine",

@@ -9,6 +9,7 @@ them on the wire as they are.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Protocol, TypeAlias, runtime_checkable
 
 from dynamoctl.wire.engine import (
@@ -28,8 +29,10 @@ __all__ = [
     "GenerateChunk",
     "GenerateRequest",
     "KVEventSink",
+    "KvEventSource",
     "LoadMetrics",
     "ModelCard",
+    "PublishesKvEvents",
     "RequestRejected",
 ]
 
@@ -89,4 +92,37 @@ class Engine(Protocol):
 
     def load_metrics(self) -> LoadMetrics:
         """Current load; cheap enough to call every step."""
+        ...
+
+
+@dataclass(frozen=True)
+class KvEventSource:
+    """A KV-event stream an engine publishes itself, in vLLM's framing (see
+    :mod:`dynamoctl.planes.events`): what the worker registers for routers to follow."""
+
+    address: str
+    """PUB address subscribers connect to, e.g. ``tcp://10.0.0.5:5557``."""
+    replay_address: str | None
+    """Replay ROUTER address; None: gaps cannot be filled (reported as lost)."""
+    topic: str = ""
+    """Topic frame of the stream."""
+
+
+@runtime_checkable
+class PublishesKvEvents(Protocol):
+    """An :class:`Engine` that publishes its KV events on its own sockets (vLLM, SGLang).
+
+    The worker then registers that stream for routers to subscribe to, so they consume
+    the engine's events byte for byte, instead of re-publishing them from the sink. The
+    worker's own publisher (with snapshots for late subscribers) is used only when
+    :meth:`kv_event_source` returns None.
+    """
+
+    def set_kv_event_host(self, host: str) -> None:
+        """The address the worker binds its sockets on (called before ``start``); the
+        engine binds its KV-event sockets there too where it can."""
+        ...
+
+    def kv_event_source(self) -> KvEventSource | None:
+        """Where the engine publishes, once started; None: it publishes nothing."""
         ...

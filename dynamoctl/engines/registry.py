@@ -63,6 +63,13 @@ def load_engine_factory(name: str) -> EngineFactory:
     except ImportError as exc:
         hint = f": pip install 'dynamoctl[{entry.extra}]'" if entry.extra else ""
         raise EngineUnavailable(f"engine {name!r} is not installed ({exc}){hint}") from exc
+    except Exception as exc:  # installed but broken (missing CUDA libraries, ...): one line too
+        if entry.extra is None:
+            raise
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise EngineUnavailable(
+            f"engine {name!r} is installed but fails to import ({type(exc).__name__}: {first})"
+        ) from exc
     for part in attr.split("."):
         obj = getattr(obj, part)
     return cast(EngineFactory, obj)
@@ -75,3 +82,10 @@ def create_engine(name: str, options: Mapping[str, Any] | None = None, **kwargs:
 
 
 register_engine("mocker", "dynamoctl.engines.mocker.engine:MockerEngine.from_options")
+register_engine("vllm", "dynamoctl.engines.vllm.engine:VllmEngine.from_options", extra="vllm")
+register_engine(
+    "sglang", "dynamoctl.engines.sglang.engine:SglangEngine.from_options", extra="sglang"
+)
+register_engine(
+    "trtllm", "dynamoctl.engines.trtllm.engine:TrtllmEngine.from_options", extra="trtllm"
+)

@@ -3,7 +3,7 @@ and its load, as they travel on the request plane, the event plane and in discov
 
 from __future__ import annotations
 
-from typing import Literal, TypeAlias
+from typing import Any, Literal, TypeAlias
 
 import msgspec
 
@@ -29,6 +29,11 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     """Sampling seed; None: engine's choice (the mocker derives one from ``request_id``)."""
     temperature: float | None = None
     """Sampling temperature; None: engine default."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """Disaggregation hand-off, opaque to dynamoctl: what a prefill worker returned on its
+    last chunk, given to the decode worker (vLLM's ``kv_transfer_params``, SGLang's
+    bootstrap info, TensorRT-LLM's disaggregated params). The last field, with a default:
+    a request from a peer that predates it decodes with None."""
 
 
 class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -42,6 +47,9 @@ class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
     """First chunk only: prompt tokens served from the prefix cache (not recomputed)."""
     prompt_tokens: int | None = None
     """First chunk only: prompt length in tokens."""
+    kv_transfer_params: dict[str, Any] | None = None
+    """Set by a prefill worker (the last chunk for vLLM and TensorRT-LLM, the first for
+    SGLang): pass it on in the decode worker's :attr:`GenerateRequest.kv_transfer_params`."""
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):

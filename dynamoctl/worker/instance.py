@@ -7,6 +7,9 @@ record that routers act on. Drain runs the other way round: the instance and mod
 records go first (routers stop sending), in-flight requests finish within a grace
 period, stragglers are aborted (their streams end with ``finish_reason: abort``, which
 the frontend migrates), and only then does everything close.
+
+An engine that publishes its KV events itself (vLLM: :class:`PublishesKvEvents`) has its
+own stream registered instead of ours, so routers read the engine's events unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from typing import Literal
 
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys
-from dynamoctl.engines.api import Engine
+from dynamoctl.engines.api import Engine, KvEventSource, PublishesKvEvents
 from dynamoctl.planes.events import EventPublisher
 from dynamoctl.planes.request import NotAccepting, RequestServer
 from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
@@ -106,21 +109,33 @@ class WorkerInstance:
     # -- lifecycle -------------------------------------------------------------------
 
     async def start(self) -> None:
-        self.engine.set_kv_event_sink(self._on_kv_batch)
-        await self.kv_events.start()
+        engine = self.engine
+        engine.set_kv_event_sink(self._on_kv_batch)
+        own = engine if isinstance(engine, PublishesKvEvents) else None
+        if own is not None:
+            own.set_kv_event_host(self.host)
+        else:
+            await self.kv_events.start()  # before the engine: its first events need it
         await self.load_events.start()
-        await self.engine.start()
+        await engine.start()
+        kv = own.kv_event_source() if own is not None else None
+        if kv is None:
+            if own is not None:  # it publishes none (events off): advertise an empty stream
+                await self.kv_events.start()
+            kv = KvEventSource(
+                self.kv_events.address, self.kv_events.replay_address, KV_TOPIC.decode()
+            )
         self.server.register(GENERATE, self._generate)
         await self.server.start()
         self._load_task = asyncio.create_task(self._publish_load(), name="worker-load")
-        card = self.engine.model_card
+        card = engine.model_card
         await self.discovery.register(
             self.events_key,
             wire.encode_json(
                 wire.EventsRecord(
-                    kv=self.kv_events.address,
-                    kv_replay=self.kv_events.replay_address,
-                    kv_topic=KV_TOPIC.decode(),
+                    kv=kv.address,
+                    kv_replay=kv.replay_address,
+                    kv_topic=kv.topic,
                     load=self.load_events.address,
                     load_replay=self.load_events.replay_address,
                     load_topic=LOAD_TOPIC.decode(),

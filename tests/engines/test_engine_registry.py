@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from dynamoctl.engines import registry
@@ -33,3 +35,23 @@ def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> Non
         registry.create_engine("fancy")
     with pytest.raises(ValueError, match="already registered"):
         registry.register_engine("mocker", "elsewhere:Engine")
+
+
+def test_broken_install_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """An engine package that is installed but fails to import (missing CUDA libraries)."""
+    (tmp_path / "broken_engine_xyz.py").write_text(
+        "raise OSError('libcuda.so.1: cannot open shared object file\\ndetails')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))
+    registry.register_engine("broken", "broken_engine_xyz:Engine", extra="broken")
+    with pytest.raises(registry.EngineUnavailable) as err:
+        registry.create_engine("broken")
+    assert str(err.value) == (
+        "engine 'broken' is installed but fails to import "
+        "(OSError: libcuda.so.1: cannot open shared object file)"
+    )
+
+
+def test_real_engines_are_registered() -> None:
+    assert {"mocker", "vllm", "sglang", "trtllm"} <= set(registry.engine_names())

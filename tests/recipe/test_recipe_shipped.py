@@ -15,7 +15,13 @@ RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"
 
 def test_the_documented_recipes_are_shipped() -> None:
     names = {path.name for path in RECIPES}
-    assert {"local.yaml", "llama70b-disagg.yaml", "vllm-agg.yaml", "sglang-agg.yaml"} <= names
+    assert {
+        "local.yaml",
+        "llama70b-disagg.yaml",
+        "vllm-agg.yaml",
+        "sglang-agg.yaml",
+        "trtllm-agg.yaml",
+    } <= names
 
 
 @pytest.mark.parametrize("path", RECIPES, ids=lambda path: path.name)

@@ -238,7 +238,10 @@ class EventSubscriber(AsyncService):
                 break
             if frames and frames[0] == b"":
                 frames = frames[1:]  # the REQ-style empty delimiter
-            if len(frames) == 3 and frames[2] == wire.SNAPSHOT_MARKER:
+            is_snapshot = len(frames) == 3 and frames[2] == wire.SNAPSHOT_MARKER
+            if not is_snapshot and len(frames) == 3 and len(frames[1]) == 8:
+                frames = frames[1:]  # vLLM >= 0.3x puts the topic before seq: [topic, seq, x]
+            if is_snapshot:
                 seq = wire.snapshot_seq_from_bytes(frames[0])
                 await self._emit(src, tracker.on_snapshot(seq, frames[1]))
             elif len(frames) == 2 and frames[0] == wire.END_SEQ and not frames[1]:

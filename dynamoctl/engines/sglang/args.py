@@ -1,0 +1,102 @@
+"""SGLang's side of the adapter that needs no SGLang: server arguments, KV-event config,
+streamed outputs, finish reasons, model card and bootstrap info, as plain data."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, Final
+
+from dynamoctl.engines.api import EngineError, FinishReason, ModelCard
+from dynamoctl.engines.common import translate
+
+ALIASES: Final[Mapping[str, str]] = {
+    "model": "model_path",
+    "tokenizer": "tokenizer_path",
+    "block_size": "page_size",
+    "max_model_len": "context_length",
+    "max_num_seqs": "max_running_requests",
+    "max_num_batched_tokens": "chunked_prefill_size",
+}
+"""dynamoctl's (vLLM's) argument names → SGLang's ``ServerArgs`` fields."""
+
+FINISH_REASONS: Final[Mapping[str, FinishReason]] = {
+    "stop": "stop",
+    "length": "length",
+    "abort": "abort",
+}
+
+BOOTSTRAP_KEYS: Final = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
+"""SGLang's disaggregation hand-off: which prefill server, and the room both sides meet in."""
+
+
+def server_args(options: Mapping[str, Any], kv_endpoints: tuple[str, str] | None) -> dict[str, Any]:
+    """``sglang.Engine`` keywords: ``options`` with dynamoctl's names translated, token ids
+    in and out (``skip_tokenizer_init``), and a ZeroMQ KV-event publisher bound on
+    ``kv_endpoints`` (PUB, replay) unless the recipe configures one or turns the radix
+    cache off. SGLang takes ``kv_events_config`` as a JSON string."""
+    args = translate(options, ALIASES, "sglang")
+    if args.get("skip_tokenizer_init") is False:
+        raise ValueError("sglang engine arguments: the worker needs skip-tokenizer-init")
+    args["skip_tokenizer_init"] = True
+    config = args.get("kv_events_config")
+    if config is None and kv_endpoints is not None and not args.get("disable_radix_cache"):
+        pub, replay = kv_endpoints
+        config = {"publisher": "zmq", "endpoint": pub, "replay_endpoint": replay}
+    if config is not None:
+        args["kv_events_config"] = config if isinstance(config, str) else json.dumps(config)
+    return args
+
+
+def kv_events(args: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The KV-event config SGLang will use (parsed), or None when it publishes none."""
+    raw = args.get("kv_events_config")
+    config = json.loads(raw) if isinstance(raw, str) else raw
+    if not isinstance(config, dict) or config.get("publisher", "null") == "null":
+        return None
+    return config
+
+
+def new_tokens(output_ids: Sequence[int], seen: int, incremental: bool) -> list[int]:
+    """The tokens of a streamed output not returned before: SGLang streams only the new
+    ones with ``stream_output`` (incremental), else all so far."""
+    return list(output_ids) if incremental else list(output_ids[seen:])
+
+
+def finish_reason(meta_info: Mapping[str, Any]) -> FinishReason | None:
+    """Ours from SGLang's ``meta_info["finish_reason"]`` (``{"type": "stop", ...}`` or
+    None while running); an engine-side error raises."""
+    reason = meta_info.get("finish_reason")
+    if reason is None:
+        return None
+    kind = reason.get("type") if isinstance(reason, Mapping) else reason
+    if isinstance(kind, str) and kind in FINISH_REASONS:
+        return FINISH_REASONS[kind]
+    raise EngineError(f"SGLang ended the request with {reason!r}")
+
+
+def model_card(info: Mapping[str, Any], served_name: str | None) -> ModelCard:
+    """The card from ``Engine.get_server_info()`` (server arguments plus the scheduler's
+    ``max_total_num_tokens``)."""
+    page = int(info.get("page_size") or 1)
+    return ModelCard(
+        model=served_name or str(info.get("served_model_name") or info["model_path"]),
+        tokenizer=str(info.get("tokenizer_path") or info["model_path"]),
+        block_size=page,
+        kv_capacity_blocks=int(info.get("max_total_num_tokens") or 0) // page,
+        max_num_seqs=int(info.get("max_running_requests") or 0),
+        max_num_batched_tokens=int(info.get("chunked_prefill_size") or 0),
+        context_length=int(info.get("context_length") or info.get("max_req_input_len") or 0),
+    )
+
+
+def bootstrap_kwargs(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``async_generate`` keywords from a request's hand-off (decode side, or a prefill
+    told its room)."""
+    params = kv_transfer_params or {}
+    return {key: params[key] for key in BOOTSTRAP_KEYS if params.get(key) is not None}
+
+
+def bootstrap_info(host: str, port: int, room: int) -> dict[str, Any]:
+    """What a prefill worker hands on (its first chunk) for the decode worker's request."""
+    return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}

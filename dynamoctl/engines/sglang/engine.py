@@ -1,0 +1,157 @@
+"""``SglangEngine``: SGLang's offline ``Engine`` behind the :class:`Engine` protocol.
+
+Unverified against a running SGLang (see the package docstring). What it relies on, from
+SGLang 0.5: ``sglang.Engine(**server_args)``; ``async_generate(input_ids=...,
+sampling_params=..., stream=True, rid=..., bootstrap_host/port/room=...)`` yielding dicts
+with ``output_ids`` and ``meta_info`` (``finish_reason``, ``cached_tokens``);
+``tokenizer_manager.abort_request(rid)``; ``get_server_info()``; ``shutdown()``; and the
+``--kv-events-config`` ZeroMQ publisher, which speaks vLLM's format and which routers
+subscribe to directly. Load is estimated from the adapter's own requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import sglang
+
+from dynamoctl.engines.api import (
+    Engine,
+    EngineStopped,
+    GenerateChunk,
+    GenerateRequest,
+    KVEventSink,
+    KvEventSource,
+    LoadMetrics,
+    ModelCard,
+    PublishesKvEvents,
+)
+from dynamoctl.engines.common import RequestLoad, free_port
+from dynamoctl.engines.sglang import args as sargs
+
+
+class SglangEngine(Engine, PublishesKvEvents):
+    """SGLang in the worker process (registered as ``sglang``)."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        self.options = dict(options)
+        sargs.server_args(self.options, None)  # refuse bad arguments before start()
+        self._host = "127.0.0.1"
+        self._engine: Any = None
+        self._args: dict[str, Any] = {}
+        self._load = RequestLoad()
+        self._card = ModelCard(
+            model=str(options.get("served_model_name") or options.get("model") or "sglang"),
+            tokenizer=str(options.get("tokenizer") or options.get("model") or ""),
+            block_size=0,
+            kv_capacity_blocks=0,
+            max_num_seqs=0,
+            max_num_batched_tokens=0,
+            context_length=0,
+        )
+
+    @classmethod
+    def from_options(cls, **options: Any) -> SglangEngine:
+        return cls(options)
+
+    @property
+    def model_card(self) -> ModelCard:
+        return self._card
+
+    def set_kv_event_host(self, host: str) -> None:
+        self._host = host
+
+    def kv_event_source(self) -> KvEventSource | None:
+        config = sargs.kv_events(self._args)
+        if config is None or "*" not in str(config.get("endpoint", "")):
+            return None  # SGLang connects to any other endpoint: nobody can subscribe
+        name = f"[{self._host}]" if ":" in self._host else self._host
+        replay = config.get("replay_endpoint")
+        return KvEventSource(
+            str(config["endpoint"]).replace("*", name),
+            str(replay).replace("*", name) if replay else None,
+            str(config.get("topic", "")),
+        )
+
+    async def start(self) -> None:
+        if self._engine is not None:
+            return
+        ports = (free_port(self._host), free_port(self._host))
+        self._args = sargs.server_args(self.options, (f"tcp://*:{ports[0]}", f"tcp://*:{ports[1]}"))
+        self._engine = await asyncio.to_thread(sglang.Engine, **self._args)
+        info = self._engine.get_server_info()
+        self._card = sargs.model_card(info, self.options.get("served_model_name"))
+        self._load = RequestLoad(self._card.block_size, self._card.kv_capacity_blocks)
+
+    async def stop(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            for rid in self._load.live:
+                engine.tokenizer_manager.abort_request(rid=rid)
+            await asyncio.to_thread(engine.shutdown)
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        return self._stream(request)
+
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            self._engine.tokenizer_manager.abort_request(rid=request_id)
+
+    def set_kv_event_sink(self, sink: KVEventSink | None) -> None:
+        """Unused: SGLang publishes its KV events itself."""
+
+    def load_metrics(self) -> LoadMetrics:
+        return self._load.metrics()
+
+    async def _stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        engine = self._engine
+        if engine is None:
+            raise EngineStopped("SGLang engine is not running")
+        rid, params = request.request_id, self._sampling(request)
+        bootstrap = sargs.bootstrap_kwargs(request.kv_transfer_params)
+        handoff = None
+        if self._args.get("disaggregation_mode") == "prefill" and "bootstrap_room" not in bootstrap:
+            room = random.getrandbits(63)  # the decode worker joins the same room
+            bootstrap = {"bootstrap_room": room}
+            port = int(self._args.get("disaggregation_bootstrap_port", 8998))
+            handoff = sargs.bootstrap_info(self._host, port, room)
+        incremental = bool(self._args.get("stream_output"))
+        self._load.started(rid, len(request.token_ids))
+        seen, first = 0, True
+        try:
+            outputs = await engine.async_generate(
+                input_ids=request.token_ids, sampling_params=params, stream=True, rid=rid,
+                **bootstrap,
+            )  # fmt: skip
+            async for out in outputs:
+                meta = out.get("meta_info", {})
+                tokens = sargs.new_tokens(out.get("output_ids", []), seen, incremental)
+                seen += len(tokens)
+                self._load.produced(rid, len(tokens))
+                chunk = GenerateChunk(tokens, sargs.finish_reason(meta))
+                if first:
+                    first = False
+                    chunk.cached_tokens = int(meta.get("cached_tokens") or 0)
+                    chunk.prompt_tokens = len(request.token_ids)
+                    chunk.kv_transfer_params = handoff
+                yield chunk
+                if chunk.finish_reason is not None:
+                    return
+        finally:
+            self._load.finished(rid)
+
+    @staticmethod
+    def _sampling(request: GenerateRequest) -> dict[str, Any]:
+        params: dict[str, Any] = {"max_new_tokens": request.max_tokens}
+        if request.ignore_eos:
+            params["ignore_eos"] = True
+        elif request.stop_token_ids:
+            params["stop_token_ids"] = list(request.stop_token_ids)
+        if request.temperature is not None:
+            params["temperature"] = request.temperature
+        if request.seed is not None:
+            params["sampling_seed"] = request.seed
+        return params

@@ -1,0 +1,101 @@
+"""TensorRT-LLM's side of the adapter that needs no TensorRT-LLM: ``LLM`` keywords, model
+card, finish reasons and disaggregated parameters, as plain data."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Mapping
+from typing import Any, Final
+
+from dynamoctl.engines.api import EngineError, FinishReason, ModelCard
+from dynamoctl.engines.common import translate
+
+ALIASES: Final[Mapping[str, str]] = {
+    "max_model_len": "max_seq_len",
+    "max_num_seqs": "max_batch_size",
+    "max_num_batched_tokens": "max_num_tokens",
+}
+"""dynamoctl's (vLLM's) argument names → ``LLM`` keywords (``model`` and ``tokenizer``
+are the same); ``block_size`` and ``enable_prefix_caching`` go into ``kv_cache_config``."""
+
+OURS: Final = ("served_model_name",)
+"""Arguments the adapter itself uses, not passed to ``LLM``."""
+
+EVENT_BUFFER: Final = 1024
+"""``kv_cache_config.event_buffer_max_size`` unless the recipe sets one: without a buffer
+TensorRT-LLM produces no KV-cache events."""
+
+FINISH_REASONS: Final[Mapping[str, FinishReason]] = {
+    "stop": "stop",
+    "length": "length",
+    "cancelled": "abort",
+    "abort": "abort",
+}
+
+
+def llm_kwargs(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``tensorrt_llm.LLM`` keywords for the recipe's arguments."""
+    kwargs = translate({k: v for k, v in options.items() if k not in OURS}, ALIASES, "trtllm")
+    cache = dict(kwargs.pop("kv_cache_config", None) or {})
+    for ours, theirs in (
+        ("block_size", "tokens_per_block"),
+        ("enable_prefix_caching", "enable_block_reuse"),
+    ):
+        if ours in kwargs:
+            value = kwargs.pop(ours)
+            if theirs in cache and cache[theirs] != value:
+                raise ValueError(
+                    f"trtllm engine arguments: --{ours.replace('_', '-')} {value!r} and "
+                    f"kv-cache-config.{theirs} {cache[theirs]!r} set the same thing"
+                )
+            cache[theirs] = value
+    if cache.get("enable_block_reuse", True):
+        cache.setdefault("event_buffer_max_size", EVENT_BUFFER)
+    kwargs["kv_cache_config"] = cache
+    return kwargs
+
+
+def model_card(
+    options: Mapping[str, Any], kwargs: Mapping[str, Any], llm_args: Any, blocks: int
+) -> ModelCard:
+    """The card from the ``LLM``'s resolved arguments (``llm.args``) and the KV blocks its
+    first statistics reported."""
+    cache = kwargs.get("kv_cache_config", {})
+    return ModelCard(
+        model=str(options.get("served_model_name") or kwargs["model"]),
+        tokenizer=str(kwargs.get("tokenizer") or kwargs["model"]),
+        block_size=int(cache.get("tokens_per_block") or getattr(llm_args, "tokens_per_block", 32)),
+        kv_capacity_blocks=blocks,
+        max_num_seqs=int(getattr(llm_args, "max_batch_size", 0) or 0),
+        max_num_batched_tokens=int(getattr(llm_args, "max_num_tokens", 0) or 0),
+        context_length=int(getattr(llm_args, "max_seq_len", 0) or 0),
+    )
+
+
+def finish_reason(reason: str | None) -> FinishReason:
+    if reason is not None and reason in FINISH_REASONS:
+        return FINISH_REASONS[reason]
+    raise EngineError(f"TensorRT-LLM ended the request with finish reason {reason!r}")
+
+
+def disagg_to_params(kv_transfer_params: Mapping[str, Any]) -> dict[str, Any]:
+    """``DisaggregatedParams`` keywords from a request's hand-off: ``opaque_state`` travels
+    as base64 text, so the hand-off stays JSON-safe like vLLM's."""
+    params = dict(kv_transfer_params)
+    if isinstance(params.get("opaque_state"), str):
+        params["opaque_state"] = base64.b64decode(params["opaque_state"])
+    return params
+
+
+def params_to_disagg(params: Any) -> dict[str, Any] | None:
+    """The hand-off a context-only (prefill) request returns, for the decode worker: its
+    ``DisaggregatedParams`` as a dict, marked ``generation_only``."""
+    if params is None:
+        return None
+    fields = ("ctx_request_id", "first_gen_tokens", "opaque_state", "draft_tokens")
+    out: dict[str, Any] = {"request_type": "generation_only"}
+    for name in fields:
+        value = getattr(params, name, None)
+        if value is not None:
+            out[name] = base64.b64encode(value).decode() if isinstance(value, bytes) else value
+    return out

