@@ -3,6 +3,13 @@
 Bodies are read and parsed here rather than by FastAPI's dependency injection so that every
 failure (oversized, not JSON, invalid UTF-8, wrong types, unknown fields) becomes an
 OpenAI-shaped 4xx; the request schemas are still declared for ``/openapi.json``.
+
+The two hot routes (``POST /v1/completions`` and ``/v1/chat/completions``) are served by
+:class:`FrontendApp`, a raw ASGI handler in front of the FastAPI app: it writes SSE chunks
+straight to ``send()`` and watches ``receive()`` for the client going away, skipping the
+middleware stack and the per-response task group, which cost more CPU than the rest of a
+streamed request. FastAPI keeps everything else (``/v1/models``, ``/metrics``,
+``/openapi.json``) and still routes the two paths to the same handler if reached directly.
 """
 
 from __future__ import annotations
@@ -11,7 +18,8 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from json.encoder import encode_basestring_ascii
 from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
@@ -19,7 +27,7 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import generate_latest
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dynamoctl import __version__
 from dynamoctl.frontend.errors import OpenAIError, bad_request, model_not_found
@@ -33,11 +41,19 @@ from dynamoctl.frontend.protocol import (
 )
 
 Body = TypeVar("Body", bound=BaseModel)
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Larger bodies get 413 before they are read in full."""
 
 
-def build_app(registry: ModelRegistry, generator: Generator, metrics: FrontendMetrics) -> FastAPI:
+def build_app(
+    registry: ModelRegistry, generator: Generator, metrics: FrontendMetrics
+) -> FrontendApp:
+    hot = _Completions(registry, generator, metrics)
     app = FastAPI(title="dynamoctl", version=__version__, docs_url=None, redoc_url=None)
 
     @app.exception_handler(OpenAIError)
@@ -78,57 +94,277 @@ def build_app(registry: ModelRegistry, generator: Generator, metrics: FrontendMe
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
+    # FrontendApp answers these two before FastAPI sees them; declared here for the OpenAPI
+    # schema, and served by the same handler should a request reach FastAPI anyway.
     @app.post("/v1/chat/completions", openapi_extra=_schema(ChatCompletionRequest))
     async def chat(request: Request) -> Response:
-        body = await _parse(request, ChatCompletionRequest)
-        model = _model(registry, body.model)
+        return _Raw(hot.chat)
+
+    @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest))
+    async def completions(request: Request) -> Response:
+        return _Raw(hot.completions)
+
+    return FrontendApp(app, hot)
+
+
+class FrontendApp:
+    """The frontend's ASGI application: the hot POST routes go straight to
+    :class:`_Completions`; everything else (and any other method) to FastAPI."""
+
+    def __init__(self, api: FastAPI, hot: _Completions) -> None:
+        self.api = api
+        self.hot = hot
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
+            path = scope["path"]
+            if path == "/v1/completions":
+                return await self.hot.completions(scope, receive, send)
+            if path == "/v1/chat/completions":
+                return await self.hot.chat(scope, receive, send)
+        await self.api(scope, receive, send)
+
+
+class _Raw(Response):
+    """Lets a FastAPI route hand the whole exchange to a raw ASGI handler."""
+
+    def __init__(self, handler: ASGIApp) -> None:
+        self.handler = handler
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.handler(scope, receive, send)
+
+
+_INTERNAL_ERROR = PlainTextResponse("Internal Server Error", status_code=500)
+"""What Starlette's ServerErrorMiddleware answers for an unhandled exception."""
+_SSE_START: Message = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+}
+
+
+def _part(data: bytes) -> Message:
+    return {"type": "http.response.body", "body": data, "more_body": True}
+
+
+class _Completions:
+    """``POST /v1/completions`` and ``/v1/chat/completions`` as raw ASGI handlers."""
+
+    def __init__(
+        self, registry: ModelRegistry, generator: Generator, metrics: FrontendMetrics
+    ) -> None:
+        self.registry = registry
+        self.generator = generator
+        self.metrics = metrics
+
+    async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._serve(scope, receive, send, "chat")
+
+    async def completions(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._serve(scope, receive, send, "completions")
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
+        try:
+            raw = await _read_body(scope, receive)
+            if raw is None:
+                return  # the client left before sending its whole body
+            model, body, job = self._chat(raw) if endpoint == "chat" else self._completion(raw)
+        except OpenAIError as exc:
+            await exc.response()(scope, receive, send)
+            return
+        except Exception:
+            await _INTERNAL_ERROR(scope, receive, send)
+            raise
+        self.metrics.input_tokens.labels(model.name).inc(len(job.prompt_ids))
+        outcome = Outcome()
+        deltas = self.generator.run(job, model.tokenizer, model.picker, outcome)
+        shape = _Shape(endpoint, job.request_id, model.name)
+        if body.stream:
+            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            await self._stream(receive, send, deltas, shape, outcome, len(job.prompt_ids),
+                               include_usage)  # fmt: skip
+        else:
+            await self._whole(scope, receive, send, deltas, shape, outcome, len(job.prompt_ids))
+
+    def _chat(
+        self, raw: bytes
+    ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
+        body = _decode(raw, ChatCompletionRequest)
+        model = _model(self.registry, body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
             prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
         ids = model.tokenizer.encode(prompt, add_special_tokens=False)
-        job = _job(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
-        return await _respond(request, "chat", model, body, job)
+        return model, body, _job(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
 
-    @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        body = await _parse(request, CompletionRequest)
-        model = _model(registry, body.model)
+    def _completion(
+        self, raw: bytes
+    ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
+        body = _decode(raw, CompletionRequest)
+        model = _model(self.registry, body.model)
         if isinstance(body.prompt, str):
             ids = model.tokenizer.encode(body.prompt, add_special_tokens=True)
         else:
             ids = list(body.prompt)
-        job = _job(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
-        return await _respond(request, "completions", model, body, job)
+        return model, body, _job(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
 
-    async def _respond(
-        request: Request,
-        endpoint: str,
-        model: ServedModel,
-        body: ChatCompletionRequest | CompletionRequest,
-        job: Job,
-    ) -> Response:
-        metrics.input_tokens.labels(model.name).inc(len(job.prompt_ids))
-        outcome = Outcome()
-        deltas = generator.run(job, model.tokenizer, model.picker, outcome)
-        shape = _Shape(endpoint, job.request_id, model.name)
-        if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            events = _sse(deltas, shape, outcome, len(job.prompt_ids), include_usage)
-            counted = _counted(events, metrics, model.name, endpoint, outcome, len(job.prompt_ids))
-            return StreamingResponse(counted, media_type="text/event-stream")
-        text = await _until_disconnect(request, _collect(deltas), metrics, model.name)
-        _count(metrics, model.name, endpoint, outcome, "200")
-        return JSONResponse(shape.full(text, outcome, len(job.prompt_ids)))
+    async def _stream(
+        self,
+        receive: Receive,
+        send: Send,
+        deltas: AsyncIterator[str],
+        shape: _Shape,
+        outcome: Outcome,
+        prompt_tokens: int,
+        include_usage: bool,
+    ) -> None:
+        """SSE: headers at once, a chunk per text delta, errors in-band, then ``[DONE]``.
 
-    return app
+        The events after the last delta (finish, usage, ``[DONE]``) go out in one write
+        with the end of the body."""
+        metrics = self.metrics
+        name = shape.model
+        await send(_SSE_START)
+        watch = _Disconnect(receive)
+        try:
+            metrics.inflight.labels(name).inc()
+            try:
+                try:
+                    if shape.chat:
+                        await send(_part(_data(shape.with_usage(
+                            shape.chunk("", first=True), include_usage))))  # fmt: skip
+                    frame = shape.text_frame(include_usage)
+                    async for text in deltas:
+                        if frame is not None:  # the per-token hot path: no dicts, no dumps
+                            event = frame[0] + encode_basestring_ascii(text).encode() + frame[1]
+                        else:
+                            event = _data(shape.with_usage(shape.chunk(text), include_usage))
+                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                    final = shape.chunk(None, outcome.finish_reason)
+                    tail = [_data(shape.with_usage(final, include_usage))]
+                    if include_usage:
+                        final = shape.chunk(None)
+                        final["choices"] = []
+                        final["usage"] = _usage(outcome, prompt_tokens)
+                        tail.append(_data(final))
+                except OpenAIError as exc:  # headers are sent: report in-band, as OpenAI does
+                    tail = [_data(exc.body())]
+                tail.append(b"data: [DONE]\n\n")
+            except asyncio.CancelledError:  # client went away: the worker stream is cancelled
+                metrics.cancellations.labels(name).inc()
+                raise
+            finally:
+                metrics.inflight.labels(name).dec()
+                status = "200" if outcome.finish_reason else "error"
+                _count(metrics, name, shape.endpoint, outcome, status)
+            watch.stop()
+            await send({"type": "http.response.body", "body": b"".join(tail), "more_body": False})
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            watch.absorb()
+        finally:
+            watch.stop()
+
+    async def _whole(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        deltas: AsyncIterator[str],
+        shape: _Shape,
+        outcome: Outcome,
+        prompt_tokens: int,
+    ) -> None:
+        """One JSON body; a client that disconnects meanwhile cancels the generation."""
+        metrics = self.metrics
+        name = shape.model
+        watch = _Disconnect(receive)
+        metrics.inflight.labels(name).inc()
+        error: BaseException | None = None
+        try:
+            text = "".join([text async for text in deltas])
+        except BaseException as exc:
+            error = exc
+        finally:
+            watch.stop()
+            metrics.inflight.labels(name).dec()
+        if error is not None:
+            if isinstance(error, asyncio.CancelledError) and watch.gone:
+                metrics.cancellations.labels(name).inc()
+                watch.absorb()
+                return
+            if isinstance(error, OpenAIError):
+                await error.response()(scope, receive, send)
+                return
+            if isinstance(error, Exception):
+                await _INTERNAL_ERROR(scope, receive, send)
+            raise error
+        _count(metrics, name, shape.endpoint, outcome, "200")
+        await JSONResponse(shape.full(text, outcome, prompt_tokens))(scope, receive, send)
+
+
+class _Disconnect:
+    """Cancels the serving task when ``receive()`` reports the client gone.
+
+    One pending ``receive()`` per request, with a callback: cheaper than a task group, and
+    the cancellation lands wherever the request is waiting (for a worker, a token, the
+    router's queue), as Starlette's disconnect listener does.
+    """
+
+    __slots__ = ("_receive", "_task", "_waiter", "gone")
+
+    def __init__(self, receive: Receive) -> None:
+        self._receive = receive
+        self._task = asyncio.current_task()
+        self.gone = False
+        self._waiter: asyncio.Future[Message] | None = None
+        self._arm()
+
+    def _arm(self) -> None:
+        self._waiter = asyncio.ensure_future(self._receive())
+        self._waiter.add_done_callback(self._received)
+
+    def _received(self, waiter: asyncio.Future[Message]) -> None:
+        if waiter.cancelled() or self._waiter is None:
+            return
+        if waiter.exception() is not None:
+            self._waiter = None
+            return
+        if waiter.result()["type"] != "http.disconnect":
+            self._arm()
+            return
+        self._waiter = None
+        self.gone = True
+        if self._task is not None:
+            self._task.cancel()
+
+    def stop(self) -> None:
+        waiter, self._waiter = self._waiter, None
+        if waiter is not None:
+            waiter.remove_done_callback(self._received)
+            waiter.cancel()
+
+    def absorb(self) -> None:
+        """The cancellation was ours: the request is over, the task goes on."""
+        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
+        if uncancel is not None:
+            uncancel()
+
+
+_MARK = "\x00\x01\x02"
+_MARK_JSON = encode_basestring_ascii(_MARK).encode()
 
 
 class _Shape:
     """OpenAI response objects for one request."""
 
     def __init__(self, endpoint: str, request_id: str, model: str) -> None:
+        self.endpoint = endpoint
         self.chat = endpoint == "chat"
         self.id = request_id
         self.model = model
@@ -154,6 +390,20 @@ class _Shape:
             "model": self.model,
             "choices": [self._choice(text, finish, first=first)],
         }
+
+    @staticmethod
+    def with_usage(obj: Any, include_usage: bool) -> Any:
+        if include_usage:
+            obj["usage"] = None
+        return obj
+
+    def text_frame(self, include_usage: bool) -> tuple[bytes, bytes] | None:
+        """The SSE event of a text chunk split around its text: ``head + json(text) + tail``
+        is byte for byte ``_data(self.with_usage(self.chunk(text), include_usage))``.
+        None in the one case the split is ambiguous (a model named exactly ``_MARK``)."""
+        event = _data(self.with_usage(self.chunk(_MARK), include_usage))
+        head, sep, tail = event.partition(_MARK_JSON)
+        return (head, tail) if sep and _MARK_JSON not in tail else None
 
     def full(self, text: str, outcome: Outcome, prompt_tokens: int) -> Any:
         if self.chat:
@@ -183,54 +433,6 @@ def _data(obj: Any) -> bytes:
     return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def _sse(
-    deltas: AsyncIterator[str],
-    shape: _Shape,
-    outcome: Outcome,
-    prompt_tokens: int,
-    include_usage: bool,
-) -> AsyncIterator[bytes]:
-    def with_usage(obj: Any) -> Any:
-        if include_usage:
-            obj["usage"] = None
-        return obj
-
-    try:
-        if shape.chat:
-            yield _data(with_usage(shape.chunk("", first=True)))
-        async for text in deltas:
-            yield _data(with_usage(shape.chunk(text)))
-        yield _data(with_usage(shape.chunk(None, outcome.finish_reason)))
-        if include_usage:
-            final = shape.chunk(None)
-            final["choices"] = []
-            final["usage"] = _usage(outcome, prompt_tokens)
-            yield _data(final)
-    except OpenAIError as exc:  # headers are sent: report in-band, as OpenAI does
-        yield _data(exc.body())
-    yield b"data: [DONE]\n\n"
-
-
-async def _counted(
-    events: AsyncIterator[bytes],
-    metrics: FrontendMetrics,
-    model: str,
-    endpoint: str,
-    outcome: Outcome,
-    prompt_tokens: int,
-) -> AsyncIterator[bytes]:
-    metrics.inflight.labels(model).inc()
-    try:
-        async for event in events:
-            yield event
-    except asyncio.CancelledError:  # client went away: the worker stream is cancelled too
-        metrics.cancellations.labels(model).inc()
-        raise
-    finally:
-        metrics.inflight.labels(model).dec()
-        _count(metrics, model, endpoint, outcome, "200" if outcome.finish_reason else "error")
-
-
 def _count(
     metrics: FrontendMetrics, model: str, endpoint: str, outcome: Outcome, status: str
 ) -> None:
@@ -239,40 +441,32 @@ def _count(
     metrics.cached_tokens.labels(model).inc(outcome.cached_tokens)
 
 
-async def _collect(deltas: AsyncIterator[str]) -> str:
-    return "".join([text async for text in deltas])
+async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
+    """The request body, or None if the client disconnects first; 413 past the limit."""
+    for name, value in scope["headers"]:
+        if name == b"content-length":
+            declared = value.decode("latin-1")
+            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+                raise OpenAIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+            break
+    parts: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] == "http.request":
+            part = message.get("body", b"")
+            if part:
+                parts.append(part)
+                size += len(part)
+                if size > MAX_BODY_BYTES:
+                    raise OpenAIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+            if not message.get("more_body", False):
+                return b"".join(parts)
+        elif message["type"] == "http.disconnect":
+            return None
 
 
-async def _until_disconnect(
-    request: Request, work: Awaitable[str], metrics: FrontendMetrics, model: str
-) -> str:
-    """Run ``work``; cancel it (and so the worker's stream) if the client disconnects."""
-    task = asyncio.ensure_future(work)
-    metrics.inflight.labels(model).inc()
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=0.5)
-            if done:
-                return task.result()
-            if await request.is_disconnected():
-                task.cancel()
-                metrics.cancellations.labels(model).inc()
-                raise asyncio.CancelledError
-    finally:
-        metrics.inflight.labels(model).dec()
-        if not task.done():
-            task.cancel()
-
-
-async def _parse(request: Request, model: type[Body]) -> Body:
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise OpenAIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
-    raw = bytearray()
-    async for part in request.stream():
-        raw += part
-        if len(raw) > MAX_BODY_BYTES:
-            raise OpenAIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+def _decode(raw: bytes, model: type[Body]) -> Body:
     try:
         data = json.loads(raw.decode("utf-8"))
     except UnicodeDecodeError as exc:
