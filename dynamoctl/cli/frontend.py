@@ -25,12 +25,10 @@ def frontend(
     router_timeout: float = typer.Option(
         1.0, min=0.01, help="Standalone: seconds a router replica may take before the next."
     ),
-    router_mode: str = typer.Option("kv", help="Routing mode (kv, round-robin, ...)."),
-    overlap_weight: float = typer.Option(1.0, min=0.0, help="KV router prefill weight (alpha)."),
-    temperature: float = typer.Option(0.0, min=0.0, help="KV router softmax temperature."),
-    busy_kv_usage: float = typer.Option(
-        0.95, min=0.0, max=1.0, help="A worker over this KV usage is busy (skipped)."
-    ),
+    router_mode: str = common.ROUTER_MODE,
+    overlap_weight: float = common.OVERLAP_WEIGHT,
+    temperature: float = common.TEMPERATURE,
+    busy_kv_usage: float = common.BUSY_KV_USAGE,
     queue_timeout: float = typer.Option(
         5.0, min=0.0, help="Seconds a request waits when all workers are busy, then 503."
     ),
@@ -41,16 +39,13 @@ def frontend(
 ) -> None:
     """Serve the OpenAI API for every model the namespace's workers serve."""
     from dynamoctl.frontend.main import FrontendOptions, run_frontend
-    from dynamoctl.frontend.routing import RouterSettings, check_mode, routing_names
+    from dynamoctl.frontend.routing import routing_names
 
     if router not in routing_names():
         raise typer.BadParameter(
             f"must be one of {', '.join(routing_names())}, got {router!r}", param_hint="--router"
         )
-    try:
-        check_mode(router_mode)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--router-mode") from exc
+    settings = common.router_settings(router_mode, overlap_weight, temperature, busy_kv_usage)
     options = FrontendOptions(
         namespace=namespace,
         discovery=discovery,
@@ -59,7 +54,7 @@ def frontend(
         lease_ttl=lease_ttl,
         drain_grace=drain_grace,
         label=label,
-        router=RouterSettings(router_mode, overlap_weight, temperature, busy_kv_usage),
+        router=settings,
         routing=router,
         route_timeout=router_timeout,
         queue_timeout=queue_timeout,

@@ -16,12 +16,10 @@ def router(
     discovery: str = common.DISCOVERY,
     host: str = typer.Option("127.0.0.1", help="Address to bind sockets on (and to publish)."),
     http_port: int = typer.Option(0, min=0, max=65535, help="/metrics and /health port."),
-    router_mode: str = typer.Option("kv", help="Routing mode (kv, round-robin, ...)."),
-    overlap_weight: float = typer.Option(1.0, min=0.0, help="KV router prefill weight (alpha)."),
-    temperature: float = typer.Option(0.0, min=0.0, help="KV router softmax temperature."),
-    busy_kv_usage: float = typer.Option(
-        0.95, min=0.0, max=1.0, help="A worker over this KV usage is busy (skipped)."
-    ),
+    router_mode: str = common.ROUTER_MODE,
+    overlap_weight: float = common.OVERLAP_WEIGHT,
+    temperature: float = common.TEMPERATURE,
+    busy_kv_usage: float = common.BUSY_KV_USAGE,
     booking_ttl: float = typer.Option(
         600.0, min=1.0, help="Seconds after which a booking never released is dropped."
     ),
@@ -35,20 +33,16 @@ def router(
 
     Run several for availability: they share their bookings and decide alike.
     """
-    from dynamoctl.router.settings import RouterSettings, check_mode
     from dynamoctl.router.standalone.main import RouterOptions, run_router
 
-    try:
-        check_mode(router_mode)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--router-mode") from exc
+    settings = common.router_settings(router_mode, overlap_weight, temperature, busy_kv_usage)
     options = RouterOptions(
         namespace=namespace,
         discovery=discovery,
         host=host,
         lease_ttl=lease_ttl,
         label=label,
-        router=RouterSettings(router_mode, overlap_weight, temperature, busy_kv_usage),
+        router=settings,
         http_port=http_port,
         booking_ttl=booking_ttl,
         warm_up=warm_up,
