@@ -51,7 +51,8 @@ async def test_latency_percentiles_match_the_server(fake_server: FakeServer) -> 
     assert s.output_tokens == REQUESTS * OSL
     assert s.prompt_tokens == REQUESTS * 32
     assert s.prefix_hit_rate == 0.5  # the server reports half of each prompt cached
-    assert s.request_throughput == pytest.approx(REQUESTS / s.duration_s, rel=1e-3)
+    # duration_s is rounded to the millisecond: on a ~0.4 s run that alone is ~1e-3 relative.
+    assert s.request_throughput == pytest.approx(REQUESTS / s.duration_s, rel=1e-2)
 
 
 async def test_goodput_counts_requests_within_targets(fake_server: FakeServer) -> None:
