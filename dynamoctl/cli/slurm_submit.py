@@ -8,8 +8,8 @@ command waits for it to say "serving".
 
 from __future__ import annotations
 
-import os
 import shlex
+import signal
 import sys
 import time
 from pathlib import Path
@@ -53,14 +53,13 @@ def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeou
 def cancel_job(run_dir: RunDir, timeout: float) -> bool:
     """Stop a submitted deployment: SIGTERM to the supervisor (it drains and stops every
     step), then ``scancel`` whatever is left. False if no job was recorded."""
-    from dynamoctl.launch.slurm import _run as run_slurm
-    from dynamoctl.launch.slurm import cancel, job_state
+    from dynamoctl.launch.slurm import cancel, job_state, signal_batch
 
     try:
         job = (run_dir.path / JOB_FILE).read_text().strip()
     except FileNotFoundError:
         return False
-    aio.run(run_slurm(["scancel", "--batch", "--signal=TERM", job], os.environ))
+    aio.run(signal_batch(job, signal.SIGTERM))
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and aio.run(job_state(job)) in ("RUNNING", "COMPLETING"):
         time.sleep(1.0)

@@ -351,6 +351,15 @@ async def job_state(job_id: str, env: Mapping[str, str] | None = None) -> str | 
     return out.strip() or None
 
 
+async def signal_batch(job_id: str, sig: int, env: Mapping[str, str] | None = None) -> bool:
+    """Send ``sig`` to the job's batch script only (there, the supervisor); False if the
+    job is gone."""
+    name = signal.Signals(sig).name.removeprefix("SIG")
+    argv = ["scancel", "--batch", f"--signal={name}", job_id]
+    code, _, _ = await _run(argv, os.environ if env is None else env)
+    return code == 0
+
+
 async def cancel(job_id: str, env: Mapping[str, str] | None = None) -> None:
     """Cancel the job and every step in it (no error if it has already ended)."""
     await _checked(["scancel", job_id], os.environ if env is None else env, gone_ok=True)

@@ -8,6 +8,8 @@ CUDA call still serves ``/metrics`` from another thread.
 
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import dataclass
 
 import httpx
@@ -31,17 +33,25 @@ class WorkerSample:
 class Probes:
     """HTTP probes sharing one client, and the namespace's instance records by label."""
 
-    def __init__(self, store: Store | None, namespace: str, timeout: float = 2.0) -> None:
+    def __init__(
+        self, store: Store | None, namespace: str, max_age: float = 0.0, timeout: float = 2.0
+    ) -> None:
         self.store = store
         self.namespace = namespace
+        self.max_age = max_age
+        """Seconds a listing serves every instance's probe before discovery is asked again."""
         self.http = httpx.AsyncClient(timeout=timeout, trust_env=False)
         self.records: dict[str, InstanceRecord] = {}
         """The latest instance records, by supervisor label."""
+        self._listed_at = -math.inf
 
     async def refresh_records(self) -> None:
-        """Re-list ``{ns}/instances/``; keeps the last view when discovery is unreachable."""
-        if self.store is None:
+        """Re-list ``{ns}/instances/`` unless a listing younger than ``max_age`` is at hand
+        (each instance's probe asks; one listing per round serves them all). Keeps the last
+        view when discovery is unreachable."""
+        if self.store is None or time.monotonic() - self._listed_at < self.max_age:
             return
+        self._listed_at = time.monotonic()
         try:
             listing = await self.store.list(instances_prefix(self.namespace))
         except Exception:  # an etcd outage: instances keep their last known records

@@ -181,12 +181,13 @@ def _etcd_spec(recipe: Recipe, head: str, data_dir: str) -> InstanceSpec:
     )
 
 
+def _discovery_args(recipe: Recipe, url: str) -> list[str]:
+    return ["--namespace", recipe.namespace, "--discovery", url]
+
+
 def _common(recipe: Recipe, url: str, label: str, host: str) -> list[str]:
     return [
-        "--namespace",
-        recipe.namespace,
-        "--discovery",
-        url,
+        *_discovery_args(recipe, url),
         "--host",
         bind_address(recipe, host),
         "--lease-ttl",
@@ -239,7 +240,7 @@ def _router_spec(recipe: Recipe, index: int, host: str, url: str) -> InstanceSpe
 
 def _frontend_spec(recipe: Recipe, head: str, url: str) -> InstanceSpec:
     argv = [python_for(recipe), "-m", "dynamoctl", "frontend"]
-    argv += _common(recipe, url, "frontend-0", head)[:4]
+    argv += _discovery_args(recipe, url)
     argv += ["--host", recipe.frontend.host, "--port", str(recipe.frontend.port)]
     argv += ["--lease-ttl", str(recipe.discovery.lease_ttl), "--label", "frontend-0"]
     argv += _router_knobs(recipe)

@@ -96,8 +96,9 @@ class Supervisor:
                 group = [i for i in self.instances.values() if i.spec.component == component]
                 if group:
                     await self._start_group(group)
-                    if component == "etcd":
-                        self._probes = None  # re-opened against the now running etcd
+                    if component == "etcd" and self._probes is not None:
+                        await self._probes.close()  # re-opened against the now running etcd
+                        self._probes = None
             self._starting = False
             self.phase = "serving"
             self.save()
@@ -273,16 +274,14 @@ class Supervisor:
         inst.last_exit = await proc.wait()
         return hung
 
-    async def probes(self) -> Probes:
+    def probes(self) -> Probes:
         if self._probes is None:
-            store = None
-            if any(i.spec.component == "worker" for i in self.instances.values()):
-                store = store_from_url(self.plan.discovery_url)
-            self._probes = Probes(store, self.plan.namespace)
+            store = store_from_url(self.plan.discovery_url)
+            self._probes = Probes(store, self.plan.namespace, self.settings.probe_interval / 2)
         return self._probes
 
     async def _is_ready(self, inst: Instance) -> bool:
-        probes = await self.probes()
+        probes = self.probes()
         component = inst.spec.component
         if component == "etcd":
             address = self.plan.discovery_url.removeprefix("etcd://")
@@ -295,7 +294,7 @@ class Supervisor:
     async def _is_healthy(self, inst: Instance) -> tuple[bool, float | None]:
         """Answering probes; and for workers with requests in flight, the token counter
         (None when progress is not in question)."""
-        probes = await self.probes()
+        probes = self.probes()
         component = inst.spec.component
         if component == "etcd":
             return await self._is_ready(inst), None
