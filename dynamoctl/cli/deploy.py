@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import typer
 
 from dynamoctl.cli.locate import find_deployment, recipe_of
@@ -145,7 +146,9 @@ def down(
         finally:
             client.close()
         deadline = time.monotonic() + timeout
-        while run_dir.is_locked():
+        # The lock is released in the supervisor's finally, a moment before its process
+        # ends: "stopped" means the process is gone too.
+        while run_dir.is_locked() or _alive(state.supervisor_pid):
             if time.monotonic() > deadline:
                 typer.echo(f"dynamoctl down: {run_dir.name} still stopping after {timeout:.0f} s")
                 raise typer.Exit(1)
@@ -169,3 +172,10 @@ def _reap_without_supervisor(run_dir: RunDir) -> None:
         typer.echo(f"{run_dir.name}: supervisor gone; stopped {', '.join(reaped)}")
     else:
         typer.echo(f"{run_dir.name}: supervisor gone; nothing was left running")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
