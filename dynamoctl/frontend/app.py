@@ -222,14 +222,19 @@ class _Completions:
         prompt_tokens: int,
         include_usage: bool,
     ) -> None:
-        """SSE: headers at once, a chunk per text delta, errors in-band, then ``[DONE]``.
+        """SSE: headers at once, an event per text delta, errors in-band, then ``[DONE]``.
 
-        The events after the last delta (finish, usage, ``[DONE]``) go out in one write
-        with the end of the body."""
+        An event is written as soon as it is made unless the worker's next chunk is already
+        buffered (``outcome.probe``) or the stream has finished: then it waits for the
+        events behind it and they go out in one write, so a frontend that falls behind
+        under load makes fewer, larger writes instead of one syscall per token. The events
+        after the last delta (finish, usage, ``[DONE]``) go out in one write with the end
+        of the body."""
         metrics = self.metrics
         name = shape.model
         await send(_SSE_START)
         watch = _Disconnect(receive)
+        held: list[bytes] = []  # events not written yet: the worker's next chunk is here
         try:
             metrics.inflight.labels(name).inc()
             try:
@@ -238,21 +243,33 @@ class _Completions:
                         await send(_part(_data(shape.with_usage(
                             shape.chunk("", first=True), include_usage))))  # fmt: skip
                     frame = shape.text_frame(include_usage)
+                    buffered = outcome.probe.buffered
                     async for text in deltas:
-                        if frame is not None:  # the per-token hot path: no dicts, no dumps
-                            event = frame[0] + encode_basestring_ascii(text).encode() + frame[1]
+                        if not text:
+                            pass  # nothing to say, but the generator is about to wait: flush
+                        elif frame is not None:  # the per-token hot path: no dicts, no dumps
+                            held.append(
+                                frame[0] + encode_basestring_ascii(text).encode() + frame[1]
+                            )
                         else:
-                            event = _data(shape.with_usage(shape.chunk(text), include_usage))
-                        await send({"type": "http.response.body", "body": event, "more_body": True})
+                            held.append(_data(shape.with_usage(shape.chunk(text), include_usage)))
+                        # Hold while more is already here (or the end is): one write for all.
+                        if held and outcome.finish_reason is None and not buffered():
+                            event = held[0] if len(held) == 1 else b"".join(held)
+                            held.clear()
+                            await send(
+                                {"type": "http.response.body", "body": event, "more_body": True}
+                            )
+                    tail = held
                     final = shape.chunk(None, outcome.finish_reason)
-                    tail = [_data(shape.with_usage(final, include_usage))]
+                    tail.append(_data(shape.with_usage(final, include_usage)))
                     if include_usage:
                         final = shape.chunk(None)
                         final["choices"] = []
                         final["usage"] = _usage(outcome, prompt_tokens)
                         tail.append(_data(final))
                 except OpenAIError as exc:  # headers are sent: report in-band, as OpenAI does
-                    tail = [_data(exc.body())]
+                    tail = [*held, _data(exc.body())]
                 tail.append(b"data: [DONE]\n\n")
             except asyncio.CancelledError:  # client went away: the worker stream is cancelled
                 metrics.cancellations.labels(name).inc()

@@ -26,6 +26,7 @@ from dynamoctl.planes.request import (
     PeerDeadError,
     RemoteError,
     RequestClient,
+    StreamProbe,
 )
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 from dynamoctl.wire import engine as wire_engine
@@ -127,6 +128,9 @@ class Outcome:
     completion_tokens: int = 0
     cached_tokens: int = 0
     migrations: int = 0
+    probe: StreamProbe = field(default_factory=StreamProbe)
+    """The current worker stream's buffer: while it holds chunks, more text is coming
+    without waiting, so the SSE writer may hold its write and send several events at once."""
 
 
 class _Migrate(Exception):
@@ -184,7 +188,9 @@ class Generator:
                 attempt += 1
                 body = wire_engine.encode(request)
                 try:
-                    stream = self.client.stream(choice.address, "generate", body)
+                    stream = self.client.stream(
+                        choice.address, "generate", body, probe=outcome.probe
+                    )
                     async with contextlib.aclosing(stream):
                         async for raw in stream:
                             chunk = wire_engine.decode_chunk(raw)
@@ -209,8 +215,8 @@ class Generator:
                                 # A stop string can complete in the held-back tail.
                                 stopped = stops.stopped
                                 outcome.finish_reason = "stop" if stopped else chunk.finish_reason
-                            if text:
-                                yield text
+                            if text or not outcome.probe.buffered():
+                                yield text  # "" too when about to wait: writers may flush
                             if outcome.finish_reason is not None:
                                 break  # aclosing cancels the worker's stream on a stop string
                 except Overloaded:

@@ -1,7 +1,7 @@
 """The request plane: workers bind a :class:`RequestServer` (ROUTER), frontends stream from
 them through one :class:`RequestClient` (a DEALER per server). See docs/planes.md."""
 
-from dynamoctl.planes.request.client import RequestClient
+from dynamoctl.planes.request.client import RequestClient, StreamProbe
 from dynamoctl.planes.request.errors import (
     ClientClosedError,
     NotAccepting,
@@ -23,5 +23,6 @@ __all__ = [
     "RequestClient",
     "RequestPlaneError",
     "RequestServer",
+    "StreamProbe",
     "UnknownEndpointError",
 ]
