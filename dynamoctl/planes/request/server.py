@@ -21,9 +21,9 @@ import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import zmq
-import zmq.asyncio
 
 from dynamoctl import wire
 from dynamoctl.planes import _zmq
@@ -80,7 +80,9 @@ class RequestServer(AsyncService):
         self._handlers: dict[str, Handler] = {}
         self._peers: dict[bytes, _Peer] = {}
         self._inflight = 0
-        self._sock: zmq.asyncio.Socket | None = None
+        self._sock: zmq.Socket[bytes] | None = None
+        self._fd = -1
+        self._check_scheduled = False
         self._tasks: list[asyncio.Task[None]] = []
         self._address = ""
 
@@ -103,18 +105,20 @@ class RequestServer(AsyncService):
         return self._inflight
 
     async def start(self) -> None:
-        sock = _zmq.async_context().socket(zmq.ROUTER)
+        sock = _zmq.sync_context().socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # Clients set their own identity; a reconnecting client takes its old route over.
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         # Unbounded send queue: credits already bound what a client can have queued, and a
-        # full pipe under ROUTER_MANDATORY would make the asyncio sender spin on EAGAIN.
+        # send can then never block (EAGAIN), so it is a plain non-blocking call.
         sock.setsockopt(zmq.SNDHWM, 0)
         self._address = await _zmq.bind(sock, self._bind_address)
         self._sock = sock
+        self._fd = cast(int, sock.get(_FD))
+        asyncio.get_running_loop().add_reader(self._fd, self._receive)
+        self._check_later()  # messages may have queued while binding
         self._tasks = [
-            asyncio.create_task(self._recv_loop(), name=f"request-server-recv {self._address}"),
             asyncio.create_task(self._reaper(), name=f"request-server-reaper {self._address}"),
         ]
         logger.info("request plane serving on %s", self._address)
@@ -128,42 +132,66 @@ class RequestServer(AsyncService):
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         self._peers.clear()
+        if self._sock is not None:
+            asyncio.get_running_loop().remove_reader(self._fd)
         _zmq.close(self._sock)
         self._sock = None
 
     # ------------------------------------------------------------------ receiving
 
-    async def _recv_loop(self) -> None:
-        assert self._sock is not None
-        while True:
-            frames = await self._sock.recv_multipart()
-            if len(frames) != 2:
-                logger.warning("dropping request-plane message with %d frames", len(frames))
-                continue
-            ident, payload = frames
-            try:
-                msg = wire.decode_client(payload)
-            except wire.DecodeError as exc:
-                logger.warning("dropping undecodable request-plane message: %s", exc)
-                continue
-            peer = self._peers.get(ident)
-            if peer is None:
-                peer = self._peers[ident] = _Peer(ident, time.monotonic())
-            else:
-                peer.last_seen = time.monotonic()
-            try:
-                await self._dispatch(peer, msg)
-            except _PeerGone:
-                self._drop_peer(peer, "unreachable")
-            except Exception:  # one bad message must not take the whole server down
-                logger.exception("request-plane server failed on %s", type(msg).__name__)
+    def _receive(self) -> None:
+        """Drain what has arrived (the socket's descriptor woke the loop, or a send may
+        have consumed its edge-triggered signal: see :meth:`_check_later`)."""
+        self._check_scheduled = False
+        sock = self._sock
+        if sock is None:
+            return
+        try:
+            for _ in range(_RECV_BUDGET):
+                self._handle(sock.recv_multipart(_NOBLOCK))
+            self._check_later()  # budget spent: let the pumps run, then drain the rest
+            return
+        except zmq.Again:
+            pass
+        if cast(int, sock.get(_EVENTS)) & _POLLIN:
+            self._check_later()
 
-    async def _dispatch(self, peer: _Peer, msg: wire.ClientMessage) -> None:
+    def _check_later(self) -> None:
+        """ZeroMQ's descriptor only signals changes, and any operation on the socket (a
+        send too) may consume that signal: look at the socket again on the loop's next
+        turn."""
+        if not self._check_scheduled and self._sock is not None:
+            self._check_scheduled = True
+            asyncio.get_running_loop().call_soon(self._receive)
+
+    def _handle(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            logger.warning("dropping request-plane message with %d frames", len(frames))
+            return
+        ident, payload = frames
+        try:
+            msg = wire.decode_client(payload)
+        except wire.DecodeError as exc:
+            logger.warning("dropping undecodable request-plane message: %s", exc)
+            return
+        peer = self._peers.get(ident)
+        if peer is None:
+            peer = self._peers[ident] = _Peer(ident, time.monotonic())
+        else:
+            peer.last_seen = time.monotonic()
+        try:
+            self._dispatch(peer, msg)
+        except _PeerGone:
+            self._drop_peer(peer, "unreachable")
+        except Exception:  # one bad message must not take the whole server down
+            logger.exception("request-plane server failed on %s", type(msg).__name__)
+
+    def _dispatch(self, peer: _Peer, msg: wire.ClientMessage) -> None:
         if isinstance(msg, wire.Credit):
             stream = peer.streams.get(msg.rid)
             if stream is None:
                 # Also after a normal End crossing a probe; the client ignores it then.
-                await self._send_error(peer.ident, msg.rid, ErrorCode.UNKNOWN_STREAM, "")
+                self._send_error(peer.ident, msg.rid, ErrorCode.UNKNOWN_STREAM, "")
             elif msg.limit > stream.limit:
                 stream.limit = msg.limit
                 stream.credit.set()
@@ -172,28 +200,28 @@ class RequestServer(AsyncService):
             if stream is not None and stream.task is not None:
                 stream.task.cancel()
         elif isinstance(msg, wire.Ping):
-            await self._send(peer.ident, wire.Pong())
+            self._send(peer.ident, wire.Pong())
         else:
-            await self._open(peer, msg)
+            self._open(peer, msg)
 
-    async def _open(self, peer: _Peer, req: wire.Request) -> None:
+    def _open(self, peer: _Peer, req: wire.Request) -> None:
         handler = self._handlers.get(req.endpoint)
         if handler is None:
             known = ", ".join(sorted(self._handlers)) or "none"
             text = f"unknown endpoint {req.endpoint!r} on {self._address} (known: {known})"
-            await self._send_error(peer.ident, req.rid, ErrorCode.UNKNOWN_ENDPOINT, text)
+            self._send_error(peer.ident, req.rid, ErrorCode.UNKNOWN_ENDPOINT, text)
         elif req.rid in peer.streams or req.window < 1:
             text = f"duplicate request id {req.rid}" if req.window >= 1 else "window < 1"
-            await self._send_error(peer.ident, req.rid, ErrorCode.BAD_REQUEST, text)
+            self._send_error(peer.ident, req.rid, ErrorCode.BAD_REQUEST, text)
         elif self._inflight >= self.max_inflight:
             text = f"{self._address} has {self._inflight} streams in flight (max_inflight)"
-            await self._send_error(peer.ident, req.rid, ErrorCode.OVERLOADED, text)
+            self._send_error(peer.ident, req.rid, ErrorCode.OVERLOADED, text)
         else:
             try:
                 chunks = handler(req.body)
             except Exception as exc:
                 text = f"{type(exc).__name__}: {exc}"
-                await self._send_error(peer.ident, req.rid, ErrorCode.HANDLER, text)
+                self._send_error(peer.ident, req.rid, ErrorCode.HANDLER, text)
                 return
             stream = _Stream(req.rid, limit=req.window)
             peer.streams[req.rid] = stream
@@ -227,10 +255,10 @@ class RequestServer(AsyncService):
                 in_handler = False
                 if not isinstance(data, bytes | bytearray | memoryview):
                     raise TypeError(f"handler yielded {type(data).__name__}, not bytes")
-                await self._send(peer.ident, wire.Chunk(stream.rid, stream.sent, data))
+                self._send(peer.ident, wire.Chunk(stream.rid, stream.sent, data))
                 stream.sent += 1
             in_handler = False
-            await self._send(peer.ident, wire.End(stream.rid))
+            self._send(peer.ident, wire.End(stream.rid))
         except asyncio.CancelledError:
             if not in_handler:
                 await _throw_cancel(chunks)
@@ -247,24 +275,30 @@ class RequestServer(AsyncService):
             code = ErrorCode.OVERLOADED if refused else ErrorCode.HANDLER
             with contextlib.suppress(_PeerGone, zmq.ZMQError):
                 text = f"{type(exc).__name__}: {exc}"
-                await self._send_error(peer.ident, stream.rid, code, text)
+                self._send_error(peer.ident, stream.rid, code, text)
         finally:
             aclose = getattr(chunks, "aclose", None)
             if aclose is not None:
                 with contextlib.suppress(Exception):
                     await aclose()
 
-    async def _send(self, ident: bytes, msg: wire.WireMessage) -> None:
-        assert self._sock is not None
+    def _send(self, ident: bytes, msg: wire.WireMessage) -> None:
+        """Send at once (never blocks: the send queue is unbounded)."""
+        sock = self._sock
+        if sock is None:
+            raise zmq.ZMQError(zmq.ENOTSOCK, "request server closed")
         try:
-            await self._sock.send_multipart((ident, wire.encode(msg)))
+            sock.send(ident, _SNDMORE_NOBLOCK)
+            sock.send(wire.encode(msg), _NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise _PeerGone from exc
             raise
+        finally:
+            self._check_later()
 
-    async def _send_error(self, ident: bytes, rid: int, code: ErrorCode, text: str) -> None:
-        await self._send(ident, wire.Error(rid, code, text))
+    def _send_error(self, ident: bytes, rid: int, code: ErrorCode, text: str) -> None:
+        self._send(ident, wire.Error(rid, code, text))
 
     # ------------------------------------------------------------------ liveness
 
@@ -286,6 +320,13 @@ class RequestServer(AsyncService):
         for stream in peer.streams.values():
             if stream.task is not None:
                 stream.task.cancel()
+
+
+_FD, _EVENTS, _POLLIN = int(zmq.FD), int(zmq.EVENTS), int(zmq.POLLIN)
+_NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
+_RECV_BUDGET = 256
+"""Messages one wake-up handles before the loop runs anything else."""
 
 
 async def _throw_cancel(chunks: AsyncIterator[bytes]) -> None:
