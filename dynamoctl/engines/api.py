@@ -23,6 +23,7 @@ from dynamoctl.wire.kv_events import KVEventBatch
 
 __all__ = [
     "Engine",
+    "EngineDied",
     "EngineError",
     "EngineStopped",
     "FinishReason",
@@ -33,6 +34,7 @@ __all__ = [
     "LoadMetrics",
     "ModelCard",
     "PublishesKvEvents",
+    "ReportsDeath",
     "RequestRejected",
 ]
 
@@ -48,6 +50,12 @@ class RequestRejected(EngineError):
 
 class EngineStopped(EngineError):
     """The engine is not running: never started, stopped, or its loop died (``__cause__``)."""
+
+
+class EngineDied(EngineStopped):
+    """The engine stopped by itself and will not come back (its process died, its loop
+    failed): in-flight requests are lost and no new one can start. The worker fails them
+    explicitly, deregisters and exits non-zero so that its supervisor restarts it."""
 
 
 KVEventSink: TypeAlias = Callable[[KVEventBatch], None]
@@ -125,4 +133,20 @@ class PublishesKvEvents(Protocol):
 
     def kv_event_source(self) -> KvEventSource | None:
         """Where the engine publishes, once started; None: it publishes nothing."""
+        ...
+
+
+@runtime_checkable
+class ReportsDeath(Protocol):
+    """An :class:`Engine` that notices its own death while idle (a watched child process,
+    a dead output loop), not only when a request fails.
+
+    Without it the worker learns of a death only from a stream raising
+    :class:`EngineStopped`. Either way the adapter must end its open streams (with
+    ``abort`` chunks or :class:`EngineStopped`) rather than leave them waiting.
+    """
+
+    async def wait_dead(self) -> EngineDied:
+        """Return, once the engine has started and then died, the cause. Never returns
+        for a :meth:`Engine.stop`; cancelled by the worker when it stops watching."""
         ...

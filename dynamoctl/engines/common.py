@@ -1,14 +1,22 @@
-"""Pieces shared by the real-engine adapters: engine argument aliases, free ports, and a
-load estimate for engines whose own scheduler statistics we do not read."""
+"""Pieces shared by the real-engine adapters: engine argument aliases, free ports, a load
+estimate for engines whose own scheduler statistics we do not read, and a watch on the
+processes an engine started."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import psutil
+
+from dynamoctl.engines.api import EngineDied
 from dynamoctl.wire.engine import LoadMetrics
+
+DEATH_POLL = 0.25
+"""Seconds between looks for an engine's death where nothing wakes us up."""
 
 
 def translate(
@@ -76,3 +84,49 @@ class RequestLoad:
             prefill_tokens_queued=sum(p for p, _, done in self._live.values() if not done),
             kv_usage=active / total if total else 0.0,
         )
+
+
+async def poll_death(cause: Callable[[], str | None], interval: float = DEATH_POLL) -> EngineDied:
+    """Wait until ``cause()`` names a death (it is polled: engines report theirs from
+    threads, signal handlers or other processes)."""
+    while True:
+        found = cause()
+        if found is not None:
+            return EngineDied(found)
+        await asyncio.sleep(interval)
+
+
+class ChildWatch:
+    """The child processes this process gained while an engine started (its scheduler,
+    detokenizer...), watched for an exit: for engines whose API says nothing when one of
+    their own processes dies. Only direct children alive once the engine is up count,
+    so helpers that came and went during start-up do not."""
+
+    def __init__(self, engine: str) -> None:
+        self.engine = engine
+        self._before = {p.pid for p in psutil.Process().children()}
+        self._watched: list[tuple[psutil.Process, str]] = []
+
+    def started(self) -> None:
+        """The engine is up: watch the children it added."""
+        for proc in psutil.Process().children():
+            if proc.pid not in self._before:
+                try:
+                    self._watched.append((proc, proc.name()))
+                except psutil.Error:  # gone already: noticed by gone() below
+                    self._watched.append((proc, "?"))
+
+    @property
+    def pids(self) -> list[int]:
+        return [proc.pid for proc, _ in self._watched]
+
+    def gone(self) -> str | None:
+        """Which watched process exited, if one did (a zombie counts: nobody reaped it yet)."""
+        for proc, name in self._watched:
+            try:
+                alive = proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+            except psutil.Error:
+                alive = False
+            if not alive:
+                return f"{self.engine} process {name} (pid {proc.pid}) exited"
+        return None

@@ -8,6 +8,11 @@ records go first (routers stop sending), in-flight requests finish within a grac
 period, stragglers are aborted (their streams end with ``finish_reason: abort``, which
 the frontend migrates), and only then does everything close.
 
+An engine that dies (its process killed, its loop failed) takes the instance down with it:
+:meth:`WorkerInstance.watch_engine` notices (the engine reports it, :class:`ReportsDeath`,
+or a stream fails with :class:`EngineStopped`), ends every in-flight stream with
+``abort`` (the frontend migrates them), deregisters, and the process exits non-zero.
+
 An engine that publishes its KV events itself (vLLM: :class:`PublishesKvEvents`) has its
 own stream registered instead of ours, so routers read the engine's events unchanged.
 """
@@ -25,7 +30,14 @@ from typing import Literal
 
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys
-from dynamoctl.engines.api import Engine, KvEventSource, PublishesKvEvents
+from dynamoctl.engines.api import (
+    Engine,
+    EngineStopped,
+    GenerateChunk,
+    KvEventSource,
+    PublishesKvEvents,
+    ReportsDeath,
+)
 from dynamoctl.planes.events import EventPublisher
 from dynamoctl.planes.request import NotAccepting, RequestServer
 from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
@@ -90,6 +102,9 @@ class WorkerInstance:
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_load: bytes = b""
+        self.death: EngineStopped | None = None
+        """Why the engine died, once it did (seen by a request or reported by it)."""
+        self._died = asyncio.Event()
         self._load_task: asyncio.Task[None] | None = None
 
     # -- keys ------------------------------------------------------------------------
@@ -203,6 +218,41 @@ class WorkerInstance:
         await self.kv_events.close()
         await self.load_events.close()
 
+    async def watch_engine(self) -> EngineStopped:
+        """Wait until the engine dies, then fail its in-flight requests (``abort``) and
+        deregister; returns the cause. Cancel it to stop watching."""
+        waits: list[asyncio.Task[object]] = [asyncio.create_task(self._died.wait())]
+        if isinstance(self.engine, ReportsDeath):
+            waits.append(asyncio.create_task(self._reported_death(self.engine)))
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+        failed = [t.exception() for t in waits if t.done() and not t.cancelled()]
+        broken = next((exc for exc in failed if exc is not None), None)
+        cause = self.death or EngineStopped(f"the engine's death watch failed: {broken!r}")
+        log.error(
+            "[%s] engine died: %s; ending %d open stream(s) with abort",
+            self.instance_id,
+            cause,
+            self.inflight,
+        )
+        self.draining = True
+        for key in (self.instance_key, self.model_key):
+            with contextlib.suppress(Exception):  # discovery down: the lease expiry removes it
+                await self.discovery.unregister(key)
+        # Open streams end with "abort" (or EngineStopped, which _generate turns into one).
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.engine.stop(), 30)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 5.0)
+        return cause
+
+    async def _reported_death(self, engine: ReportsDeath) -> None:
+        cause = await engine.wait_dead()
+        self.death = self.death or cause
+
     # -- request plane ---------------------------------------------------------------
 
     async def _generate(self, body: bytes) -> AsyncIterator[bytes]:
@@ -218,6 +268,12 @@ class WorkerInstance:
                 self.tokens_total += len(chunk.token_ids)
                 finished = chunk.finish_reason is not None
                 yield wire.engine.encode(chunk)
+        except EngineStopped as exc:  # the engine is gone: "abort" makes the frontend migrate
+            if not self.draining and self.death is None:
+                self.death = exc
+                self._died.set()
+            finished = True  # nothing left to abort
+            yield wire.engine.encode(GenerateChunk([], "abort"))
         finally:
             if not finished:  # cancelled by the client, its death, or close()
                 await self.engine.abort(request.request_id)

@@ -2,7 +2,9 @@
 
 SIGTERM or SIGINT drains (deregister, finish in-flight within ``drain_grace``, abort the
 rest), then closes everything and revokes the process's lease. A second signal during the
-drain skips the rest of the grace period.
+drain skips the rest of the grace period. An instance whose engine dies fails its requests
+and deregisters; the others drain, and the process exits non-zero naming the cause (for
+its supervisor to restart it).
 """
 
 from __future__ import annotations
@@ -90,9 +92,17 @@ async def run_worker(opts: WorkerOptions) -> None:
             opts.host,
             http.port,
         )
-        await stop.wait()
-        draining.extend(asyncio.create_task(inst.drain(opts.drain_grace)) for inst in started)
+        watches = [asyncio.create_task(inst.watch_engine()) for inst in started]
+        stopping = asyncio.create_task(stop.wait())
+        await asyncio.wait([stopping, *watches], return_when=asyncio.FIRST_COMPLETED)
+        for task in [stopping, *watches]:
+            task.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+        live = [inst for inst in started if inst.death is None]
+        draining.extend(asyncio.create_task(inst.drain(opts.drain_grace)) for inst in live)
         await asyncio.gather(*draining, return_exceptions=True)
+        if dead := [inst.death for inst in started if inst.death is not None]:
+            raise dead[0]  # the CLI prints it as one line and exits 1
     finally:
         for inst in started:
             await inst.close()

