@@ -34,18 +34,18 @@ PAYLOAD = json.dumps(BODY).encode()
 Once = Callable[[], Awaitable[None]]
 
 
-def raw_client(url: str) -> tuple[Once, Callable[[], Awaitable[None]]]:
-    endpoint = Endpoint(url)
+def raw_client(url: str, keep_alive: bool = True) -> tuple[Once, Callable[[], Awaitable[None]]]:
+    endpoint = Endpoint(url, keep_alive=keep_alive)
 
     async def once() -> None:
-        async for data in post_sse(endpoint, "/v1/completions", PAYLOAD):
-            if data == b"[DONE]":
-                break
+        async for _ in post_sse(endpoint, "/v1/completions", PAYLOAD):
+            pass  # to the body's end (past [DONE]), so the connection is reused
 
-    async def close() -> None:
-        return None
+    return once, endpoint.close
 
-    return once, close
+
+def raw_client_no_keep_alive(url: str) -> tuple[Once, Callable[[], Awaitable[None]]]:
+    return raw_client(url, keep_alive=False)
 
 
 def httpx_client(url: str) -> tuple[Once, Callable[[], Awaitable[None]]]:
@@ -103,7 +103,8 @@ async def measure(once: Once, requests: int, concurrency: int) -> dict[str, floa
 
 async def run(requests: int) -> dict[str, Any]:
     clients: dict[str, Callable[[str], tuple[Once, Callable[[], Awaitable[None]]]]] = {
-        "dynamoctl.bench (one write, new connection each)": raw_client,
+        "dynamoctl.bench (one write, keep-alive)": raw_client,
+        "dynamoctl.bench (one write, new connection each)": raw_client_no_keep_alive,
         "httpx (pooled keep-alive)": httpx_client,
     }
     try:

@@ -1,14 +1,16 @@
 """One measured request: send a turn, read its stream, time every content chunk.
 
-Timing is client-side, as a user sees it: the clock starts before the connection is opened
-and TTFT stops at the first chunk that carries text (a chat stream's opening role-only
-chunk does not count). Token counts come from the final ``usage`` chunk when the server
-sends one (``stream_options.include_usage``), else one token per content chunk.
+Timing is client-side, as a user sees it: the clock starts before a connection is taken (a
+kept-alive one, or a new one whose connect time then counts) and TTFT stops at the first
+chunk that carries text (a chat stream's opening role-only chunk does not count). Token
+counts come from the final ``usage`` chunk when the server sends one
+(``stream_options.include_usage``), else one token per content chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from typing import Any
 
 import msgspec
@@ -157,33 +159,35 @@ class Sender:
         last: float | None = None
         chunks = 0
         usage: _Usage | None = None
-        done = False
-        async for data in post_sse(self.endpoint, self.path, body, self.headers):
-            now = self.clock.now()
-            if data == b"[DONE]":
-                done = True
-                break
-            chunk = _decode_chunk(data)
-            if chunk.error is not None:
-                record.error, record.detail = "stream_error", str(chunk.error)[:500]
-                return
-            if chunk.usage is not None:
-                usage = chunk.usage
-            text = _text(chunk)
-            if not text:
-                continue
-            reply.append(text)
-            chunks += 1
-            if last is None:
-                record.ttft = now - start
-            else:
-                record.gaps.append(now - last)
-            last = now
-        end = self.clock.now()
-        if not done:
+        done_at: float | None = None
+        async with contextlib.aclosing(
+            post_sse(self.endpoint, self.path, body, self.headers)
+        ) as events:
+            async for data in events:
+                now = self.clock.now()
+                if data == b"[DONE]":
+                    done_at = now  # read on to the body's end, so the connection is reused
+                    continue
+                chunk = _decode_chunk(data)
+                if chunk.error is not None:
+                    record.error, record.detail = "stream_error", str(chunk.error)[:500]
+                    return
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                text = _text(chunk)
+                if not text:
+                    continue
+                reply.append(text)
+                chunks += 1
+                if last is None:
+                    record.ttft = now - start
+                else:
+                    record.gaps.append(now - last)
+                last = now
+        if done_at is None:
             record.error, record.detail = "incomplete", "stream ended without [DONE]"
             return
-        record.e2e = end - start
+        record.e2e = done_at - start
         record.output_tokens = chunks
         if usage is not None:
             record.output_tokens = usage.completion_tokens or chunks

@@ -143,23 +143,13 @@ class _Tally:
         return f"ok {self.ok}  errors {self.errors}  {rate:.1f} req/s"
 
 
-async def run_bench(
+async def _run_levels(
     config: BenchConfig,
-    *,
-    console: Console | None = None,
-    clock: Clock | None = None,
-    on_run: Callable[[RunResult], None] | None = None,
-) -> BenchResult:
-    """Run every level of ``config`` one after the other and return all results."""
-    console = console or Console(stderr=True)
-    clock = clock or LoopClock()
-    endpoint, recipe_model = endpoint_of(config.target)
-    model = config.model or recipe_model or await served_model(endpoint)
-    sender = Sender(
-        endpoint, model, clock, api=config.api, timeout=config.timeout,
-        ignore_eos=config.ignore_eos, extra_body=config.extra_body, headers=config.headers,
-    )  # fmt: skip
-    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    sender: Sender,
+    console: Console,
+    clock: Clock,
+    on_run: Callable[[RunResult], None] | None,
+) -> list[RunResult]:
     runs: list[RunResult] = []
     for label, concurrency, rate in config.levels():
         if config.warmup and config.trace is None:
@@ -190,6 +180,30 @@ async def run_bench(
         runs.append(RunResult(summary, outcome.records))
         if on_run is not None:
             on_run(runs[-1])
+    return runs
+
+
+async def run_bench(
+    config: BenchConfig,
+    *,
+    console: Console | None = None,
+    clock: Clock | None = None,
+    on_run: Callable[[RunResult], None] | None = None,
+) -> BenchResult:
+    """Run every level of ``config`` one after the other and return all results."""
+    console = console or Console(stderr=True)
+    clock = clock or LoopClock()
+    endpoint, recipe_model = endpoint_of(config.target)
+    model = config.model or recipe_model or await served_model(endpoint)
+    sender = Sender(
+        endpoint, model, clock, api=config.api, timeout=config.timeout,
+        ignore_eos=config.ignore_eos, extra_body=config.extra_body, headers=config.headers,
+    )  # fmt: skip
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    try:
+        runs = await _run_levels(config, sender, console, clock, on_run)
+    finally:
+        await endpoint.close()
     workload = {k: v for k, v in msgspec.structs.asdict(config).items() if k != "headers"}
     workload["limits"] = msgspec.structs.asdict(config.limits)
     workload["slo"] = msgspec.structs.asdict(config.slo)

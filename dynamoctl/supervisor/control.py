@@ -2,6 +2,8 @@
 
 A random bearer token, stored in the run directory's owner-only ``state.json``, guards it:
 on a shared login node, other users can reach 127.0.0.1 but cannot read the token.
+``/metrics`` alone needs no token: it is read-only, reveals nothing a status table does
+not, and Prometheus' file-based targets carry no per-target bearer token.
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from typing import TypeVar
 
 import httpx
 import msgspec
+from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.supervisor import Supervisor
 from dynamoctl.wire.control import (
@@ -28,6 +32,7 @@ from dynamoctl.wire.control import (
 )
 
 T = TypeVar("T")
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 class ControlError(Exception):
@@ -68,6 +73,12 @@ def build_app(supervisor: Supervisor, token: str) -> Starlette:
             return _json(ControlReply(ok=False, message="bad or missing token"), 401)
         return _json(supervisor.status())
 
+    registry = CollectorRegistry()
+    registry.register(SupervisorCollector(supervisor))
+
+    async def metrics(_: Request) -> Response:  # unauthenticated on purpose: read-only
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE)
+
     async def drain(body: DrainRequest) -> ControlReply:
         return ControlReply(ok=True, instances=await supervisor.drain(body.target))
 
@@ -83,6 +94,7 @@ def build_app(supervisor: Supervisor, token: str) -> Starlette:
     return Starlette(
         routes=[
             Route("/status", status),
+            Route("/metrics", metrics),
             Route("/drain", command(DrainRequest, drain), methods=["POST"]),
             Route("/scale", command(ScaleRequest, scale), methods=["POST"]),
             Route("/down", command(DownRequest, down), methods=["POST"]),

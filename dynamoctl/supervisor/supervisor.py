@@ -14,15 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from dynamoctl.discovery import store_from_url
+from dynamoctl import wire
+from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
 from dynamoctl.recipe.models import Recipe, Role, Supervision
 from dynamoctl.supervisor.health import Probes, WorkerSample
+from dynamoctl.supervisor.metrics import RestartKey, RestartReason
 from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, worker_spec
 from dynamoctl.supervisor.rundir import RunDir, RunState
 from dynamoctl.supervisor.states import State
@@ -48,6 +51,8 @@ class Instance:
     wanted: bool = True
     restarts: int = 0
     failures: deque[float] = field(default_factory=deque)
+    reason: RestartReason = "exit"
+    """Why the last process ended unexpectedly (the restart counter's label)."""
     started_at: float | None = None
     last_exit: int | None = None
     message: str = ""
@@ -85,6 +90,9 @@ class Supervisor:
         self._down_now = False
         self._probes: Probes | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self.restart_counts: Counter[RestartKey] = Counter()
+        """Restarts since this supervisor started, for ``/metrics``."""
+        self._discovery: Discovery | None = None
 
     # -- the whole deployment ------------------------------------------------------------
 
@@ -102,6 +110,7 @@ class Supervisor:
             self._starting = False
             self.phase = "serving"
             self.save()
+            await self._register()
             log.info("serving %s at %s", self.plan.model, self.plan.endpoint)
             await self._down.wait()
         except BaseException as exc:
@@ -111,12 +120,46 @@ class Supervisor:
             if self.phase != "failed":
                 self.phase = "stopping"
             self.save()
+            if self._discovery is not None:  # before teardown stops a managed etcd
+                await self._discovery.close()
+                self._discovery = None
             await self._teardown(now=self._down_now)
             if self.phase != "failed":
                 self.phase = "stopped"
             self.save()
             if self._probes is not None:
                 await self._probes.close()
+
+    async def _register(self) -> None:
+        """Put the control endpoint in discovery as ``{ns}/instances/supervisor/control/NAME``
+        so that Prometheus targets generated from discovery include its ``/metrics``. Best
+        effort: the deployment serves without it."""
+        if not self.control_url:
+            return
+        record = wire.InstanceRecord(
+            instance_id=self.plan.name,
+            component="supervisor",
+            endpoint="control",
+            address=self.control_url,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            model=self.plan.model,
+            metrics_url=f"{self.control_url}/metrics",
+        )
+        key = keys.instance_key(self.plan.namespace, "supervisor", "control", self.plan.name)
+        disc = Discovery(
+            store_from_url(self.plan.discovery_url),
+            lease_ttl=self.recipe.discovery.lease_ttl,
+            connect_timeout=10.0,
+        )
+        try:
+            await disc.start()
+            await disc.register(key, wire.encode_json(record))
+        except Exception as exc:
+            log.warning("could not register the control endpoint in discovery: %s", exc)
+            await disc.close()
+            return
+        self._discovery = disc
 
     def request_down(self, now: bool = False) -> None:
         self._down_now = self._down_now or now
@@ -195,13 +238,13 @@ class Supervisor:
                 inst.ended.clear()
                 inst.state, inst.started_at, inst.sample = State.STARTING, time.monotonic(), None
                 self.changed()
-                hung = await self._run_once(inst)
+                reason, hung = await self._run_once(inst)
                 inst.ended.set()
                 if not inst.wanted:
                     inst.state = State.STOPPED
                     self.changed()
                     return
-                inst.state = State.FAILED
+                inst.state, inst.reason = State.FAILED, reason
                 now = time.monotonic()
                 inst.failures.append(now)
                 while inst.failures and inst.failures[0] < now - self.settings.budget_window:
@@ -225,20 +268,23 @@ class Supervisor:
                 self.changed()
                 await asyncio.sleep(backoff.next())
                 inst.restarts += 1
+                spec = inst.spec
+                self.restart_counts[(spec.name, spec.component, spec.pool, inst.reason)] += 1
         finally:
             inst.ended.set()
 
-    async def _run_once(self, inst: Instance) -> str:
-        """Run one process of ``inst`` to its end; a non-empty result says why it was
-        killed as hung."""
+    async def _run_once(self, inst: Instance) -> tuple[RestartReason, str]:
+        """Run one process of ``inst`` to its end: why it ended, and, when it was killed
+        as hung, a message that says why (empty for an exit of its own)."""
         try:
             proc = await self.launcher.start(inst.spec, self.run_dir.log_of(inst.spec.name))
         except LaunchError as exc:
             inst.proc, inst.message = None, str(exc)
-            return ""
+            return "launch", ""
         inst.proc = proc
         self.save()
         hung = ""
+        reason: RestartReason = "exit"
         unhealthy_since: float | None = None
         last_tokens = -1.0
         while proc.returncode is None and not hung:
@@ -256,7 +302,10 @@ class Supervisor:
                     inst.ready.set()
                     self.changed()
                 elif now - (inst.started_at or now) > self.settings.start_timeout:
-                    hung = f"not ready after {self.settings.start_timeout:.0f} s"
+                    reason, hung = (
+                        "start_timeout",
+                        f"not ready after {self.settings.start_timeout:.0f} s",
+                    )
                 continue
             healthy, tokens = await self._is_healthy(inst)
             progressing = tokens is None or tokens != last_tokens
@@ -267,12 +316,13 @@ class Supervisor:
                 unhealthy_since = now
             elif now - unhealthy_since > self.settings.hang_timeout:
                 what = "no token generated" if healthy else "not answering probes"
+                reason = "hang" if healthy else "probe"
                 hung = f"hung: {what} for {self.settings.hang_timeout:.0f} s"
         if hung:
             log.warning("%s %s: killing it", inst.spec.name, hung)
             await stop(proc, 5.0)
         inst.last_exit = await proc.wait()
-        return hung
+        return reason, hung
 
     def probes(self) -> Probes:
         if self._probes is None:

@@ -51,6 +51,16 @@ class WorkerCollector(Collector):
         tokens = CounterMetricFamily(
             "dynamoctl_worker_output_tokens", "Tokens generated.", labels=_LABELS
         )
+        prompt = CounterMetricFamily(
+            "dynamoctl_worker_prompt_tokens",
+            "Prompt tokens of the requests started (as the engine reports on the first chunk).",
+            labels=_LABELS,
+        )
+        cached = CounterMetricFamily(
+            "dynamoctl_worker_cached_tokens",
+            "Prompt tokens served from the prefix cache, not recomputed.",
+            labels=_LABELS,
+        )
         for inst in self.instances:
             labels = [inst.instance_id, inst.engine.model_card.model, inst.role]
             load = inst.engine.load_metrics()
@@ -69,9 +79,10 @@ class WorkerCollector(Collector):
                 families[name].add_metric(labels, float(value))
             requests.add_metric(labels, inst.requests_total)
             tokens.add_metric(labels, inst.tokens_total)
+            prompt.add_metric(labels, inst.prompt_tokens_total)
+            cached.add_metric(labels, inst.cached_tokens_total)
         yield from families.values()
-        yield requests
-        yield tokens
+        yield from (requests, tokens, prompt, cached)
 
 
 def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlette:

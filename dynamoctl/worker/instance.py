@@ -99,6 +99,10 @@ class WorkerInstance:
         self.inflight = 0
         self.requests_total = 0
         self.tokens_total = 0
+        self.prompt_tokens_total = 0
+        self.cached_tokens_total = 0
+        """Prompt tokens, and those of them served from the prefix cache, as every engine
+        reports them on a request's first chunk: the per-worker prefix hit rate."""
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_load: bytes = b""
@@ -262,9 +266,13 @@ class WorkerInstance:
         self.inflight += 1
         self.requests_total += 1
         self._idle.clear()
-        finished = False
+        finished = first = False
         try:
             async for chunk in self.engine.generate(request):
+                if not first:
+                    first = True
+                    self.prompt_tokens_total += chunk.prompt_tokens or len(request.token_ids)
+                    self.cached_tokens_total += chunk.cached_tokens or 0
                 self.tokens_total += len(chunk.token_ids)
                 finished = chunk.finish_reason is not None
                 yield wire.engine.encode(chunk)

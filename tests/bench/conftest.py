@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import threading
 from collections.abc import Iterator
@@ -23,37 +24,67 @@ class FakeServer:
     truncate_every: int = 0
     """Every n-th stream ends after its first token, without [DONE]."""
     requests: list[dict[str, object]] = field(default_factory=list)
+    max_per_connection: int = 0
+    """A connection answers at most this many requests; the next one on it is dropped
+    unanswered, as by a server whose keep-alive timeout fired just then (0: no limit)."""
+    connections: int = 0
+    """Connections accepted."""
+    dropped: int = 0
+    """Requests dropped unanswered by ``max_per_connection``."""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
     async def handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """HTTP/1.1 with keep-alive: requests one after the other until the client closes,
+        sends ``Connection: close``, or a stream is cut."""
+        self.connections += 1
+        served = 0
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            length = 0
-            for line in head.decode().split("\r\n"):
-                if line.lower().startswith("content-length:"):
-                    length = int(line.split(":", 1)[1])
-            body = json.loads(await reader.readexactly(length)) if length else {}
-            if head.startswith(b"GET /v1/models"):
-                payload = json.dumps({"data": [{"id": "fake-model"}]}).encode()
-                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload))
-                writer.write(payload)
-                return
-            index = len(self.requests)
-            self.requests.append(body)
-            if self.fail_every and index % self.fail_every == self.fail_every - 1:
-                writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy")
-                return
-            await self.stream(writer, index, body)
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except asyncio.IncompleteReadError:
+                    return  # the client closed the connection
+                if self.max_per_connection and served >= self.max_per_connection:
+                    self.dropped += 1
+                    return
+                served += 1
+                if not await self.answer(reader, writer, head):
+                    return
+                await writer.drain()
+                if b"connection: close" in head.lower():
+                    return
         finally:
-            await writer.drain()
+            with contextlib.suppress(OSError):
+                await writer.drain()
             writer.close()
+
+    async def answer(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: bytes
+    ) -> bool:
+        """Answer one request; False when the connection must close (a cut stream)."""
+        length = 0
+        for line in head.decode().split("\r\n"):
+            if line.lower().startswith("content-length:"):
+                length = int(line.split(":", 1)[1])
+        body = json.loads(await reader.readexactly(length)) if length else {}
+        if head.startswith(b"GET /v1/models"):
+            payload = json.dumps({"data": [{"id": "fake-model"}]}).encode()
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n" % len(payload))
+            writer.write(payload)
+            return True
+        index = len(self.requests)
+        self.requests.append(body)
+        if self.fail_every and index % self.fail_every == self.fail_every - 1:
+            writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 4\r\n\r\nbusy")
+            return True
+        return await self.stream(writer, index, body)
 
     async def stream(
         self, writer: asyncio.StreamWriter, index: int, body: dict[str, object]
-    ) -> None:
+    ) -> bool:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
                      b"Transfer-Encoding: chunked\r\n\r\n")  # fmt: skip
 
@@ -72,12 +103,13 @@ class FakeServer:
             chunk({"choices": [{"index": 0, "text": f"t{n}", "finish_reason": None}]})
             await writer.drain()
             if self.truncate_every and index % self.truncate_every == self.truncate_every - 1:
-                return  # the stream ends without [DONE]
+                return False  # the stream ends without [DONE]
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
                  "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2}}  # fmt: skip
         chunk({"choices": [], "usage": usage})
         chunk(b"[DONE]")
         writer.write(b"0\r\n\r\n")
+        return True
 
 
 @pytest.fixture

@@ -1,5 +1,5 @@
 """The Grafana dashboard asks only for metrics that exist, and docs/metrics.md lists the
-worker's and frontend's metrics exactly as the code exports them."""
+worker's, frontend's and supervisor's metrics exactly as the code exports them."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from pathlib import Path
 from prometheus_client.registry import Collector
 
 from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.worker.http import WorkerCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,8 +28,12 @@ def exported(collector: Collector) -> dict[str, str]:
 
 
 def code_metrics() -> dict[str, str]:
-    """The worker's and the frontend's (embedded router) metrics."""
-    return {**exported(FrontendMetrics().registry), **exported(WorkerCollector([]))}
+    """The worker's, the frontend's (embedded router) and the supervisor's metrics."""
+    return {
+        **exported(FrontendMetrics().registry),
+        **exported(WorkerCollector([])),
+        **exported(SupervisorCollector(None)),
+    }
 
 
 def documented() -> dict[str, str]:
@@ -72,6 +77,9 @@ def test_every_dashboard_metric_is_documented_and_exported() -> None:
     assert len(used) >= 15
     assert used - docs.keys() == set(), "dashboard metrics missing from docs/metrics.md"
     assert used - code.keys() == set(), "dashboard metrics no code exports"
+    # Restarts and per-worker hits come from the real counters, not from approximations.
+    assert {"dynamoctl_supervisor_restarts_total", "dynamoctl_supervisor_instances"} <= used
+    assert {"dynamoctl_worker_cached_tokens_total", "dynamoctl_worker_prompt_tokens_total"} <= used
 
 
 def test_histograms_are_queried_through_their_buckets() -> None:
@@ -81,9 +89,10 @@ def test_histograms_are_queried_through_their_buckets() -> None:
             assert docs.get(name) != "histogram", f"{name} queried without _bucket: {expr}"
 
 
-def test_docs_table_matches_worker_and_frontend_code() -> None:
+def test_docs_table_matches_worker_frontend_and_supervisor_code() -> None:
     docs, code = documented(), code_metrics()
-    ours = {n for n in docs if n.startswith(("dynamoctl_worker_", "dynamoctl_frontend_"))}
+    prefixes = ("dynamoctl_worker_", "dynamoctl_frontend_", "dynamoctl_supervisor_")
+    ours = {n for n in docs if n.startswith(prefixes)}
     ours -= {n for n in ours if n.startswith("dynamoctl_frontend_router_")}  # standalone mode
     assert ours == set(code)
     assert {name: docs[name] for name in code} == code  # and the types agree

@@ -1,0 +1,97 @@
+"""The supervisor's own Prometheus series, served on the control endpoint's ``/metrics``.
+
+Read from the supervisor at scrape time, like the worker's: nothing on the supervision
+path updates a gauge. Restarts are counted by the supervisor, not by the instance, so a
+name that a scale-down and scale-up re-create keeps a monotonic counter. Names and labels
+are in docs/metrics.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Literal
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from dynamoctl.supervisor.states import State
+
+if TYPE_CHECKING:
+    from dynamoctl.supervisor.supervisor import Supervisor
+
+RestartReason = Literal["exit", "hang", "probe", "start_timeout", "launch"]
+"""Why an instance was restarted: ``exit`` (its process exited on its own, a crash or a
+kill), ``hang`` (a worker with requests in flight generated no token for
+``hang_timeout``), ``probe`` (it stopped answering probes for ``hang_timeout``),
+``start_timeout`` (not ready within ``start_timeout``), ``launch`` (the launcher could not
+start it)."""
+
+PHASES = ("starting", "serving", "stopping", "stopped", "failed")
+_INSTANCE = ["deployment", "instance", "component", "role"]
+
+
+RestartKey = tuple[str, str, str, str]
+"""(instance, component, role, reason) of :attr:`Supervisor.restart_counts`."""
+
+
+class SupervisorCollector(Collector):
+    """Series for every instance the supervisor knows, and the deployment's phase."""
+
+    def __init__(self, supervisor: Supervisor | None) -> None:
+        self.supervisor = supervisor  # None: describe the series only (docs test)
+
+    def collect(self) -> Iterator[Metric]:
+        restarts = CounterMetricFamily(
+            "dynamoctl_supervisor_restarts",
+            "Instance restarts by the supervisor, by reason.",
+            labels=[*_INSTANCE, "reason"],
+        )
+        state = GaugeMetricFamily(
+            "dynamoctl_supervisor_instance_state",
+            "1 for the instance's current state, 0 for the others.",
+            labels=[*_INSTANCE, "state"],
+        )
+        by_state = GaugeMetricFamily(
+            "dynamoctl_supervisor_instances",
+            "Instances in each state.",
+            labels=["deployment", "state"],
+        )
+        budget = GaugeMetricFamily(
+            "dynamoctl_supervisor_restart_budget_left",
+            "Restarts the instance may still spend within the budget window.",
+            labels=_INSTANCE,
+        )
+        uptime = GaugeMetricFamily(
+            "dynamoctl_supervisor_instance_uptime_seconds",
+            "Seconds since the instance's current process started (0 when none runs).",
+            labels=_INSTANCE,
+        )
+        phase = GaugeMetricFamily(
+            "dynamoctl_supervisor_phase",
+            "1 for the deployment's current phase, 0 for the others.",
+            labels=["deployment", "phase"],
+        )
+        sup = self.supervisor
+        if sup is not None:
+            name, now = sup.plan.name, time.monotonic()
+            settings = sup.settings
+            counted: Counter[State] = Counter()
+            for inst in sup.instances.values():
+                labels = [name, inst.spec.name, inst.spec.component, inst.spec.pool]
+                counted[inst.state] += 1
+                for each in State:
+                    state.add_metric([*labels, each.value], float(inst.state is each))
+                recent = sum(1 for t in inst.failures if t >= now - settings.budget_window)
+                budget.add_metric(labels, float(max(0, settings.restart_budget - recent)))
+                running = inst.proc is not None and inst.proc.returncode is None
+                up = now - inst.started_at if running and inst.started_at else 0.0
+                uptime.add_metric(labels, up)
+            for each in State:
+                by_state.add_metric([name, each.value], float(counted[each]))
+            for (instance, component, role, reason), n in sorted(sup.restart_counts.items()):
+                restarts.add_metric([name, instance, component, role, reason], float(n))
+            for each_phase in PHASES:
+                phase.add_metric([name, each_phase], float(sup.phase == each_phase))
+        yield from (restarts, state, by_state, budget, uptime, phase)
