@@ -81,8 +81,13 @@ async def cluster(
     worker_args: list[str] | None = None,
     router_mode: str = "kv",
     frontend_args: list[str] | None = None,
+    process_args: list[list[str]] | None = None,
 ) -> AsyncIterator[Cluster]:
-    """``processes`` worker processes of ``per_process`` mocker instances, one frontend."""
+    """``processes`` worker processes of ``per_process`` mocker instances, one frontend.
+    ``process_args``: extra arguments of each worker process (e.g. ``--role prefill``);
+    it sets the number of processes."""
+    groups = process_args if process_args is not None else [[] for _ in range(processes)]
+    processes = len(groups)
     with tempfile.TemporaryDirectory() as tmp:
         discovery = f"embedded://{tmp}"
         common = ["--namespace", NS, "--discovery", discovery]
@@ -95,9 +100,9 @@ async def cluster(
             return open(f"{logs}/{name}.log", "wb") if logs else subprocess.DEVNULL
 
         try:
-            for i in range(processes):
+            for i, extra in enumerate(groups):
                 procs.append(await asyncio.create_subprocess_exec(
-                    sys.executable, "-m", "dynamoctl", "worker", *wargs, *common,
+                    sys.executable, "-m", "dynamoctl", "worker", *wargs, *extra, *common,
                     stderr=stderr(f"worker-{i}")))  # fmt: skip
             await _wait_workers(discovery, processes * per_process)
             fargs = ["--port", "0", "--router-mode", router_mode, *(frontend_args or [])]

@@ -29,6 +29,14 @@ def frontend(
     overlap_weight: float = common.OVERLAP_WEIGHT,
     temperature: float = common.TEMPERATURE,
     busy_kv_usage: float = common.BUSY_KV_USAGE,
+    disaggregation: str = typer.Option(
+        "auto",
+        help="With prefill workers: auto (remote prefill of long prompts, local while no "
+        "prefill worker is alive), required (503 instead), off. Embedded router only.",
+    ),
+    min_remote_prefill_tokens: int = typer.Option(
+        256, min=0, help="Shorter uncached prompts are prefilled on their decode worker."
+    ),
     queue_timeout: float = typer.Option(
         5.0, min=0.0, help="Seconds a request waits when all workers are busy, then 503."
     ),
@@ -38,6 +46,7 @@ def frontend(
     label: str = common.LABEL,
 ) -> None:
     """Serve the OpenAI API for every model the namespace's workers serve."""
+    from dynamoctl.frontend.disagg import DISAGG_MODES, DisaggSettings
     from dynamoctl.frontend.main import FrontendOptions, run_frontend
     from dynamoctl.frontend.routing import routing_names
 
@@ -46,6 +55,17 @@ def frontend(
             f"must be one of {', '.join(routing_names())}, got {router!r}", param_hint="--router"
         )
     settings = common.router_settings(router_mode, overlap_weight, temperature, busy_kv_usage)
+    if disaggregation not in DISAGG_MODES:
+        raise typer.BadParameter(
+            f"must be one of {', '.join(DISAGG_MODES)}, got {disaggregation!r}",
+            param_hint="--disaggregation",
+        )
+    disagg = DisaggSettings(disaggregation, min_remote_prefill_tokens)
+    if disagg.mode == "required" and router != "embedded":
+        raise typer.BadParameter(
+            "required needs --router embedded: standalone routers serve aggregated only",
+            param_hint="--disaggregation",
+        )
     options = FrontendOptions(
         namespace=namespace,
         discovery=discovery,
@@ -55,6 +75,7 @@ def frontend(
         drain_grace=drain_grace,
         label=label,
         router=settings,
+        disagg=disagg,
         routing=router,
         route_timeout=router_timeout,
         queue_timeout=queue_timeout,

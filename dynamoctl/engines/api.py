@@ -8,9 +8,9 @@ them on the wire as they are.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias, runtime_checkable
+from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from dynamoctl.wire.engine import (
     FinishReason,
@@ -31,11 +31,15 @@ __all__ = [
     "GenerateRequest",
     "KVEventSink",
     "KvEventSource",
+    "KvTransferFailed",
     "LoadMetrics",
     "ModelCard",
+    "PeerHandler",
+    "PrefillsForRemoteDecode",
     "PublishesKvEvents",
     "ReportsDeath",
     "RequestRejected",
+    "ServesPeers",
 ]
 
 
@@ -56,6 +60,12 @@ class EngineDied(EngineStopped):
     """The engine stopped by itself and will not come back (its process died, its loop
     failed): in-flight requests are lost and no new one can start. The worker fails them
     explicitly, deregisters and exits non-zero so that its supervisor restarts it."""
+
+
+class KvTransferFailed(EngineError):
+    """A remotely prefilled request could not get its KV (the prefill worker died, the
+    transfer expired or is unknown): the request fails before its first token, and the
+    frontend prefills it again (elsewhere or locally)."""
 
 
 KVEventSink: TypeAlias = Callable[[KVEventBatch], None]
@@ -149,4 +159,41 @@ class ReportsDeath(Protocol):
     async def wait_dead(self) -> EngineDied:
         """Return, once the engine has started and then died, the cause. Never returns
         for a :meth:`Engine.stop`; cancelled by the worker when it stops watching."""
+        ...
+
+
+@runtime_checkable
+class PrefillsForRemoteDecode(Protocol):
+    """An :class:`Engine` that can run a request as a prefill whose KV a decode worker on
+    another engine instance takes over (DESIGN §6). A ``prefill``-role worker needs it.
+
+    The worker runs each request with ``max_tokens=1`` and the engine's own marker merged
+    into its ``kv_transfer_params``; the engine returns the hand-off on its chunks
+    (:attr:`GenerateChunk.kv_transfer_params`). The frontend never sees the marker, so it
+    stays engine-agnostic.
+    """
+
+    def remote_prefill_params(self) -> Mapping[str, Any] | None:
+        """What a prefill request carries so the engine prefills for a remote decode
+        (vLLM: ``{"do_remote_decode": true}``); None: nothing (the engine is configured
+        for it already)."""
+        ...
+
+
+PeerHandler: TypeAlias = Callable[[bytes], AsyncIterator[bytes]]
+"""A request-plane endpoint: called with the request body, yields response chunks."""
+
+
+@runtime_checkable
+class ServesPeers(Protocol):
+    """An :class:`Engine` that serves other workers on the request plane (the mocker's
+    ``kv_pull``: decode workers take the KV of its prefills)."""
+
+    def peer_endpoints(self) -> Mapping[str, PeerHandler]:
+        """Endpoints the worker registers on its request server, by name."""
+        ...
+
+    def set_peer_address(self, address: str) -> None:
+        """The worker's request-plane address, once bound (before it registers): where
+        peers reach :meth:`peer_endpoints`."""
         ...

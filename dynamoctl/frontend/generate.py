@@ -6,6 +6,12 @@ past its grace and aborted us) is re-issued to another worker with the prompt pl
 tokens generated so far and the remaining ``max_tokens``; the client sees one unbroken
 stream. A worker that refuses before starting (``Overloaded``: busy or draining) is simply
 skipped. Either way the failed worker is excluded for the rest of the request.
+
+Disaggregation (DESIGN §6, :mod:`dynamoctl.frontend.disagg`): when the model's picker
+has a prefill pool, the prompt is first prefilled remotely (or deliberately not), and the
+first decode request carries the prefill's hand-off. A decode that fails before its
+first token while holding a hand-off (the KV pull failed) is re-issued without it: the
+decode worker then prefills locally. A migration never reuses a hand-off.
 """
 
 from __future__ import annotations
@@ -14,12 +20,14 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
+from dynamoctl.frontend.disagg import Handoff, Prefiller, PrefillPool
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
 from dynamoctl.planes.request import (
     ClientClosedError,
     Overloaded,
@@ -35,18 +43,10 @@ from dynamoctl.wire.engine import GenerateRequest
 log = logging.getLogger(__name__)
 
 
-class WorkerChoice(NamedTuple):
-    worker_id: str
-    address: str
+__all__ = ["Admission", "Generator", "Job", "NoWorkerAvailable", "Outcome", "WorkerChoice"]
 
-
-class NoWorkerAvailable(Exception):
-    """No worker can take the request now (none serving, all busy, or all excluded)."""
-
-    def __init__(self, message: str, *, busy: bool = False) -> None:
-        super().__init__(message)
-        self.busy = busy
-        """Workers exist but all are over their busy thresholds: waiting may help."""
+PickFn = Callable[[list[int], str, set[str]], Awaitable[WorkerChoice]]
+"""``(token_ids, request_id, exclude) -> choice``: a picker's ``pick`` or ``pick_decode``."""
 
 
 @dataclass
@@ -64,10 +64,10 @@ class Admission:
     waiting: int = 0
 
     async def pick(
-        self, picker: WorkerPicker, token_ids: list[int], request_id: str, exclude: set[str]
+        self, pick: PickFn, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         try:
-            return await picker.pick(token_ids, request_id, exclude)
+            return await pick(token_ids, request_id, exclude)
         except NoWorkerAvailable as exc:
             if not exc.busy or self.waiting >= self.max_queued:
                 raise
@@ -77,7 +77,7 @@ class Admission:
             while True:
                 await asyncio.sleep(self.poll)
                 try:
-                    return await picker.pick(token_ids, request_id, exclude)
+                    return await pick(token_ids, request_id, exclude)
                 except NoWorkerAvailable as exc:
                     if not exc.busy or time.monotonic() >= deadline:
                         raise
@@ -147,6 +147,8 @@ class Generator:
     """Re-issues per request before it fails with an explicit error."""
     admission: Admission = field(default_factory=Admission)
     """Queue for requests that find every worker busy."""
+    prefiller: Prefiller | None = None
+    """Remote prefill (disaggregation); None: always aggregated."""
 
     async def run(
         self, job: Job, tokenizer: Tokenizer, picker: WorkerPicker, outcome: Outcome
@@ -162,11 +164,23 @@ class Generator:
         attempt = 0
         metrics_model = self.metrics.ttft.labels(job.model)
         itl = self.metrics.itl.labels(job.model)
+        pool = picker if isinstance(picker, PrefillPool) else None
+        handoff: Handoff | None = None
         try:
+            if pool is not None and self.prefiller is not None:
+                prompt = GenerateRequest(
+                    job.request_id, job.prompt_ids, job.max_tokens, stop_ids,
+                    job.ignore_eos, job.seed, job.temperature,
+                )  # fmt: skip
+                handoff = await self.prefiller.prefill(prompt, job.model, pool)
+                if handoff is not None:
+                    outcome.cached_tokens = handoff.cached_tokens
             while outcome.finish_reason is None:
+                remote = handoff is not None
+                pick = pool.pick_decode if pool is not None and remote else picker.pick
                 try:
                     choice = await self.admission.pick(
-                        picker, job.prompt_ids + generated, job.request_id, exclude
+                        pick, job.prompt_ids + generated, job.request_id, exclude
                     )
                 except NoWorkerAvailable as exc:
                     if generated:
@@ -184,7 +198,11 @@ class Generator:
                     ignore_eos=job.ignore_eos,
                     seed=job.seed,
                     temperature=job.temperature,
+                    kv_transfer_params=handoff.params if handoff is not None else None,
                 )
+                # One decode request takes the hand-off; a re-issue after it started
+                # prefills locally (the KV may be gone), a refusal keeps it.
+                offered, handoff = handoff, None
                 attempt += 1
                 body = wire_engine.encode(request)
                 try:
@@ -194,7 +212,7 @@ class Generator:
                     async with contextlib.aclosing(stream):
                         async for raw in stream:
                             chunk = wire_engine.decode_chunk(raw)
-                            if chunk.cached_tokens is not None and attempt == 1:
+                            if chunk.cached_tokens is not None and attempt == 1 and not remote:
                                 outcome.cached_tokens = chunk.cached_tokens
                             if chunk.finish_reason == "abort":
                                 raise _Migrate("worker aborted the stream")
@@ -221,6 +239,7 @@ class Generator:
                                 break  # aclosing cancels the worker's stream on a stop string
                 except Overloaded:
                     exclude.add(choice.worker_id)  # refused before starting: nothing lost
+                    handoff = offered
                 except (PeerDeadError, ClientClosedError, _Migrate) as exc:
                     exclude.add(choice.worker_id)
                     if outcome.migrations >= self.max_migrations:
@@ -238,7 +257,15 @@ class Generator:
                         len(generated),
                     )
                 except RemoteError as exc:
-                    raise OpenAIError(500, f"worker error: {exc}", type="internal_error") from exc
+                    if not (remote and not generated):
+                        raise OpenAIError(
+                            500, f"worker error: {exc}", type="internal_error"
+                        ) from exc
+                    # The decode worker could not take the prefill's KV (pull failed):
+                    # the same worker, or another, prefills it locally.
+                    self.metrics.prefill_fallbacks.labels(job.model, "handoff_failed").inc()
+                    log.warning("request %s: KV hand-off failed (%s); prefilling locally",
+                                job.request_id, exc)  # fmt: skip
         finally:
             picker.finished(job.request_id)
             outcome.completion_tokens = len(generated)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from dynamoctl import wire
 from dynamoctl.discovery import keys
 from dynamoctl.frontend.app import build_app
+from dynamoctl.frontend.disagg import DisaggSettings, Prefiller
 from dynamoctl.frontend.generate import Admission, Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
@@ -36,6 +37,8 @@ class FrontendOptions(ComponentOptions):
     """HTTP port; 0 picks a free one (logged and registered)."""
     router: RouterSettings | None = None
     """Routing mode and weights of the embedded router; default: ``kv``."""
+    disagg: DisaggSettings | None = None
+    """Conditional disaggregation (prefill workers); default: ``auto``."""
     routing: str = "embedded"
     """Where routing decisions are made: ``embedded`` or ``standalone`` (routing.py)."""
     route_timeout: float = 1.0
@@ -62,7 +65,12 @@ async def run_frontend(opts: FrontendOptions) -> None:
     http = BoundServer(
         build_app(
             registry,
-            Generator(client, metrics, admission=Admission(opts.max_queued, opts.queue_timeout)),
+            Generator(
+                client,
+                metrics,
+                admission=Admission(opts.max_queued, opts.queue_timeout),
+                prefiller=Prefiller(client, metrics, opts.disagg or DisaggSettings()),
+            ),
             metrics,
         ),
         opts.host,

@@ -58,6 +58,23 @@ class FrontendMetrics:
             "dynamoctl_frontend_cancellations", "Requests cancelled by client disconnect.",
             labels, registry=r,
         )  # fmt: skip
+        self.remote_prefills = Counter(
+            "dynamoctl_frontend_remote_prefills",
+            "Requests prefilled on a prefill worker, then decoded with its KV hand-off.",
+            labels, registry=r,
+        )  # fmt: skip
+        self.local_prefills = Counter(
+            "dynamoctl_frontend_local_prefills",
+            "Requests of a disaggregated model prefilled on their decode worker by choice "
+            "(reason: short, saturated).",
+            ["model", "reason"], registry=r,
+        )  # fmt: skip
+        self.prefill_fallbacks = Counter(
+            "dynamoctl_frontend_prefill_fallbacks",
+            "Requests that fell back to a local prefill because remote prefill was not "
+            "possible (reason: no_prefill_worker, prefill_failed, handoff_failed).",
+            ["model", "reason"], registry=r,
+        )  # fmt: skip
         self.migrations = Counter(
             "dynamoctl_frontend_migrations",
             "Streams re-issued to another worker after theirs failed.",

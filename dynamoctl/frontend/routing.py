@@ -5,7 +5,10 @@
   (:mod:`dynamoctl.frontend.remote`).
 
 Either way a model gets a :class:`~dynamoctl.frontend.models.ModelPicker`, so the
-request pipeline (admission, migration) is the same.
+request pipeline (admission, migration) is the same. Only the embedded picker is also a
+:class:`~dynamoctl.frontend.disagg.PrefillPool` (disaggregation); the standalone routers
+route to ``agg`` and ``decode`` workers only, so with them a disaggregated deployment
+serves aggregated (decode workers prefill locally; docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -16,8 +19,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from dynamoctl.discovery import Discovery
-from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
 from dynamoctl.frontend.models import ModelPicker
+from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
 from dynamoctl.frontend.remote import StandaloneRouting
 from dynamoctl.router import AllWorkersBusy, RouterError, RouterService
 from dynamoctl.router.settings import RouterSettings, check_mode
@@ -41,22 +44,16 @@ class Routing(Protocol):
 
 
 class EmbeddedPicker:
-    """Picks workers for one model with an in-process router."""
+    """Picks workers for one model with in-process routers: one over the ``agg`` and
+    ``decode`` workers (every request ends there), one over the ``prefill`` workers
+    (None: aggregated only)."""
 
-    def __init__(self, service: RouterService) -> None:
+    def __init__(self, service: RouterService, prefill: RouterService | None = None) -> None:
         self.service = service
+        self.prefill = prefill
 
     async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
-        try:
-            decision = self.service.router.pick(token_ids, request_id, exclude=exclude)
-        except RouterError as exc:
-            busy = isinstance(exc, AllWorkersBusy)
-            raise NoWorkerAvailable(str(exc), busy=busy) from exc
-        record = self.service.instance(decision.worker_id)
-        if record is None:  # left discovery between the decision and now
-            self.service.router.on_finished(request_id)
-            raise NoWorkerAvailable(f"worker {decision.worker_id} just left")
-        return WorkerChoice(decision.worker_id, record.address)
+        return _pick(self.service, token_ids, request_id, exclude, None)
 
     def first_token(self, request_id: str) -> None:
         self.service.router.on_first_token(request_id)
@@ -66,6 +63,64 @@ class EmbeddedPicker:
 
     async def close(self) -> None:
         await self.service.close()
+        if self.prefill is not None:
+            await self.prefill.close()
+
+    # -- PrefillPool (disaggregation) -------------------------------------------------
+
+    def disaggregated(self) -> bool:
+        if self.prefill_workers():
+            return True
+        service = self.service
+        return any(
+            (record := service.instance(w)) is not None and record.role == "decode"
+            for w in service.router.workers()
+        )
+
+    def prefill_workers(self) -> int:
+        return 0 if self.prefill is None else len(self.prefill.router.workers())
+
+    def decode_cached_tokens(self, token_ids: list[int]) -> int:
+        router = self.service.router
+        return max(router.find_matches(token_ids).values(), default=0) * router.block_size
+
+    async def pick_prefill(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        if self.prefill is None:
+            raise NoWorkerAvailable("no prefill pool")
+        return _pick(self.prefill, token_ids, request_id, exclude, None)
+
+    def prefill_finished(self, request_id: str) -> None:
+        if self.prefill is not None:
+            self.prefill.router.on_finished(request_id)
+
+    async def pick_decode(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        return _pick(self.service, token_ids, request_id, exclude, 0.0)
+
+
+def _pick(
+    service: RouterService,
+    token_ids: list[int],
+    request_id: str,
+    exclude: set[str],
+    overlap_weight: float | None,
+) -> WorkerChoice:
+    router = service.router
+    try:
+        decision = router.pick(
+            token_ids, request_id, exclude=exclude, overlap_weight=overlap_weight
+        )
+    except RouterError as exc:
+        busy = isinstance(exc, AllWorkersBusy)
+        raise NoWorkerAvailable(str(exc), busy=busy) from exc
+    record = service.instance(decision.worker_id)
+    if record is None:  # left discovery between the decision and now
+        router.on_finished(request_id)
+        raise NoWorkerAvailable(f"worker {decision.worker_id} just left")
+    return WorkerChoice(decision.worker_id, record.address)
 
 
 class EmbeddedRouting(AsyncService):
@@ -83,10 +138,14 @@ class EmbeddedRouting(AsyncService):
         """None: the embedded router's decisions show in the frontend's own metrics."""
 
     async def make_picker(self, model: str, card: ModelCard) -> ModelPicker:
-        router = self.settings.build(card.block_size)
-        service = RouterService(self.discovery, self.namespace, model, router)
-        await service.start()
-        return EmbeddedPicker(service)
+        def service(roles: tuple[str, ...]) -> RouterService:
+            router = self.settings.build(card.block_size)
+            return RouterService(self.discovery, self.namespace, model, router, roles=roles)
+
+        main, prefill = service(("agg", "decode")), service(("prefill",))
+        await main.start()
+        await prefill.start()
+        return EmbeddedPicker(main, prefill)
 
 
 RoutingFactory = Callable[[Discovery, str, RouterSettings, float], Routing]

@@ -52,6 +52,9 @@ class RequestInfo:
     """Full blocks in the prompt."""
     block_size: int
     """Tokens per block."""
+    overlap_weight: float | None = None
+    """Overrides the policy's ``alpha`` for this request: 0 for a disaggregated decode,
+    whose prompt is computed elsewhere (no overlap credit, DESIGN §6)."""
 
 
 @dataclass(slots=True)  # not frozen: built per worker per request, and frozen inits are slow
@@ -201,7 +204,10 @@ class KvCost(Policy, name="kv"):
     def logit(self, request: RequestInfo, c: Candidate) -> float:
         bs = request.block_size
         prefill = c.prefill_tokens + max(0, request.isl - c.overlap_blocks * bs)
-        return self.config.overlap_weight * prefill / bs + c.active_blocks + c.new_blocks
+        alpha = (
+            self.config.overlap_weight if request.overlap_weight is None else request.overlap_weight
+        )
+        return alpha * prefill / bs + c.active_blocks + c.new_blocks
 
     def choose(
         self, request: RequestInfo, candidates: Sequence[Candidate]

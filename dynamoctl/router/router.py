@@ -152,11 +152,18 @@ class KvRouter:
         return self._overlap_index().find_matches(sequence_hashes(token_ids, self.block_size))
 
     def pick(
-        self, token_ids: Sequence[int], request_id: str, *, exclude: Collection[str] = ()
+        self,
+        token_ids: Sequence[int],
+        request_id: str,
+        *,
+        exclude: Collection[str] = (),
+        overlap_weight: float | None = None,
     ) -> Decision:
         """Choose a worker for a prompt and book the request's load on it.
 
-        ``exclude``: workers not to use (a migration retrying elsewhere). Raises
+        ``exclude``: workers not to use (a migration retrying elsewhere).
+        ``overlap_weight``: the ``kv`` cost's alpha for this request (None: the
+        router's); 0 for a decode whose prompt was prefilled elsewhere. Raises
         :class:`NoWorkers` if none is left, :class:`AllWorkersBusy` if all are busy.
         A ``request_id`` already booked (a retry) is released first.
         """
@@ -184,7 +191,7 @@ class KvRouter:
                       trees[i], metrics[w])
             for i, w in enumerate(names)
         ]  # fmt: skip
-        request = RequestInfo(isl=len(token_ids), blocks=len(hashes), block_size=bs)
+        request = RequestInfo(len(token_ids), len(hashes), bs, overlap_weight)
         chosen, cost = self.policy.choose(request, candidates)
         worker = chosen.worker_id
         uncached = max(0, len(token_ids) - chosen.overlap_blocks * bs)

@@ -244,8 +244,12 @@ def _frontend_spec(recipe: Recipe, head: str, url: str) -> InstanceSpec:
     argv += ["--host", recipe.frontend.host, "--port", str(recipe.frontend.port)]
     argv += ["--lease-ttl", str(recipe.discovery.lease_ttl), "--label", "frontend-0"]
     argv += _router_knobs(recipe)
-    if recipe.frontend.router.replicas:
+    router, workers = recipe.frontend.router, recipe.workers
+    if router.replicas:
         argv += ["--router", "standalone"]  # ask the router replicas, no embedded router
+    if workers.prefill is not None or workers.decode is not None:
+        argv += ["--disaggregation", router.disaggregation]
+        argv += ["--min-remote-prefill-tokens", str(router.min_remote_prefill_tokens)]
     return InstanceSpec(
         name="frontend-0",
         pool="frontend",

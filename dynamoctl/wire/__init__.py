@@ -8,12 +8,13 @@ One package, one module per plane, all msgspec structs:
   vLLM/SGLang workers and the mocker feed the router the same bytes.
 * :mod:`~dynamoctl.wire.engine` — engine payloads: ``GenerateRequest``/``GenerateChunk`` on
   the ``generate`` endpoint, ``LoadMetrics`` on the load stream, ``ModelCard`` in discovery.
+* :mod:`~dynamoctl.wire.kv_transfer` — the mocker's KV hand-off and its ``kv_pull`` endpoint.
 * :mod:`~dynamoctl.wire.router` — the standalone router's ``route`` endpoint and the
   bookings stream its replicas share.
 * :mod:`~dynamoctl.wire.records` — JSON discovery records (instances, event addresses).
 """
 
-from dynamoctl.wire import engine, kv_events, records, router
+from dynamoctl.wire import engine, kv_events, kv_transfer, records, router
 from dynamoctl.wire.planes import (
     END_SEQ,
     SNAPSHOT_MARKER,
@@ -65,6 +66,7 @@ __all__ = [
     "encode_json",
     "engine",
     "kv_events",
+    "kv_transfer",
     "records",
     "router",
     "seq_from_bytes",

@@ -58,7 +58,12 @@ class WorkerCollector(Collector):
         )
         cached = CounterMetricFamily(
             "dynamoctl_worker_cached_tokens",
-            "Prompt tokens served from the prefix cache, not recomputed.",
+            "Prompt tokens not computed here: prefix-cache hits, and KV pulled from a prefill.",
+            labels=_LABELS,
+        )
+        remote = CounterMetricFamily(
+            "dynamoctl_worker_remote_prefilled_requests",
+            "Requests that arrived with a prefill worker's KV hand-off.",
             labels=_LABELS,
         )
         for inst in self.instances:
@@ -81,8 +86,9 @@ class WorkerCollector(Collector):
             tokens.add_metric(labels, inst.tokens_total)
             prompt.add_metric(labels, inst.prompt_tokens_total)
             cached.add_metric(labels, inst.cached_tokens_total)
+            remote.add_metric(labels, inst.remote_prefilled_total)
         yield from families.values()
-        yield from (requests, tokens, prompt, cached)
+        yield from (requests, tokens, prompt, cached, remote)
 
 
 def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlette:

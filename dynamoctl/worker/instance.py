@@ -15,6 +15,13 @@ or a stream fails with :class:`EngineStopped`), ends every in-flight stream with
 
 An engine that publishes its KV events itself (vLLM: :class:`PublishesKvEvents`) has its
 own stream registered instead of ours, so routers read the engine's events unchanged.
+
+Role ``prefill`` (DESIGN §6): every request runs as a prefill, ``max_tokens=1`` with the
+engine's own "prefill for a remote decode" marker (:class:`PrefillsForRemoteDecode`)
+merged into its ``kv_transfer_params``; the chunks carry the engine's hand-off back. The
+frontend only moves that hand-off to a decode worker, so it stays engine-agnostic. An
+engine that serves peers (:class:`ServesPeers`: the mocker's ``kv_pull``) gets its
+endpoints on this instance's request server.
 """
 
 from __future__ import annotations
@@ -25,8 +32,10 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator
-from typing import Literal
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Literal
+
+import msgspec
 
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys
@@ -35,8 +44,10 @@ from dynamoctl.engines.api import (
     EngineStopped,
     GenerateChunk,
     KvEventSource,
+    PrefillsForRemoteDecode,
     PublishesKvEvents,
     ReportsDeath,
+    ServesPeers,
 )
 from dynamoctl.planes.events import EventPublisher
 from dynamoctl.planes.request import NotAccepting, RequestServer
@@ -100,9 +111,20 @@ class WorkerInstance:
         self.requests_total = 0
         self.tokens_total = 0
         self.prompt_tokens_total = 0
+        """Prompt tokens of requests that reached their first chunk, as every engine
+        reports them there (with ``cached_tokens_total``: the per-worker prefix hit rate)."""
         self.cached_tokens_total = 0
-        """Prompt tokens, and those of them served from the prefix cache, as every engine
-        reports them on a request's first chunk: the per-worker prefix hit rate."""
+        """Of those, tokens the engine did not compute (prefix cache, or pulled KV)."""
+        self.remote_prefilled_total = 0
+        """Requests that arrived with a prefill worker's hand-off."""
+        self._prefill_marker: Mapping[str, Any] | None = None
+        if role == "prefill":
+            if not isinstance(engine, PrefillsForRemoteDecode):
+                raise ValueError(
+                    f"engine {type(engine).__name__} cannot serve role prefill (it does not "
+                    "prefill for a remote decode); use role agg or decode"
+                )
+            self._prefill_marker = engine.remote_prefill_params() or {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_load: bytes = b""
@@ -145,7 +167,13 @@ class WorkerInstance:
                 self.kv_events.address, self.kv_events.replay_address, KV_TOPIC.decode()
             )
         self.server.register(GENERATE, self._generate)
+        peers = engine if isinstance(engine, ServesPeers) else None
+        if peers is not None:
+            for name, handler in peers.peer_endpoints().items():
+                self.server.register(name, handler)
         await self.server.start()
+        if peers is not None:
+            peers.set_peer_address(self.server.address)
         self._load_task = asyncio.create_task(self._publish_load(), name="worker-load")
         card = engine.model_card
         await self.discovery.register(
@@ -263,6 +291,13 @@ class WorkerInstance:
         if self.draining:
             raise WorkerDraining(f"worker {self.instance_id} is draining")
         request = wire.engine.decode_request(body)
+        if request.kv_transfer_params is not None and self.role != "prefill":
+            self.remote_prefilled_total += 1
+        if self._prefill_marker is not None:
+            params = {**(request.kv_transfer_params or {}), **self._prefill_marker}
+            request = msgspec.structs.replace(
+                request, max_tokens=1, kv_transfer_params=params or None
+            )
         self.inflight += 1
         self.requests_total += 1
         self._idle.clear()

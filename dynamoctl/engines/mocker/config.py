@@ -43,6 +43,15 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     text decodes and never contains an accidental end-of-turn."""
     data_parallel_rank: int | None = None
     """Stamped on KV event batches (vLLM's ``data_parallel_rank``); None outside DP."""
+    kv_bytes_per_token: int = 131072
+    """KV bytes of one token (all layers, K and V); a block moves ``block_size`` times
+    this. The default is Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes."""
+    kv_transfer_gbps: float = 25.0
+    """Prefill → decode KV transfer bandwidth in GB/s (1e9 bytes/s) of simulated time: a
+    decode worker waits ``bytes / bandwidth`` before a pulled prompt is in its cache."""
+    kv_pin_ttl: float = 30.0
+    """Seconds (of real time) a prefill worker keeps a finished prefill's blocks pinned
+    for its decode worker; unpulled blocks are freed after it."""
 
     def __post_init__(self) -> None:
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
@@ -50,6 +59,10 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.kv_bytes_per_token < 1:
+            raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
+        if not (self.kv_transfer_gbps > 0 and self.kv_pin_ttl > 0):
+            raise ValueError("kv_transfer_gbps and kv_pin_ttl must be > 0")
         if not self.speedup_ratio > 0:
             raise ValueError(f"speedup_ratio must be > 0, got {self.speedup_ratio}")
         if not 1 <= self.vocab_size <= 2**32:
@@ -59,6 +72,11 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     def context_length(self) -> int:
         """Longest prompt + output in tokens."""
         return self.max_model_len or self.num_gpu_blocks * self.block_size
+
+    @property
+    def block_bytes(self) -> int:
+        """KV bytes of one block."""
+        return self.block_size * self.kv_bytes_per_token
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> MockerConfig:

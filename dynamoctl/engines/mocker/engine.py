@@ -12,6 +12,12 @@ to it), so a late wake-up on the real clock is caught up instead of slowing the 
 Output tokens are ``mock_token(seed, index)``: a pure function of the request's seed (or
 id) and the token's position, so they do not depend on batching or preemption;
 ``temperature`` is ignored.
+
+Disaggregation (:mod:`~dynamoctl.engines.mocker.transfer`): a request whose
+``kv_transfer_params`` ask ``do_remote_decode`` keeps its blocks pinned and ends with a
+hand-off naming this worker; one that carries a hand-off first pulls the blocks from the
+prefill worker (off the engine loop, so other requests keep stepping), then joins the
+scheduler with its prompt already computed.
 """
 
 from __future__ import annotations
@@ -20,12 +26,13 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from dynamoctl.engines.api import (
     Engine,
+    EngineError,
     EngineStopped,
     FinishReason,
     GenerateChunk,
@@ -33,13 +40,18 @@ from dynamoctl.engines.api import (
     KVEventSink,
     LoadMetrics,
     ModelCard,
+    PeerHandler,
+    PrefillsForRemoteDecode,
     RequestRejected,
+    ServesPeers,
 )
 from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
 from dynamoctl.engines.mocker.timing import TimingModel
+from dynamoctl.engines.mocker.transfer import KvTransfers
 from dynamoctl.wire.kv_events import KVEventBatch
+from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +80,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
         "_engine",
         "_error",
         "_finish",
+        "_handoff",
         "_header",
         "_tokens",
         "_waiter",
@@ -81,6 +94,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
         self._finish: FinishReason | None = None
         # (cached_tokens, prompt_tokens) for the first chunk; None once sent.
         self._header: tuple[int, int] | None = (0, prompt_tokens)
+        self._handoff: dict[str, Any] | None = None  # on the last chunk
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._done = False
@@ -115,6 +129,8 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             self._done = True
             raise self._error
         chunk = GenerateChunk(self._tokens, self._finish)
+        if self._finish is not None:
+            chunk.kv_transfer_params = self._handoff
         if self._header is not None:
             chunk.cached_tokens, chunk.prompt_tokens = self._header
             self._header = None
@@ -129,7 +145,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             await self._engine.abort(self.request_id)
 
 
-class MockerEngine(Engine):
+class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
     def __init__(
@@ -149,6 +165,9 @@ class MockerEngine(Engine):
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self.transfers = KvTransfers(self.config, self._scheduler, self.clock)
+        """Pinned prefills and KV pulls (disaggregation)."""
+        self._pulling: dict[str, asyncio.Task[None]] = {}
         cfg = self.config
         self._card = ModelCard(
             model=cfg.model,
@@ -187,28 +206,53 @@ class MockerEngine(Engine):
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        for pull in list(self._pulling.values()):
+            pull.cancel()
         for rid in list(self._streams):
             self._finish_stream(rid, "abort")
         self._scheduler.clear()
+        await self.transfers.close()
 
     def generate(self, request: GenerateRequest) -> MockerStream:
         """Queue ``request`` now and return its output stream (errors surface when read)."""
-        stream = MockerStream(self, request.request_id, len(request.token_ids))
+        rid = request.request_id
+        stream = MockerStream(self, rid, len(request.token_ids))
         if self._task is None:
             error = EngineStopped("mocker engine is not running (start() it)")
             error.__cause__ = self._failure
             stream._fail(error)
             return stream
+        params = request.kv_transfer_params or {}
+        pin = bool(params.get("do_remote_decode"))
         try:
-            self._scheduler.add(request)
-        except RequestRejected as exc:
-            stream._fail(exc)
+            handoff = MockerHandoff.from_params(params)
+            if pin and self.transfers.address is None:
+                raise RequestRejected(
+                    f"request {rid!r} asks do_remote_decode, but this mocker serves no "
+                    "kv_pull endpoint (run it in a prefill worker)"
+                )
+            if rid in self._pulling:
+                raise RequestRejected(f"request id {rid!r} is already in use")
+            if handoff is None:
+                self._scheduler.add(request, pin=pin)
+            else:
+                self._scheduler.check(request)
+        except (RequestRejected, ValueError) as exc:
+            stream._fail(exc if isinstance(exc, EngineError) else RequestRejected(str(exc)))
             return stream
-        self._streams[request.request_id] = stream
-        self._work.set()
+        self._streams[rid] = stream
+        if handoff is None:
+            self._work.set()
+        else:
+            self._pulling[rid] = asyncio.get_running_loop().create_task(
+                self._pull_then_add(request, handoff), name=f"mocker-pull[{rid}]"
+            )
         return stream
 
     async def abort(self, request_id: str) -> None:
+        pull = self._pulling.pop(request_id, None)
+        if pull is not None:
+            pull.cancel()
         self._scheduler.abort(request_id)
         self._finish_stream(request_id, "abort")
 
@@ -217,6 +261,33 @@ class MockerEngine(Engine):
 
     def load_metrics(self) -> LoadMetrics:
         return self._scheduler.load_metrics()
+
+    # ------------------------------------------------------------------ disaggregation
+
+    def remote_prefill_params(self) -> Mapping[str, Any]:
+        return {"do_remote_decode": True}
+
+    def peer_endpoints(self) -> Mapping[str, PeerHandler]:
+        return {KV_PULL: self.transfers.serve_pull}
+
+    def set_peer_address(self, address: str) -> None:
+        self.transfers.address = address
+
+    async def _pull_then_add(self, request: GenerateRequest, handoff: MockerHandoff) -> None:
+        rid = request.request_id
+        try:
+            await self.transfers.pull(handoff, request.token_ids)
+            if self._task is None:
+                raise EngineStopped("mocker engine stopped during a KV pull")
+            self._scheduler.add(request, remote_kv=True)
+        except EngineError as exc:
+            stream = self._streams.pop(rid, None)
+            if stream is not None:
+                stream._fail(exc)
+            return
+        finally:
+            self._pulling.pop(rid, None)
+        self._work.set()
 
     # ------------------------------------------------------------------ mocker extras
 
@@ -288,9 +359,14 @@ class MockerEngine(Engine):
         for seq, token, finish in outputs:
             stream = streams.get(seq.request_id)
             if stream is None:
+                if finish is not None:
+                    self._scheduler.unpin(seq.request_id)  # nobody to hand it to
                 continue
             if seq.num_output == 1 and stream._header is not None:
                 stream._header = (seq.cached_tokens, seq.prompt_len)
+            if finish is not None and seq.pin:
+                handoff = self.transfers.pin(seq.request_id, seq.tokens[: seq.prompt_len])
+                stream._handoff = handoff.to_params()
             stream._push(token, finish)
             if finish is not None:
                 del streams[seq.request_id]

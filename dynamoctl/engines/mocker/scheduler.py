@@ -18,6 +18,15 @@ time has passed):
 A request samples its next token when a step computes its last known token. Blocks are
 registered in the prefix cache once all their tokens are computed. A request that could
 not complete even alone in the engine is refused when added, so the loop never stalls.
+
+Disaggregation (DESIGN §6): a request added with ``pin=True`` (a prefill for a remote
+decode) keeps its blocks held when it finishes; :meth:`Scheduler.take_pinned` hands them
+to the caller, which releases them once a decode worker pulled them (or they expired). A
+request added with ``remote_kv=True`` (its prompt's KV was pulled from a prefill worker)
+is admitted with the whole prompt but its last token already computed: that token is run
+as a decode step (a one-token forward over the pulled KV, as vLLM recomputes it), so the
+decode worker spends no prefill compute. After a preemption it recomputes like any
+request: the pulled KV is gone.
 """
 
 from __future__ import annotations
@@ -72,7 +81,9 @@ class SeqState:
         "max_tokens",
         "num_computed",
         "num_stored",
+        "pin",
         "prompt_len",
+        "remote_kv",
         "request_id",
         "seed",
         "status",
@@ -80,7 +91,9 @@ class SeqState:
         "tokens",
     )
 
-    def __init__(self, request: GenerateRequest, hashes: list[int]) -> None:
+    def __init__(
+        self, request: GenerateRequest, hashes: list[int], pin: bool, remote_kv: bool
+    ) -> None:
         self.request_id = request.request_id
         self.tokens = list(request.token_ids)
         """Prompt then output; the last one is not computed yet."""
@@ -99,6 +112,10 @@ class SeqState:
         self.cached_tokens = -1
         """Prefix-cache hit at first admission, -1 before it."""
         self.status = Status.WAITING
+        self.pin = pin
+        """Keep the blocks held when finished (a prefill for a remote decode)."""
+        self.remote_kv = remote_kv
+        """The prompt's KV was pulled: admit it computed (until a preemption)."""
 
     @property
     def num_output(self) -> int:
@@ -140,23 +157,28 @@ class Scheduler:
         self._caching = config.enable_prefix_caching
         self.num_preemptions = 0
         """Preemptions since start (a counter for metrics)."""
+        self._pinned: dict[str, SeqState] = {}  # finished pinned requests, not taken yet
 
     # ------------------------------------------------------------------ requests
 
-    def add(self, request: GenerateRequest) -> SeqState:
-        """Queue ``request``; :class:`RequestRejected` if it could never complete."""
-        self._check(request)
+    def add(
+        self, request: GenerateRequest, *, pin: bool = False, remote_kv: bool = False
+    ) -> SeqState:
+        """Queue ``request``; :class:`RequestRejected` if it could never complete.
+        ``pin``, ``remote_kv``: see the module docstring."""
+        self.check(request)
         hashes = (
             hashing.sequence_hashes(request.token_ids, self.config.block_size)
             if self._caching
             else []
         )
-        seq = SeqState(request, hashes)
+        seq = SeqState(request, hashes, pin, remote_kv)
         self._seqs[seq.request_id] = seq
         self.waiting.append(seq)
         return seq
 
-    def _check(self, request: GenerateRequest) -> None:
+    def check(self, request: GenerateRequest) -> None:
+        """:class:`RequestRejected` if ``request`` could never complete here."""
         cfg, rid = self.config, request.request_id
         prompt, max_tokens = len(request.token_ids), request.max_tokens
         if rid in self._seqs:
@@ -208,9 +230,10 @@ class Scheduler:
 
     def clear(self) -> None:
         """Drop every request and release its blocks (engine stop); the cache stays."""
-        for seq in self.running:
+        for seq in [*self.running, *self._pinned.values()]:
             self.pool.release(seq.blocks)
             seq.blocks = []
+        self._pinned.clear()
         for seq in self._seqs.values():
             seq.status = Status.FINISHED
         self.running = []
@@ -267,6 +290,9 @@ class Scheduler:
                 pool.match_prefix(seq.hashes, (len(seq.tokens) - 1) // bs) if self._caching else []
             )
             computed = len(hits) * bs
+            remote = seq.remote_kv and seq.cached_tokens < 0  # pulled KV, first admission
+            if remote:
+                computed = len(seq.tokens) - 1
             n = len(seq.tokens) - computed
             if n > budget:
                 if not cfg.enable_chunked_prefill:
@@ -285,7 +311,10 @@ class Scheduler:
             self.waiting.popleft()
             running.append(seq)
             plan.scheduled.append((seq, n))
-            plan.prefill_tokens += n
+            if remote:
+                plan.num_decode += 1  # the last prompt token over pulled KV: a decode
+            else:
+                plan.prefill_tokens += n
             budget -= n
 
         plan.kv_usage = pool.num_active / cfg.num_gpu_blocks
@@ -321,8 +350,11 @@ class Scheduler:
                 finish = "length"
             outputs.append(StepOutput(seq, token, finish))
             if finish is not None:
-                pool.release(seq.blocks)
-                seq.blocks = []
+                if seq.pin:
+                    self._pinned[seq.request_id] = seq  # blocks stay held: take_pinned
+                else:
+                    pool.release(seq.blocks)
+                    seq.blocks = []
                 seq.status = Status.FINISHED
                 del self._seqs[seq.request_id]
                 finished = True
@@ -335,6 +367,20 @@ class Scheduler:
             self.running = [s for s in self.running if s.status is Status.RUNNING]
         self._stepping = False
         return outputs
+
+    def pinned(self, request_id: str) -> SeqState | None:
+        """A finished pinned request, its blocks still held (see :meth:`unpin`)."""
+        return self._pinned.get(request_id)
+
+    def unpin(self, request_id: str) -> bool:
+        """Release a finished pinned request's blocks (pulled, or expired); False if it
+        has none. Safe during a step: no step uses a finished request's blocks."""
+        seq = self._pinned.pop(request_id, None)
+        if seq is None:
+            return False
+        self.pool.release(seq.blocks)
+        seq.blocks = []
+        return True
 
     def _store_full_blocks(self, seq: SeqState) -> None:
         bs = self.config.block_size
@@ -372,6 +418,9 @@ class Scheduler:
             holds.update(seq.blocks)
         for seq in self.waiting:
             assert seq.status is Status.WAITING and not seq.blocks, seq.request_id
+        for seq in self._pinned.values():
+            assert seq.status is Status.FINISHED, seq.request_id
+            holds.update(seq.blocks)
         assert len(self._seqs) == len(self.running) + len(self.waiting), "request table"
         pool.check(holds)
 

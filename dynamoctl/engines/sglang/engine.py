@@ -119,6 +119,11 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
         if self._engine is not None:
             self._engine.tokenizer_manager.abort_request(rid=request_id)
 
+    def remote_prefill_params(self) -> Mapping[str, Any] | None:
+        """Disaggregation (PrefillsForRemoteDecode): nothing to ask; an engine started
+        with ``disaggregation-mode: prefill`` makes the bootstrap room itself (above)."""
+        return None
+
     def set_kv_event_sink(self, sink: KVEventSink | None) -> None:
         """Unused: SGLang publishes its KV events itself."""
 

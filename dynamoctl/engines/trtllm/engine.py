@@ -99,6 +99,11 @@ class TrtllmEngine(Engine):
         if result is not None:
             result.abort()
 
+    def remote_prefill_params(self) -> Mapping[str, Any]:
+        """Disaggregation (PrefillsForRemoteDecode): a context-only request; its
+        ``disaggregated_params`` come back on the last chunk."""
+        return {"request_type": "context_only"}
+
     def set_kv_event_sink(self, sink: KVEventSink | None) -> None:
         self._sink = sink
 

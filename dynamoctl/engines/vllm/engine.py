@@ -199,6 +199,11 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         if self._engine is not None:
             await self._engine.abort(request_id)
 
+    def remote_prefill_params(self) -> Mapping[str, Any]:
+        """Disaggregation (PrefillsForRemoteDecode): NIXL's ask for a prefill whose KV a
+        remote decode pulls; the last chunk returns vLLM's ``kv_transfer_params``."""
+        return {"do_remote_decode": True, "do_remote_prefill": False}
+
     def set_kv_event_sink(self, sink: KVEventSink | None) -> None:
         """Unused: vLLM publishes its KV events itself (see :meth:`kv_event_source`)."""
 

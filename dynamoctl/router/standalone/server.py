@@ -104,7 +104,11 @@ class RouteServer(AsyncService):
 
     async def _open(self, model: str, card: ModelCard) -> RouterService:
         router = self.settings.build(card.block_size)
-        service = RouterService(self.discovery, self.namespace, model, router)
+        # Aggregated only: prefill workers only prefill (their role), so a standalone
+        # router never sends them a whole request (docs/architecture.md, P/D).
+        service = RouterService(
+            self.discovery, self.namespace, model, router, roles=("agg", "decode")
+        )
         await service.start()
         log.info("routing %s (%s, block size %d)", model, router.mode, card.block_size)
         return service

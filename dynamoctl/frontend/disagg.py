@@ -1,0 +1,201 @@
+"""Disaggregated prefill/decode, the frontend's part (DESIGN §6).
+
+Before a request is decoded, :class:`Prefiller` decides where its prompt is computed:
+
+========================================  ==============================================
+prefill pool of the model                 decision (mode ``auto``)
+========================================  ==============================================
+no prefill worker alive                   aggregated on the decode pool (a *fallback*;
+                                          ``required``: 503)
+uncached prompt < ``min_remote_prefill``  *local* prefill on the decode worker
+every prefill worker busy (saturated)     *local* prefill (``required``: 503, retry later)
+otherwise                                 *remote*: a prefill worker picked KV-aware runs
+                                          it with ``max_tokens=1``; its hand-off goes to
+                                          a decode worker picked with no overlap credit
+========================================  ==============================================
+
+"Uncached" counts against the decode pool's best cached prefix: that is what a local
+prefill would compute. A prefill that fails before its hand-off (worker died, refused,
+returned none) is retried on another prefill worker, then falls back to local (``auto``)
+or fails with 503 (``required``). The frontend never looks inside the hand-off: what a
+prefill asks of its engine is the worker's business (``engines.api``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from dataclasses import dataclass
+from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+
+from dynamoctl.frontend.errors import OpenAIError, overloaded
+from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
+from dynamoctl.planes.request import RequestClient, RequestPlaneError
+from dynamoctl.wire import engine as wire_engine
+from dynamoctl.wire.engine import GenerateRequest
+
+log = logging.getLogger(__name__)
+
+DisaggMode = Literal["auto", "required", "off"]
+DISAGG_MODES: tuple[DisaggMode, ...] = ("auto", "required", "off")
+
+
+@dataclass(frozen=True)
+class DisaggSettings:
+    """Knobs of conditional disaggregation (recipe ``frontend.router``)."""
+
+    mode: DisaggMode = "auto"
+    """``auto``: remote prefill when a prefill worker is alive and the prompt is long;
+    ``required``: never prefill on a decode worker for lack of prefill workers (503);
+    ``off``: always aggregated."""
+    min_remote_prefill_tokens: int = 256
+    """Uncached prompts shorter than this are prefilled on the decode worker."""
+    max_prefill_attempts: int = 2
+    """Prefill workers tried per request before falling back (or 503)."""
+
+    def __post_init__(self) -> None:
+        if self.mode not in DISAGG_MODES:
+            raise ValueError(
+                f"unknown disaggregation mode {self.mode!r}; valid: {', '.join(DISAGG_MODES)}"
+            )
+        if self.min_remote_prefill_tokens < 0 or self.max_prefill_attempts < 1:
+            raise ValueError("need min_remote_prefill_tokens >= 0 and max_prefill_attempts >= 1")
+
+
+@runtime_checkable
+class PrefillPool(Protocol):
+    """What a model's picker offers when it can disaggregate (the embedded router)."""
+
+    def disaggregated(self) -> bool:
+        """Whether the model has prefill or decode workers (else it is aggregated)."""
+        ...
+
+    def prefill_workers(self) -> int:
+        """Prefill workers alive now."""
+        ...
+
+    def decode_cached_tokens(self, token_ids: list[int]) -> int:
+        """Most leading prompt tokens cached on one decode worker."""
+        ...
+
+    async def pick_prefill(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        """A prefill worker, KV-aware; raises ``NoWorkerAvailable`` (``busy``: all
+        saturated)."""
+        ...
+
+    def prefill_finished(self, request_id: str) -> None:
+        """Release what :meth:`pick_prefill` booked."""
+        ...
+
+    async def pick_decode(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        """A decode worker for a remotely prefilled prompt: no overlap credit."""
+        ...
+
+
+class Handoff(NamedTuple):
+    """A finished remote prefill."""
+
+    params: dict[str, Any]
+    """The engine's hand-off, for the decode request."""
+    cached_tokens: int
+    """Prompt tokens the prefill worker found in its cache (the request's usage)."""
+
+
+class _PrefillFailed(Exception):
+    pass
+
+
+@dataclass
+class Prefiller:
+    """Runs the remote prefill of a request, or decides not to (module docstring)."""
+
+    client: RequestClient
+    metrics: FrontendMetrics
+    settings: DisaggSettings
+
+    async def prefill(
+        self, request: GenerateRequest, model: str, pool: PrefillPool
+    ) -> Handoff | None:
+        """The hand-off of a remote prefill of ``request``, or None: prefill it on the
+        decode worker. Raises :class:`OpenAIError` (503) when ``required`` cannot be met."""
+        mode, prompt = self.settings.mode, request.token_ids
+        if mode == "off" or (mode == "auto" and not pool.disaggregated()):
+            return None
+        m = self.metrics
+        if pool.prefill_workers() == 0:
+            if mode == "required":
+                raise OpenAIError(
+                    503, f"model {model!r} requires disaggregated serving (disaggregation: "
+                    "required) but no prefill worker is alive", type="service_unavailable",
+                )  # fmt: skip
+            m.prefill_fallbacks.labels(model, "no_prefill_worker").inc()
+            return None
+        if (
+            len(prompt) - pool.decode_cached_tokens(prompt)
+            < self.settings.min_remote_prefill_tokens
+        ):
+            m.local_prefills.labels(model, "short").inc()
+            return None
+        exclude: set[str] = set()
+        failure = "no prefill worker left"
+        for attempt in range(self.settings.max_prefill_attempts):
+            rid = f"{request.request_id}-p{attempt}"
+            try:
+                choice = await pool.pick_prefill(prompt, rid, exclude)
+            except NoWorkerAvailable as exc:
+                if exc.busy and mode == "auto":
+                    m.local_prefills.labels(model, "saturated").inc()
+                    return None
+                if exc.busy:
+                    raise overloaded(f"every prefill worker is busy: {exc}") from exc
+                failure = str(exc)
+                break
+            try:
+                handoff = await self._run(choice, request, rid)
+            except _PrefillFailed as exc:
+                failure = str(exc)
+                exclude.add(choice.worker_id)
+                log.warning("request %s: prefill on %s failed: %s", rid, choice.worker_id, exc)
+                continue
+            finally:
+                pool.prefill_finished(rid)
+            m.remote_prefills.labels(model).inc()
+            return handoff
+        if mode == "required":
+            raise OpenAIError(
+                503, f"remote prefill failed and disaggregation is required: {failure}",
+                type="service_unavailable",
+            )  # fmt: skip
+        m.prefill_fallbacks.labels(model, "prefill_failed").inc()
+        return None
+
+    async def _run(self, choice: WorkerChoice, request: GenerateRequest, rid: str) -> Handoff:
+        body = wire_engine.encode(GenerateRequest(
+            request_id=rid, token_ids=request.token_ids, max_tokens=1,
+            stop_token_ids=request.stop_token_ids, ignore_eos=request.ignore_eos,
+            seed=request.seed, temperature=request.temperature,
+        ))  # fmt: skip
+        params: dict[str, Any] | None = None
+        cached, finish = 0, None
+        try:
+            stream = self.client.stream(choice.address, "generate", body)
+            async with contextlib.aclosing(stream):
+                async for raw in stream:
+                    chunk = wire_engine.decode_chunk(raw)
+                    if chunk.cached_tokens is not None:
+                        cached = chunk.cached_tokens
+                    if chunk.kv_transfer_params is not None:
+                        params = chunk.kv_transfer_params
+                    finish = chunk.finish_reason or finish
+        except RequestPlaneError as exc:
+            raise _PrefillFailed(f"{type(exc).__name__}: {exc}") from exc
+        if finish is None or finish == "abort":
+            raise _PrefillFailed(f"prefill ended with {finish or 'no finish'}")
+        if params is None:
+            raise _PrefillFailed("the prefill worker returned no KV hand-off")
+        return Handoff(params, cached)

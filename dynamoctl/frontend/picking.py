@@ -1,0 +1,20 @@
+"""What a router answers the frontend: a worker, or why there is none (shared by the
+request pipeline, the routings and disaggregation)."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class WorkerChoice(NamedTuple):
+    worker_id: str
+    address: str
+
+
+class NoWorkerAvailable(Exception):
+    """No worker can take the request now (none serving, all busy, or all excluded)."""
+
+    def __init__(self, message: str, *, busy: bool = False) -> None:
+        super().__init__(message)
+        self.busy = busy
+        """Workers exist but all are over their busy thresholds: waiting may help."""
