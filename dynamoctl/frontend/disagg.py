@@ -118,6 +118,13 @@ class Prefiller:
     metrics: FrontendMetrics
     settings: DisaggSettings
 
+    def applies(self, pool: PrefillPool) -> bool:
+        """Whether :meth:`prefill` has anything to decide for this pool: not with mode
+        ``off``, nor in ``auto`` for a model that has only aggregated workers (the common
+        case, kept off the per-request path)."""
+        mode = self.settings.mode
+        return mode == "required" or (mode == "auto" and pool.disaggregated())
+
     async def prefill(
         self, request: GenerateRequest, model: str, pool: PrefillPool
     ) -> Handoff | None:

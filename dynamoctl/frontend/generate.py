@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from dynamoctl.frontend.disagg import Handoff, Prefiller, PrefillPool
 from dynamoctl.frontend.errors import OpenAIError, overloaded
@@ -164,10 +164,10 @@ class Generator:
         attempt = 0
         metrics_model = self.metrics.ttft.labels(job.model)
         itl = self.metrics.itl.labels(job.model)
-        pool = picker if isinstance(picker, PrefillPool) else None
+        pool = picker if _is_prefill_pool(picker) else None
         handoff: Handoff | None = None
         try:
-            if pool is not None and self.prefiller is not None:
+            if pool is not None and self.prefiller is not None and self.prefiller.applies(pool):
                 prompt = GenerateRequest(
                     job.request_id, job.prompt_ids, job.max_tokens, stop_ids,
                     job.ignore_eos, job.seed, job.temperature,
@@ -271,3 +271,16 @@ class Generator:
             outcome.completion_tokens = len(generated)
             if outcome.finish_reason is not None:
                 self.metrics.duration.labels(job.model).observe(time.monotonic() - started)
+
+
+_POOL_TYPES: dict[type, bool] = {}
+
+
+def _is_prefill_pool(picker: WorkerPicker) -> TypeGuard[PrefillPool]:
+    """``isinstance(picker, PrefillPool)``, answered once per picker class: a runtime
+    protocol check walks every member and would cost more than the routing decision."""
+    kind = type(picker)
+    known = _POOL_TYPES.get(kind)
+    if known is None:
+        known = _POOL_TYPES[kind] = isinstance(picker, PrefillPool)
+    return known

@@ -54,6 +54,9 @@ class _Source:
         self.tracker = StreamTracker(publisher_id)
         self.stats = SourceStats()
         self.sub: zmq.asyncio.Socket | None = None
+        self.sub_view: zmq.Socket[bytes] | None = None
+        """A blocking view of ``sub`` for non-blocking reads: they need no future, and the
+        poller checks the socket itself before it waits, so nothing is missed."""
         self.monitor: zmq.asyncio.Socket | None = None  # SUB connection events
         self.replay: zmq.asyncio.Socket | None = None
         self.task: asyncio.Task[None] | None = None
@@ -215,9 +218,12 @@ class EventSubscriber(AsyncService):
 
     async def _read_live(self, src: _Source) -> None:
         assert src.sub is not None
+        if src.sub_view is None:
+            src.sub_view = zmq.Socket.shadow(src.sub.underlying)
+        sub = src.sub_view
         for _ in range(_BATCH):
             try:
-                frames = await src.sub.recv_multipart(zmq.NOBLOCK)
+                frames = sub.recv_multipart(_NOBLOCK)
             except zmq.Again:
                 return
             if len(frames) != 3 or len(frames[1]) != 8:
@@ -295,6 +301,9 @@ class EventSubscriber(AsyncService):
             await self._queue.put(item)
 
 
+_NOBLOCK, _EVENTS, _POLLIN = int(zmq.NOBLOCK), int(zmq.EVENTS), int(zmq.POLLIN)
+
+
 def _readable(sock: zmq.asyncio.Socket) -> bool:
-    events = sock.getsockopt(zmq.EVENTS)
-    return isinstance(events, int) and bool(events & zmq.POLLIN)
+    events = sock.get(_EVENTS)  # plain ints: pyzmq's enum flags cost more than the call
+    return isinstance(events, int) and bool(events & _POLLIN)
