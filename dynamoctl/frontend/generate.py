@@ -215,6 +215,7 @@ class Generator:
                             if chunk.cached_tokens is not None and attempt == 1 and not remote:
                                 outcome.cached_tokens = chunk.cached_tokens
                             if chunk.finish_reason == "abort":
+                                yield ""  # writers flush what they hold before the re-pick
                                 raise _Migrate("worker aborted the stream")
                             now = time.monotonic()
                             if chunk.token_ids:

@@ -51,6 +51,7 @@ class EmbeddedPicker:
     def __init__(self, service: RouterService, prefill: RouterService | None = None) -> None:
         self.service = service
         self.prefill = prefill
+        self._disaggregated: tuple[tuple[int, int], bool] = ((-1, -1), False)
 
     async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
         return _pick(self.service, token_ids, request_id, exclude, None)
@@ -69,13 +70,16 @@ class EmbeddedPicker:
     # -- PrefillPool (disaggregation) -------------------------------------------------
 
     def disaggregated(self) -> bool:
-        if self.prefill_workers():
-            return True
+        # Asked for every request: recomputed only when either pool's workers change.
         service = self.service
-        return any(
-            (record := service.instance(w)) is not None and record.role == "decode"
-            for w in service.router.workers()
-        )
+        key = (service.generation, -1 if self.prefill is None else self.prefill.generation)
+        if key != self._disaggregated[0]:
+            answer = bool(self.prefill_workers()) or any(
+                (record := service.instance(w)) is not None and record.role == "decode"
+                for w in service.router.workers()
+            )
+            self._disaggregated = (key, answer)
+        return self._disaggregated[1]
 
     def prefill_workers(self) -> int:
         return 0 if self.prefill is None else len(self.prefill.router.workers())
@@ -98,7 +102,7 @@ class EmbeddedPicker:
     async def pick_decode(
         self, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
-        return _pick(self.service, token_ids, request_id, exclude, 0.0)
+        return _pick(self.service, token_ids, request_id, exclude, 0.0, prefilled=True)
 
 
 def _pick(
@@ -107,11 +111,17 @@ def _pick(
     request_id: str,
     exclude: set[str],
     overlap_weight: float | None,
+    *,
+    prefilled: bool = False,
 ) -> WorkerChoice:
     router = service.router
     try:
         decision = router.pick(
-            token_ids, request_id, exclude=exclude, overlap_weight=overlap_weight
+            token_ids,
+            request_id,
+            exclude=exclude,
+            overlap_weight=overlap_weight,
+            prefilled=prefilled,
         )
     except RouterError as exc:
         busy = isinstance(exc, AllWorkersBusy)

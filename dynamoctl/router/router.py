@@ -158,12 +158,15 @@ class KvRouter:
         *,
         exclude: Collection[str] = (),
         overlap_weight: float | None = None,
+        prefilled: bool = False,
     ) -> Decision:
         """Choose a worker for a prompt and book the request's load on it.
 
         ``exclude``: workers not to use (a migration retrying elsewhere).
         ``overlap_weight``: the ``kv`` cost's alpha for this request (None: the
-        router's); 0 for a decode whose prompt was prefilled elsewhere. Raises
+        router's); 0 for a decode whose prompt was prefilled elsewhere, as Dynamo's
+        decode router does. ``prefilled``: the prompt's KV arrives from a prefill worker,
+        so no prefill tokens are booked on the chosen worker. Raises
         :class:`NoWorkers` if none is left, :class:`AllWorkersBusy` if all are busy.
         A ``request_id`` already booked (a retry) is released first.
         """
@@ -194,7 +197,7 @@ class KvRouter:
         request = RequestInfo(len(token_ids), len(hashes), bs, overlap_weight)
         chosen, cost = self.policy.choose(request, candidates)
         worker = chosen.worker_id
-        uncached = max(0, len(token_ids) - chosen.overlap_blocks * bs)
+        uncached = 0 if prefilled else max(0, len(token_ids) - chosen.overlap_blocks * bs)
         self.load.book(request_id, Booking(worker, uncached, hashes))
         if self.approx is not None:
             self.approx.record(worker, hashes)

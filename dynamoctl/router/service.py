@@ -102,6 +102,9 @@ class RouterService(AsyncService):
         self._kv = EventSubscriber(idle_poll=idle_poll)
         self._load = EventSubscriber(idle_poll=idle_poll)
         self._instances: dict[str, InstanceRecord] = {}
+        self.generation = 0
+        """Bumped on every change to the routable workers: a key for views derived from
+        them (the frontend caches whether a model is disaggregated)."""
         self._events: dict[str, EventsRecord] = {}
         self._streams: dict[str, _Streams] = {}
         self._gen = itertools.count()
@@ -196,6 +199,7 @@ class RouterService(AsyncService):
 
     async def _reconcile(self, iid: str) -> None:
         """Bring the router and the subscriptions in line with the records of ``iid``."""
+        self.generation += 1
         router = self.router
         async with self._lock:
             if iid not in self._instances:

@@ -107,6 +107,10 @@ class WorkerInstance:
             f"tcp://{host}:0", f"tcp://{host}:0", topic=LOAD_TOPIC, snapshot=self._load_snapshot
         )
         self.draining = False
+        self.stopping = False
+        """Set (synchronously, from the signal handler) when the process is told to stop:
+        an engine that dies from then on is part of the shutdown (a process-group SIGTERM
+        reaches vLLM's and SGLang's engine processes too), not a death to report."""
         self.inflight = 0
         self.requests_total = 0
         self.tokens_total = 0
@@ -264,6 +268,9 @@ class WorkerInstance:
         failed = [t.exception() for t in waits if t.done() and not t.cancelled()]
         broken = next((exc for exc in failed if exc is not None), None)
         cause = self.death or EngineStopped(f"the engine's death watch failed: {broken!r}")
+        if self.stopping:
+            return cause  # a stop was asked for meanwhile: main drains instead
+        self.death = cause
         log.error(
             "[%s] engine died: %s; ending %d open stream(s) with abort",
             self.instance_id,
@@ -283,6 +290,8 @@ class WorkerInstance:
 
     async def _reported_death(self, engine: ReportsDeath) -> None:
         cause = await engine.wait_dead()
+        if self.stopping:  # dying as part of the shutdown: wait to be cancelled
+            await asyncio.Event().wait()
         self.death = self.death or cause
 
     # -- request plane ---------------------------------------------------------------
@@ -312,7 +321,7 @@ class WorkerInstance:
                 finished = chunk.finish_reason is not None
                 yield wire.engine.encode(chunk)
         except EngineStopped as exc:  # the engine is gone: "abort" makes the frontend migrate
-            if not self.draining and self.death is None:
+            if not (self.draining or self.stopping) and self.death is None:
                 self.death = exc
                 self._died.set()
             finished = True  # nothing left to abort

@@ -51,6 +51,8 @@ async def run_worker(opts: WorkerOptions) -> None:
         nonlocal signals
         signals += 1
         stop.set()
+        for inst in instances:  # before any engine process the signal reached can die
+            inst.stopping = True
         if signals > 1:
             log.warning("second signal: skipping the rest of the drain")
             for task in draining:

@@ -38,6 +38,7 @@ from dynamoctl.engines.api import (
     GenerateChunk,
     GenerateRequest,
     KVEventSink,
+    KvTransferFailed,
     LoadMetrics,
     ModelCard,
     PeerHandler,
@@ -280,7 +281,10 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers):
             if self._task is None:
                 raise EngineStopped("mocker engine stopped during a KV pull")
             self._scheduler.add(request, remote_kv=True)
-        except EngineError as exc:
+        except Exception as exc:  # anything, so the stream never waits on a dead pull
+            if not isinstance(exc, EngineError):
+                logger.exception("[mocker] KV pull for %s failed unexpectedly", rid)
+                exc = KvTransferFailed(f"KV pull failed: {type(exc).__name__}: {exc}")
             stream = self._streams.pop(rid, None)
             if stream is not None:
                 stream._fail(exc)

@@ -22,6 +22,8 @@ import uuid
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
+import msgspec
+
 from dynamoctl.engines.api import KvTransferFailed
 from dynamoctl.engines.mocker.clock import Clock
 from dynamoctl.engines.mocker.config import MockerConfig
@@ -132,7 +134,11 @@ class KvTransfers:
             raise KvTransferFailed(f"{where} has {handoff.num_blocks} blocks: too few")
         try:
             reply = await asyncio.wait_for(self._ask(handoff), self.pull_timeout)
-        except (RequestPlaneError, TimeoutError) as exc:
+        except (RequestPlaneError, asyncio.TimeoutError, msgspec.DecodeError) as exc:
+            if isinstance(exc, RequestPlaneError) and self._client is not None:
+                # The prefill worker is gone or broken: do not keep a socket (reconnecting,
+                # pinged every second) to an address a restarted worker will not reuse.
+                await self._client.disconnect(handoff.remote_address)
             raise KvTransferFailed(f"{where} failed: {type(exc).__name__}: {exc}") from exc
         seconds = reply.num_blocks * reply.block_bytes / (self.config.kv_transfer_gbps * 1e9)
         await self.clock.sleep(seconds)

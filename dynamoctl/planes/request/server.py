@@ -83,6 +83,7 @@ class RequestServer(AsyncService):
         self._sock: zmq.Socket[bytes] | None = None
         self._fd = -1
         self._check_scheduled = False
+        self._closing = False
         self._tasks: list[asyncio.Task[None]] = []
         self._address = ""
 
@@ -105,6 +106,7 @@ class RequestServer(AsyncService):
         return self._inflight
 
     async def start(self) -> None:
+        self._closing = False
         sock = _zmq.sync_context().socket(zmq.ROUTER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
@@ -124,7 +126,10 @@ class RequestServer(AsyncService):
         logger.info("request plane serving on %s", self._address)
 
     async def close(self) -> None:
-        """Cancel every handler and close the socket."""
+        """Stop receiving, cancel every handler and close the socket."""
+        if self._sock is not None:  # first: no request may open while handlers are cancelled
+            asyncio.get_running_loop().remove_reader(self._fd)
+        self._closing = True
         streams = [s for p in self._peers.values() for s in p.streams.values() if s.task]
         tasks = [*self._tasks, *(s.task for s in streams if s.task)]
         for task in tasks:
@@ -132,8 +137,6 @@ class RequestServer(AsyncService):
         await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         self._peers.clear()
-        if self._sock is not None:
-            asyncio.get_running_loop().remove_reader(self._fd)
         _zmq.close(self._sock)
         self._sock = None
 
@@ -144,7 +147,7 @@ class RequestServer(AsyncService):
         have consumed its edge-triggered signal: see :meth:`_check_later`)."""
         self._check_scheduled = False
         sock = self._sock
-        if sock is None:
+        if sock is None or self._closing:
             return
         try:
             for _ in range(_RECV_BUDGET):
@@ -287,9 +290,10 @@ class RequestServer(AsyncService):
         sock = self._sock
         if sock is None:
             raise zmq.ZMQError(zmq.ENOTSOCK, "request server closed")
+        data = wire.encode(msg)  # first: a failure between the two frames would misroute
         try:
             sock.send(ident, _SNDMORE_NOBLOCK)
-            sock.send(wire.encode(msg), _NOBLOCK)
+            sock.send(data, _NOBLOCK)
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 raise _PeerGone from exc
