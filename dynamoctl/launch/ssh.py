@@ -14,11 +14,11 @@ Choices and known gaps:
   it (``MaxSessions``, default 10) a further connection is opened.
 - sshd notices a vanished supervisor *host* only by its keepalives (TCPKeepAlive,
   ClientAliveInterval); an exited or killed supervisor is noticed at once.
-- Two keeper limits are worked around: ``--setsid`` fails (EPERM) in a session leader,
-  which an exec'd command under sshd is, so it is not passed; and the keeper's note on
-  stderr when its stdin closes fails on the closed channel and kills its watcher before it
-  stops the group, so the keeper's stderr goes to /dev/null and the command's own stderr
-  to stdout (``sh -c 'exec "$@" 2>&1'``).
+- ``--setsid`` fails (EPERM) in a session leader, which an exec'd command under sshd is,
+  so it is not passed. The command's stderr goes to its stdout (``sh -c 'exec "$@"
+  2>&1'``) so that its log stays one ordered stream; the keeper's own stderr (a command
+  that cannot start, the note when the supervisor goes away) reaches the log through the
+  channel, and a write to a channel that just closed cannot stop the keeper.
 """
 
 from __future__ import annotations
@@ -159,7 +159,6 @@ class SshLauncher:
             spec, argv=["sh", "-c", 'exec "$@" 2>&1', "sh", *spec.argv]
         )
         command = f"exec {shlex.join([*env, *keeper_argv(merged, self.python, header=True)])}"
-        command += " 2>/dev/null"
         if self._cwd:
             command = f"cd {shlex.quote(self._cwd)} && {command}"
         return command

@@ -384,7 +384,7 @@ def test_describe_is_the_ssh_command_line() -> None:
     )
     remote = (
         "cd run && exec env CUDA_VISIBLE_DEVICES=0,1 /venv/bin/python -m dynamoctl.launch.keeper"
-        " --header -- sh -c 'exec \"$@\" 2>&1' sh dynamoctl worker --model 'a b' 2>/dev/null"
+        " --header -- sh -c 'exec \"$@\" 2>&1' sh dynamoctl worker --model 'a b'"
     )
     assert ssh.describe(instance) == [
         "ssh", "-p", "2222", "-i", "/keys/id", "-o", "StrictHostKeyChecking=no",
@@ -401,5 +401,5 @@ def test_from_recipe_takes_the_ssh_target() -> None:
     assert argv[:6] == ["ssh", "-p", "22", "-i", key, "serving@gpu-node-1"]
     assert argv[6] == (
         "cd /var/lib/dynamoctl && exec /opt/dynamoctl/venv/bin/python -m dynamoctl.launch.keeper"
-        " --header -- sh -c 'exec \"$@\" 2>&1' sh dynamoctl worker 2>/dev/null"
+        " --header -- sh -c 'exec \"$@\" 2>&1' sh dynamoctl worker"
     )
