@@ -8,8 +8,8 @@ import time
 import msgspec
 import typer
 
-from dynamoctl.cli.locate import find_deployment
-from dynamoctl.supervisor.control import ControlClient, ControlError
+from dynamoctl.cli.locate import find_deployment, not_running
+from dynamoctl.supervisor.control import ControlClient, ControlError, Unreachable
 from dynamoctl.supervisor.rundir import RunDir
 
 
@@ -22,14 +22,24 @@ def register(app: typer.Typer) -> None:
 
 def _client(run_dir: RunDir) -> ControlClient:
     state = run_dir.read_state()
-    if state is None or not run_dir.is_locked():
-        typer.echo(f"{run_dir.name} is not running", err=True)
+    why = not_running(run_dir, state)
+    if why is not None or state is None:
+        typer.echo(f"dynamoctl: {run_dir.name}: {why[1] if why else 'not running'}", err=True)
         raise typer.Exit(1)
     return ControlClient(state.control, state.token)
 
 
-def _fail(exc: Exception) -> typer.Exit:
-    typer.echo(f"dynamoctl: {exc}", err=True)
+def _fail(exc: Exception, run_dir: RunDir | None = None) -> typer.Exit:
+    """One line on stderr, exit 1; an unreachable supervisor is explained if we can."""
+    message = str(exc)
+    if isinstance(exc, Unreachable) and run_dir is not None:
+        why = not_running(run_dir, run_dir.read_state())  # it may have ended meanwhile
+        job = run_dir.slurm_job(run_dir.read_state())
+        if why is not None:
+            message = why[1]
+        elif job is not None:
+            message += f" (Slurm job {job} is running: is the node reachable from here?)"
+    typer.echo(f"dynamoctl: {message}", err=True)
     return typer.Exit(1)
 
 
@@ -41,20 +51,21 @@ def status(
     from dynamoctl.cli.view import status_table
 
     run_dir = find_deployment(name, running_only=False)
-    if not run_dir.is_locked():
-        state = run_dir.read_state()
-        phase = state.phase if state else "unknown"
-        error = f": {state.error}" if state and state.error else ""
+    state = run_dir.read_state()
+    why = not_running(run_dir, state)
+    if why is not None or state is None:
+        phase, message = ("unknown", "not running") if why is None else why
         if json:
-            typer.echo(msgspec.json.encode({"name": run_dir.name, "phase": phase}).decode())
+            out = {"name": run_dir.name, "phase": phase, "message": message}
+            typer.echo(msgspec.json.encode(out).decode())
         else:
-            typer.echo(f"{run_dir.name}: not running (last phase {phase}{error})")
+            typer.echo(f"{run_dir.name}: {message}")
         raise typer.Exit(3)
-    client = _client(run_dir)
+    client = ControlClient(state.control, state.token)
     try:
         report = client.status()
     except ControlError as exc:
-        raise _fail(exc) from exc
+        raise _fail(exc, run_dir) from exc
     finally:
         client.close()
     if json:
@@ -72,7 +83,8 @@ def drain(
     timeout: float = typer.Option(120.0, help="Seconds to wait."),
 ) -> None:
     """Take instances out of routing, let in-flight requests finish, stop them for good."""
-    client = _client(find_deployment(name))
+    run_dir = find_deployment(name)
+    client = _client(run_dir)
     try:
         names = client.drain(target).instances
         typer.echo(f"draining {', '.join(names)}")
@@ -86,7 +98,7 @@ def drain(
                 raise _fail(ControlError(f"still draining after {timeout:.0f} s: {states}"))
             time.sleep(0.2)
     except ControlError as exc:
-        raise _fail(exc) from exc
+        raise _fail(exc, run_dir) from exc
     finally:
         client.close()
 
@@ -99,11 +111,12 @@ def scale(
     pool, eq, count = assignment.partition("=")
     if not eq or not count.isdigit():
         raise typer.BadParameter(f"expected POOL=N, got {assignment!r}")
-    client = _client(find_deployment(name))
+    run_dir = find_deployment(name)
+    client = _client(run_dir)
     try:
         reply = client.scale(pool, int(count))
     except ControlError as exc:
-        raise _fail(exc) from exc
+        raise _fail(exc, run_dir) from exc
     finally:
         client.close()
     typer.echo(f"{pool}={count}: " + (", ".join(reply.instances) or "nothing to change"))

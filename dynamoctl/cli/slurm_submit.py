@@ -17,10 +17,8 @@ from pathlib import Path
 import typer
 
 from dynamoctl.recipe.models import Recipe, SlurmTarget
-from dynamoctl.supervisor.rundir import RunDir
+from dynamoctl.supervisor.rundir import JOB_FILE, RunDir
 from dynamoctl.util import aio
-
-JOB_FILE = "slurm-job"
 
 
 def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeout: float) -> None:

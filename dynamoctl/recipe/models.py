@@ -320,6 +320,12 @@ class Supervision(_Model):
     """Seconds between health probes of each instance."""
     drain_timeout: float = Field(default=45.0, ge=0)
     """Seconds a draining instance gets (finishing in-flight requests) before SIGKILL."""
+    control_host: NonEmptyStr | None = None
+    """IPv4 address or host name the supervisor's control endpoint (``status``, ``drain``,
+    ``scale``, ``down``, ``/metrics``) listens on; ``state.json`` records its URL with this
+    host, or this machine's host name for ``0.0.0.0``. Default: ``127.0.0.1`` for a local
+    target; ``0.0.0.0`` for ssh and slurm, so that commands on a login node that shares the
+    run directory reach it. Every route but ``/metrics`` needs the token in ``state.json``."""
 
 
 class Recipe(_Model):

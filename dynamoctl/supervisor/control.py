@@ -1,7 +1,11 @@
-"""The supervisor's control endpoint (HTTP on 127.0.0.1) and the client commands use.
+"""The supervisor's control endpoint (HTTP) and the client commands use.
 
+It listens on 127.0.0.1 for a local target, and on every interface for ssh and slurm ones
+(``supervision.control_host``): there the supervisor runs on a node while operators run
+``dynamoctl status/drain/scale`` on a login node that shares the run directory.
 A random bearer token, stored in the run directory's owner-only ``state.json``, guards it:
-on a shared login node, other users can reach 127.0.0.1 but cannot read the token.
+other users (on a shared login node, or anywhere on the cluster's network) can reach the
+port but cannot read the token.
 ``/metrics`` alone needs no token: it is read-only, reveals nothing a status table does
 not, and Prometheus' file-based targets carry no per-target bearer token.
 """
@@ -9,6 +13,7 @@ not, and Prometheus' file-based targets carry no per-target bearer token.
 from __future__ import annotations
 
 import hmac
+import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -20,6 +25,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from dynamoctl.recipe.models import LocalTarget, Recipe
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.supervisor import Supervisor
@@ -35,8 +41,27 @@ T = TypeVar("T")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
+ANY_ADDRESS = ("0.0.0.0", "")
+
+
 class ControlError(Exception):
     """The supervisor refused a command or could not be reached; the message says why."""
+
+
+class Unreachable(ControlError):
+    """No answer from the control endpoint (nothing listens, or the host is unreachable)."""
+
+
+def control_address(recipe: Recipe) -> tuple[str, str]:
+    """(address to listen on, host to put in the recorded URL) for ``recipe``'s supervisor.
+
+    Listening on every interface rather than on the resolved host name: Debian maps a
+    machine's own name to 127.0.1.1 in /etc/hosts, which other hosts cannot reach.
+    """
+    host = recipe.supervision.control_host
+    if host is None:
+        host = "127.0.0.1" if isinstance(recipe.target, LocalTarget) else "0.0.0.0"
+    return host, socket.gethostname() if host in ANY_ADDRESS else host
 
 
 def _json(payload: msgspec.Struct, status: int = 200) -> Response:
@@ -117,7 +142,7 @@ class ControlClient:
                 method, path, content=msgspec.json.encode(body) if body else None
             )
         except httpx.HTTPError as exc:
-            raise ControlError(f"supervisor at {self._http.base_url} unreachable: {exc}") from exc
+            raise Unreachable(f"supervisor at {self._http.base_url} unreachable: {exc}") from exc
         if reply.status_code != 200:
             try:
                 message = msgspec.json.decode(reply.content, type=ControlReply).message

@@ -7,6 +7,8 @@
   deployment is refused, and any command can tell whether a supervisor is alive;
 - ``state.json``: the plan, each instance's process record and state, and the control
   endpoint with its token (mode 0600: whoever can read it may control the deployment);
+- ``slurm-job``: the id of the job ``dynamoctl up`` submitted from a login node, written
+  before the job starts (so a queued deployment can be found, and cancelled);
 - ``logs/INSTANCE.log``: each instance's output, appended across restarts;
   ``supervisor.log`` for a detached supervisor.
 """
@@ -23,6 +25,8 @@ import msgspec
 from dynamoctl.launch.api import ProcessRecord
 from dynamoctl.supervisor.plan import Plan
 
+JOB_FILE = "slurm-job"
+
 
 class RunState(msgspec.Struct, kw_only=True):
     """``state.json``: what another process needs to reach or clean up a deployment."""
@@ -36,6 +40,8 @@ class RunState(msgspec.Struct, kw_only=True):
     control: str = ""
     """Base URL of the control endpoint."""
     token: str = ""
+    slurm_job: str = ""
+    """The Slurm job the supervisor runs in (``$SLURM_JOB_ID``) under a slurm target."""
     error: str = ""
     """Why ``up`` failed, when ``phase`` is ``failed``."""
     plan: Plan | None = None
@@ -90,6 +96,18 @@ class RunDir:
             fcntl.flock(handle, fcntl.LOCK_UN)
             return False
 
+    def known(self) -> bool:
+        """Whether a deployment ever started here, or was submitted and is still queued."""
+        return self.state_file.exists() or (self.path / JOB_FILE).exists()
+
+    def slurm_job(self, state: RunState | None) -> str | None:
+        """The Slurm job of this deployment: the one submitted from a login node, else the
+        one its supervisor runs in (``sbatch slurm/launch.sh``)."""
+        try:
+            return (self.path / JOB_FILE).read_text().strip() or None
+        except FileNotFoundError:
+            return state.slurm_job if state is not None and state.slurm_job else None
+
     def read_state(self) -> RunState | None:
         try:
             return msgspec.json.decode(self.state_file.read_bytes(), type=RunState)
@@ -110,4 +128,4 @@ def deployments(root: Path | None = None) -> list[RunDir]:
     runs = (root or home()) / "runs"
     if not runs.is_dir():
         return []
-    return [RunDir(p.name, root) for p in sorted(runs.iterdir()) if (p / "state.json").exists()]
+    return [RunDir(p.name, root) for p in sorted(runs.iterdir()) if RunDir(p.name, root).known()]

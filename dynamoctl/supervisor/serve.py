@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import secrets
 import signal
 from collections.abc import Callable
@@ -13,8 +14,8 @@ from pathlib import Path
 
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.registry import launcher_for
-from dynamoctl.recipe.models import Recipe
-from dynamoctl.supervisor.control import build_app
+from dynamoctl.recipe.models import Recipe, SlurmTarget
+from dynamoctl.supervisor.control import build_app, control_address
 from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.supervisor import StartupFailed, Supervisor
@@ -70,8 +71,14 @@ async def serve(
         launcher = launcher_for(recipe)
         sup = Supervisor(recipe, str(recipe_path), plan, gpu_map, launcher, run_dir)
         sup.token = secrets.token_urlsafe(24)
-        control = BoundServer(build_app(sup, sup.token), "127.0.0.1", 0)
-        sup.control_url = f"http://127.0.0.1:{control.port}"
+        bind, shown = control_address(recipe)
+        try:
+            control = BoundServer(build_app(sup, sup.token), bind, 0)
+        except OSError as exc:
+            raise UpError(f"supervision.control_host: cannot listen on {bind!r}: {exc}") from exc
+        sup.control_url = f"http://{shown}:{control.port}"
+        if isinstance(recipe.target, SlurmTarget):
+            sup.slurm_job = os.environ.get("SLURM_JOB_ID", "")
         control_task = asyncio.create_task(control.run_bound(), name="control")
         loop = asyncio.get_running_loop()
         signals = 0

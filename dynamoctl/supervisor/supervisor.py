@@ -84,6 +84,7 @@ class Supervisor:
         self.error = ""
         self.control_url = ""
         self.token = ""
+        self.slurm_job = ""
         self.on_change: Callable[[], None] = lambda: None
         self._starting = True
         self._down = asyncio.Event()
@@ -465,6 +466,7 @@ class Supervisor:
                 phase=self.phase,
                 control=self.control_url,
                 token=self.token,
+                slurm_job=self.slurm_job,
                 error=self.error,
                 plan=self.plan,
                 records=records,

@@ -109,6 +109,7 @@ def test_second_up_is_refused_and_killed_supervisor_leaves_nothing(cli: Cli) -> 
     report = cli.status()
     groups = [row["pid"] for row in report["instances"]]
     state = json.loads((cli.home / "runs" / "twice" / "state.json").read_text())
+    assert state["control"].startswith("http://127.0.0.1:")  # local: loopback only
 
     # Commands the supervisor refuses, each with the reason.
     unknown = cli("drain", "nosuch")
