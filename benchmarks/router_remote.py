@@ -5,7 +5,7 @@
 Starts one worker process (4 mocker instances, B=16) and one ``dynamoctl router`` on
 127.0.0.1 with embedded discovery. In this process (uvloop, as the frontend runs) it
 builds both pickers the frontend can have over the same workers, the embedded one (an
-in-process RouterService) and the standalone one (RemotePicker over RouterReplicas), and
+in-process ModelPools) and the standalone one (RemotePicker over RouterReplicas), and
 times ``pick`` + ``finished`` for 1024-token prompts: sequentially (latency) and with 32
 picks in flight (throughput, the router process's CPU per pick).
 """
@@ -29,7 +29,8 @@ import psutil
 from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.frontend.remote import RemotePicker, RouterReplicas
 from dynamoctl.frontend.routing import EmbeddedPicker
-from dynamoctl.router import KvRouter, RouterService
+from dynamoctl.router import KvRouter
+from dynamoctl.router.pools import ModelPools
 from dynamoctl.util import aio
 
 NS = "bench"
@@ -82,19 +83,22 @@ async def run(url: str, router_pid: int, picks: int) -> dict[str, dict[str, floa
             if await disc.list(f"{NS}/instances/router/"):
                 break
             await asyncio.sleep(0.1)
-        service = RouterService(disc, NS, MODEL, KvRouter("kv", BLOCK))
+        pools = await ModelPools.open(disc, NS, MODEL, lambda: KvRouter("kv", BLOCK))
         replicas = RouterReplicas(disc, NS)
-        async with service, replicas:
-            await service.wait_for_workers(4)
-            for _ in range(100):
-                if replicas.replicas():
-                    break
-                await asyncio.sleep(0.05)
-            embedded = await measure(EmbeddedPicker(service), prompts, "e", None)
-            remote = RemotePicker(MODEL, replicas)
-            await remote.pick(prompts[0], "warm", set())
-            remote.finished("warm")
-            standalone = await measure(remote, prompts, "s", psutil.Process(router_pid))
+        try:
+            async with replicas:
+                await pools.main.wait_for_workers(4)
+                for _ in range(100):
+                    if replicas.replicas():
+                        break
+                    await asyncio.sleep(0.05)
+                embedded = await measure(EmbeddedPicker(pools), prompts, "e", None)
+                remote = RemotePicker(MODEL, replicas)
+                await remote.pick(prompts[0], "warm", set())
+                remote.finished("warm")
+                standalone = await measure(remote, prompts, "s", psutil.Process(router_pid))
+        finally:
+            await pools.close()
     return {"embedded": embedded, "standalone": standalone}
 
 

@@ -32,7 +32,7 @@ def frontend(
     disaggregation: str = typer.Option(
         "auto",
         help="With prefill workers: auto (remote prefill of long prompts, local while no "
-        "prefill worker is alive), required (503 instead), off. Embedded router only.",
+        "prefill worker is alive), required (503 instead), off.",
     ),
     min_remote_prefill_tokens: int = typer.Option(
         256, min=0, help="Shorter uncached prompts are prefilled on their decode worker."
@@ -61,11 +61,6 @@ def frontend(
             param_hint="--disaggregation",
         )
     disagg = DisaggSettings(disaggregation, min_remote_prefill_tokens)
-    if disagg.mode == "required" and router != "embedded":
-        raise typer.BadParameter(
-            "required needs --router embedded: standalone routers serve aggregated only",
-            param_hint="--disaggregation",
-        )
     options = FrontendOptions(
         namespace=namespace,
         discovery=discovery,

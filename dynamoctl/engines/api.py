@@ -29,6 +29,7 @@ __all__ = [
     "FinishReason",
     "GenerateChunk",
     "GenerateRequest",
+    "HoldsPeerWork",
     "KVEventSink",
     "KvEventSource",
     "KvTransferFailed",
@@ -196,4 +197,15 @@ class ServesPeers(Protocol):
     def set_peer_address(self, address: str) -> None:
         """The worker's request-plane address, once bound (before it registers): where
         peers reach :meth:`peer_endpoints`."""
+        ...
+
+
+@runtime_checkable
+class HoldsPeerWork(Protocol):
+    """An :class:`Engine` that holds work for peers past its own requests (the mocker's
+    pinned prefills, waiting for decode workers to pull them): a draining worker waits,
+    within its grace period, until none is left."""
+
+    def pending_peer_work(self) -> int:
+        """Hand-offs not yet taken by a peer (0: closing loses nothing)."""
         ...

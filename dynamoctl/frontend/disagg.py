@@ -63,20 +63,28 @@ class DisaggSettings:
             raise ValueError("need min_remote_prefill_tokens >= 0 and max_prefill_attempts >= 1")
 
 
+class PoolSurvey(NamedTuple):
+    """What the decision needs to know about a request's pools."""
+
+    prefill_workers: int
+    """Prefill workers alive now."""
+    decode_cached_tokens: int
+    """Most leading prompt tokens cached on one decode (or agg) worker."""
+
+
 @runtime_checkable
 class PrefillPool(Protocol):
-    """What a model's picker offers when it can disaggregate (the embedded router)."""
+    """What a model's picker offers for disaggregation (embedded and standalone)."""
 
     def disaggregated(self) -> bool:
-        """Whether the model has prefill or decode workers (else it is aggregated)."""
+        """Whether the model has prefill or decode workers (else it is aggregated); a
+        picker that does not know yet answers True, and :meth:`survey` finds out."""
         ...
 
-    def prefill_workers(self) -> int:
-        """Prefill workers alive now."""
-        ...
-
-    def decode_cached_tokens(self, token_ids: list[int]) -> int:
-        """Most leading prompt tokens cached on one decode worker."""
+    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
+        """The pools as they stand for this prompt. The standalone picker asks its
+        router with the request's ordinary pick and keeps that pick for ``pick``, so a
+        request prefilled locally costs one round trip, as an aggregated one does."""
         ...
 
     async def pick_prefill(
@@ -134,7 +142,10 @@ class Prefiller:
         if mode == "off" or (mode == "auto" and not pool.disaggregated()):
             return None
         m = self.metrics
-        if pool.prefill_workers() == 0:
+        survey = await pool.survey(prompt, request.request_id)
+        if mode == "auto" and not pool.disaggregated():  # the survey found out
+            return None
+        if survey.prefill_workers == 0:
             if mode == "required":
                 raise OpenAIError(
                     503, f"model {model!r} requires disaggregated serving (disaggregation: "
@@ -142,10 +153,7 @@ class Prefiller:
                 )  # fmt: skip
             m.prefill_fallbacks.labels(model, "no_prefill_worker").inc()
             return None
-        if (
-            len(prompt) - pool.decode_cached_tokens(prompt)
-            < self.settings.min_remote_prefill_tokens
-        ):
+        if len(prompt) - survey.decode_cached_tokens < self.settings.min_remote_prefill_tokens:
             m.local_prefills.labels(model, "short").inc()
             return None
         exclude: set[str] = set()

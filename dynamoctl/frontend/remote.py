@@ -7,9 +7,14 @@ seconds and the call moves on to the next one, so a replica killed mid-call cost
 timeout, not a failed request. Only prompt token ids go to the router; tokens stream
 from the worker it names.
 
-Progress notifications (first token, finished) go to the replica that booked the
-request, batched by a background task: they never hold up a token stream, and one lost
-with its replica is harmless (that replica's bookings die with it, docs/router.md).
+Disaggregation: every reply says whether the model has prefill or decode workers, how
+many prefill workers are alive and (for a disaggregated model) the decode pool's best
+cached prefix, so a request's first pick doubles as the survey of its pools; picks name
+their pool (``prefill``; ``decode`` after a remote prefill).
+
+Progress notifications (first token, finished) go to the replica (and pool) that booked
+the request, batched by a background task: they never hold up a token stream, and one
+lost with its replica is harmless (that replica's bookings die with it, docs/router.md).
 """
 
 from __future__ import annotations
@@ -27,12 +32,22 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dynamoctl.discovery import Discovery, EventKind, keys
+from dynamoctl.frontend.disagg import PoolSurvey
 from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
 from dynamoctl.planes.request import RemoteError, RequestClient, RequestPlaneError
+from dynamoctl.router.pools import booking_pool
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
 from dynamoctl.wire.records import InstanceRecord, decode_json
-from dynamoctl.wire.router import RouteAnswer, RouteEvent, RouteRefused, RouteRequest
+from dynamoctl.wire.router import (
+    BookingPool,
+    RouteAnswer,
+    RouteEvent,
+    RoutePool,
+    RouteRefused,
+    RouteReply,
+    RouteRequest,
+)
 
 log = logging.getLogger(__name__)
 
@@ -200,50 +215,108 @@ class RouterReplicas(AsyncService):
 
 
 class RemotePicker:
-    """Picks workers for one model by asking the router replicas."""
+    """Picks workers for one model by asking the router replicas; a
+    :class:`~dynamoctl.frontend.disagg.PrefillPool` too (the replicas keep a model's
+    prefill workers apart and name the pool's facts in every reply)."""
 
     def __init__(self, model: str, replicas: RouterReplicas) -> None:
         self.model = model
         self.replicas = replicas
-        self._owner: dict[str, str] = {}  # request id -> replica holding its booking
+        self._owner: dict[tuple[str, BookingPool], str] = {}  # -> replica holding the booking
+        self._disaggregated: bool | None = None  # as the last reply said; None: no reply yet
+        self._prefill_workers = 0
+        self._surveyed: dict[str, tuple[list[int], WorkerChoice]] = {}
+        """Picks made by :meth:`survey`, kept for the request's first :meth:`pick`."""
 
     async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
-        body = wire_router.encode(RouteRequest(self.model, request_id, token_ids, sorted(exclude)))
-        try:
-            iid, answer, failed = await self.replicas.call(body)
-        except NoRouterAvailable as exc:
-            for other in exc.failed:
-                self._notify(other, request_id, "finished")
-            raise
-        # A replica that failed the call may still have booked it; so may the previous
-        # owner of a migrating request, when another replica answered this time.
-        previous = self._owner.get(request_id)
-        stale = [*failed, previous] if previous not in (None, iid) else failed
-        for other in stale:
-            self._notify(other, request_id, "finished")
-        if previous != iid:
-            self._owner.pop(request_id, None)
-        if isinstance(answer, RouteRefused):
-            raise NoWorkerAvailable(answer.message, busy=answer.reason == "busy")
-        self._owner[request_id] = iid
-        return WorkerChoice(answer.worker_id, answer.address)
+        kept = self._surveyed.pop(request_id, None)
+        if kept is not None and not exclude and kept[0] == token_ids:
+            return kept[1]
+        reply = await self._pick("default", token_ids, request_id, exclude)
+        return WorkerChoice(reply.worker_id, reply.address)
 
     def first_token(self, request_id: str) -> None:
-        iid = self._owner.get(request_id)
+        iid = self._owner.get((request_id, "default"))
         if iid is not None:
-            self._notify(iid, request_id, "first_token")
+            self._notify(iid, request_id, "first_token", "default")
 
     def finished(self, request_id: str) -> None:
-        iid = self._owner.pop(request_id, None)
+        self._surveyed.pop(request_id, None)
+        iid = self._owner.pop((request_id, "default"), None)
         if iid is not None:
-            self._notify(iid, request_id, "finished")
-
-    def _notify(self, iid: str | None, request_id: str, kind: wire_router.RouteEventKind) -> None:
-        if iid is not None:
-            self.replicas.notify(iid, RouteEvent(self.model, request_id, kind))
+            self._notify(iid, request_id, "finished", "default")
 
     async def close(self) -> None:
         """Nothing of its own: the replicas are shared by every model."""
+
+    # -- PrefillPool (disaggregation) -------------------------------------------------
+
+    def disaggregated(self) -> bool:
+        return True if self._disaggregated is None else self._disaggregated
+
+    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
+        try:
+            reply = await self._pick("default", token_ids, request_id, set())
+        except NoWorkerAvailable:  # pick() asks again (and queues, or answers 503)
+            return PoolSurvey(self._prefill_workers, 0)
+        self._surveyed[request_id] = (token_ids, WorkerChoice(reply.worker_id, reply.address))
+        return PoolSurvey(reply.prefill_workers, reply.decode_cached_tokens)
+
+    async def pick_prefill(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        reply = await self._pick("prefill", token_ids, request_id, exclude)
+        return WorkerChoice(reply.worker_id, reply.address)
+
+    def prefill_finished(self, request_id: str) -> None:
+        iid = self._owner.pop((request_id, "prefill"), None)
+        if iid is not None:
+            self._notify(iid, request_id, "finished", "prefill")
+
+    async def pick_decode(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        self._surveyed.pop(request_id, None)  # re-booked without overlap credit
+        reply = await self._pick("decode", token_ids, request_id, exclude)
+        return WorkerChoice(reply.worker_id, reply.address)
+
+    # -- calls --------------------------------------------------------------------------
+
+    async def _pick(
+        self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> RouteReply:
+        booked = booking_pool(pool)
+        request = RouteRequest(self.model, request_id, token_ids, sorted(exclude), pool)
+        try:
+            iid, answer, failed = await self.replicas.call(wire_router.encode(request))
+        except NoRouterAvailable as exc:
+            for other in exc.failed:
+                self._notify(other, request_id, "finished", booked)
+            raise
+        # A replica that failed the call may still have booked it; so may the previous
+        # owner of a migrating (or re-picked) request, when another replica answered.
+        key = (request_id, booked)
+        previous = self._owner.get(key)
+        stale = [*failed, previous] if previous not in (None, iid) else failed
+        for other in stale:
+            self._notify(other, request_id, "finished", booked)
+        if previous != iid:
+            self._owner.pop(key, None)
+        if isinstance(answer, RouteRefused):
+            raise NoWorkerAvailable(answer.message, busy=answer.reason == "busy")
+        self._owner[key] = iid
+        self._disaggregated, self._prefill_workers = answer.disaggregated, answer.prefill_workers
+        return answer
+
+    def _notify(
+        self,
+        iid: str | None,
+        request_id: str,
+        kind: wire_router.RouteEventKind,
+        pool: BookingPool,
+    ) -> None:
+        if iid is not None:
+            self.replicas.notify(iid, RouteEvent(self.model, request_id, kind, pool))
 
 
 class StandaloneRouting(AsyncService):

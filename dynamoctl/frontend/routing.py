@@ -5,10 +5,9 @@
   (:mod:`dynamoctl.frontend.remote`).
 
 Either way a model gets a :class:`~dynamoctl.frontend.models.ModelPicker`, so the
-request pipeline (admission, migration) is the same. Only the embedded picker is also a
-:class:`~dynamoctl.frontend.disagg.PrefillPool` (disaggregation); the standalone routers
-route to ``agg`` and ``decode`` workers only, so with them a disaggregated deployment
-serves aggregated (decode workers prefill locally; docs/architecture.md).
+request pipeline (admission, migration) is the same, and either picker is a
+:class:`~dynamoctl.frontend.disagg.PrefillPool` (disaggregation): both keep a model's
+prefill workers apart (:class:`~dynamoctl.router.pools.ModelPools`).
 """
 
 from __future__ import annotations
@@ -19,13 +18,16 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from dynamoctl.discovery import Discovery
+from dynamoctl.frontend.disagg import PoolSurvey
 from dynamoctl.frontend.models import ModelPicker
 from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
 from dynamoctl.frontend.remote import StandaloneRouting
-from dynamoctl.router import AllWorkersBusy, RouterError, RouterService
+from dynamoctl.router import AllWorkersBusy, KvRouter, RouterError
+from dynamoctl.router.pools import ModelPools
 from dynamoctl.router.settings import RouterSettings, check_mode
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire.engine import ModelCard
+from dynamoctl.wire.router import RoutePool
 
 __all__ = ["RouterSettings", "check_mode", "create_routing", "routing_names"]
 
@@ -44,93 +46,54 @@ class Routing(Protocol):
 
 
 class EmbeddedPicker:
-    """Picks workers for one model with in-process routers: one over the ``agg`` and
-    ``decode`` workers (every request ends there), one over the ``prefill`` workers
-    (None: aggregated only)."""
+    """Picks workers for one model with in-process routers (:class:`ModelPools`)."""
 
-    def __init__(self, service: RouterService, prefill: RouterService | None = None) -> None:
-        self.service = service
-        self.prefill = prefill
-        self._disaggregated: tuple[tuple[int, int], bool] = ((-1, -1), False)
+    def __init__(self, pools: ModelPools) -> None:
+        self.pools = pools
 
     async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
-        return _pick(self.service, token_ids, request_id, exclude, None)
+        return self._pick("default", token_ids, request_id, exclude)
 
     def first_token(self, request_id: str) -> None:
-        self.service.router.on_first_token(request_id)
+        self.pools.main.router.on_first_token(request_id)
 
     def finished(self, request_id: str) -> None:
-        self.service.router.on_finished(request_id)
+        self.pools.main.router.on_finished(request_id)
 
     async def close(self) -> None:
-        await self.service.close()
-        if self.prefill is not None:
-            await self.prefill.close()
+        await self.pools.close()
 
     # -- PrefillPool (disaggregation) -------------------------------------------------
 
     def disaggregated(self) -> bool:
-        # Asked for every request: recomputed only when either pool's workers change.
-        service = self.service
-        key = (service.generation, -1 if self.prefill is None else self.prefill.generation)
-        if key != self._disaggregated[0]:
-            answer = bool(self.prefill_workers()) or any(
-                (record := service.instance(w)) is not None and record.role == "decode"
-                for w in service.router.workers()
-            )
-            self._disaggregated = (key, answer)
-        return self._disaggregated[1]
+        return self.pools.disaggregated()
 
-    def prefill_workers(self) -> int:
-        return 0 if self.prefill is None else len(self.prefill.router.workers())
-
-    def decode_cached_tokens(self, token_ids: list[int]) -> int:
-        router = self.service.router
-        return max(router.find_matches(token_ids).values(), default=0) * router.block_size
+    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
+        pools = self.pools
+        return PoolSurvey(pools.prefill_workers(), pools.decode_cached_tokens(token_ids))
 
     async def pick_prefill(
         self, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
-        if self.prefill is None:
-            raise NoWorkerAvailable("no prefill pool")
-        return _pick(self.prefill, token_ids, request_id, exclude, None)
+        return self._pick("prefill", token_ids, request_id, exclude)
 
     def prefill_finished(self, request_id: str) -> None:
-        if self.prefill is not None:
-            self.prefill.router.on_finished(request_id)
+        self.pools.prefill.router.on_finished(request_id)
 
     async def pick_decode(
         self, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
-        return _pick(self.service, token_ids, request_id, exclude, 0.0, prefilled=True)
+        return self._pick("decode", token_ids, request_id, exclude)
 
-
-def _pick(
-    service: RouterService,
-    token_ids: list[int],
-    request_id: str,
-    exclude: set[str],
-    overlap_weight: float | None,
-    *,
-    prefilled: bool = False,
-) -> WorkerChoice:
-    router = service.router
-    try:
-        decision = router.pick(
-            token_ids,
-            request_id,
-            exclude=exclude,
-            overlap_weight=overlap_weight,
-            prefilled=prefilled,
-        )
-    except RouterError as exc:
-        busy = isinstance(exc, AllWorkersBusy)
-        raise NoWorkerAvailable(str(exc), busy=busy) from exc
-    record = service.instance(decision.worker_id)
-    if record is None:  # left discovery between the decision and now
-        router.on_finished(request_id)
-        raise NoWorkerAvailable(f"worker {decision.worker_id} just left")
-    return WorkerChoice(decision.worker_id, record.address)
+    def _pick(
+        self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        try:
+            picked = self.pools.pick(pool, token_ids, request_id, exclude)
+        except RouterError as exc:
+            busy = isinstance(exc, AllWorkersBusy)
+            raise NoWorkerAvailable(str(exc), busy=busy) from exc
+        return WorkerChoice(picked.decision.worker_id, picked.record.address)
 
 
 class EmbeddedRouting(AsyncService):
@@ -148,14 +111,10 @@ class EmbeddedRouting(AsyncService):
         """None: the embedded router's decisions show in the frontend's own metrics."""
 
     async def make_picker(self, model: str, card: ModelCard) -> ModelPicker:
-        def service(roles: tuple[str, ...]) -> RouterService:
-            router = self.settings.build(card.block_size)
-            return RouterService(self.discovery, self.namespace, model, router, roles=roles)
+        def build() -> KvRouter:
+            return self.settings.build(card.block_size)
 
-        main, prefill = service(("agg", "decode")), service(("prefill",))
-        await main.start()
-        await prefill.start()
-        return EmbeddedPicker(main, prefill)
+        return EmbeddedPicker(await ModelPools.open(self.discovery, self.namespace, model, build))
 
 
 RoutingFactory = Callable[[Discovery, str, RouterSettings, float], Routing]

@@ -224,8 +224,8 @@ class Router(_Model):
     temperature: float = Field(default=0.0, ge=0)
     """Softmax temperature over worker costs; 0 always picks the cheapest worker."""
     replicas: int = Field(default=0, ge=0)
-    """Standalone router processes; 0 embeds the router in the frontend. Standalone
-    routers serve aggregated only: decode workers then prefill locally."""
+    """Standalone router processes; 0 embeds the router in the frontend. Either routes
+    the prefill and decode pools alike."""
     disaggregation: Literal["auto", "required", "off"] = "auto"
     """With prefill workers: ``auto`` prefills long prompts on a prefill worker and falls
     back to prefilling on the decode worker while none is alive; ``required`` answers 503
@@ -363,18 +363,11 @@ class Recipe(_Model):
                 "use backend: etcd (with managed: true to let dynamoctl run it)",
             )
         router = self.frontend.router
-        if router.disaggregation == "required":
-            if self.workers.prefill is None:
-                raise rule_error(
-                    "frontend.router.disaggregation",
-                    "required needs a prefill pool (add workers.prefill) or use auto",
-                )
-            if router.replicas:
-                raise rule_error(
-                    "frontend.router.disaggregation",
-                    "required needs the embedded router (replicas: 0): standalone routers "
-                    "serve aggregated only",
-                )
+        if router.disaggregation == "required" and self.workers.prefill is None:
+            raise rule_error(
+                "frontend.router.disaggregation",
+                "required needs a prefill pool (add workers.prefill) or use auto",
+            )
         if isinstance(target, SlurmTarget):
             for role, pool in self.workers.pools().items():
                 if pool.gpus_per_replica > target.gpus_per_node:

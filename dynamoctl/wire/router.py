@@ -21,6 +21,14 @@ from typing import Final, Literal, TypeAlias
 import msgspec
 
 RouteEventKind: TypeAlias = Literal["first_token", "finished"]
+RoutePool: TypeAlias = Literal["default", "prefill", "decode"]
+"""Which of a model's routers a pick uses (DESIGN §6): ``default`` the agg and decode
+workers, KV-aware (the whole request, or a local prefill); ``prefill`` the prefill
+workers, KV-aware; ``decode`` the agg and decode workers with no overlap credit and no
+prefill booked (the prompt's KV comes from a prefill worker)."""
+BookingPool: TypeAlias = Literal["default", "prefill"]
+"""Whose bookings: the agg and decode workers' router (``default`` and ``decode`` picks)
+or the prefill workers'."""
 RefusalReason: TypeAlias = Literal["no_workers", "busy", "unknown_model"]
 
 
@@ -41,6 +49,7 @@ class RouteRequest(_Tagged, tag=1):
     """The prompt (plus tokens generated so far, when a stream migrates)."""
     exclude: list[str] = []
     """Workers not to use (they failed this request already)."""
+    pool: RoutePool = "default"
 
 
 class RouteEvent(msgspec.Struct, array_like=True, gc=False):
@@ -50,6 +59,7 @@ class RouteEvent(msgspec.Struct, array_like=True, gc=False):
     model: str
     request_id: str
     kind: RouteEventKind
+    pool: BookingPool = "default"
 
 
 class RouteNotify(_Tagged, tag=2):
@@ -68,6 +78,14 @@ class RouteReply(_Tagged, tag=16):
     """Leading prompt blocks the router believes cached there."""
     prompt_blocks: int = 0
     """Full blocks in the prompt."""
+    disaggregated: bool = False
+    """The model has prefill or decode workers (the frontend then decides, per request,
+    where its prompt is prefilled)."""
+    prefill_workers: int = 0
+    """Prefill workers alive."""
+    decode_cached_tokens: int = 0
+    """Most leading prompt tokens cached on one agg or decode worker (a ``default`` pick
+    of a disaggregated model; else 0): what a local prefill would not compute."""
 
 
 class RouteRefused(_Tagged, tag=17):
@@ -95,6 +113,7 @@ class Booked(_Tagged, tag=32):
     """Uncached prompt tokens, released at the first token (0 once it came)."""
     hashes: list[int]
     """Sequence hashes of the prompt's full blocks, held until the request finishes."""
+    pool: BookingPool = "default"
 
 
 class Released(_Tagged, tag=33):
@@ -103,6 +122,7 @@ class Released(_Tagged, tag=33):
     model: str
     request_id: str
     kind: RouteEventKind
+    pool: BookingPool = "default"
 
 
 class BookingState(_Tagged, tag=34):

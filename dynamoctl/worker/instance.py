@@ -6,7 +6,8 @@ server come up first, then the events record, the model card and, last, the inst
 record that routers act on. Drain runs the other way round: the instance and model
 records go first (routers stop sending), in-flight requests finish within a grace
 period, stragglers are aborted (their streams end with ``finish_reason: abort``, which
-the frontend migrates), and only then does everything close.
+the frontend migrates), hand-offs still waiting for a peer (:class:`HoldsPeerWork`: a
+prefill's pinned KV) get the rest of that period, and only then does everything close.
 
 An engine that dies (its process killed, its loop failed) takes the instance down with it:
 :meth:`WorkerInstance.watch_engine` notices (the engine reports it, :class:`ReportsDeath`,
@@ -43,6 +44,7 @@ from dynamoctl.engines.api import (
     Engine,
     EngineStopped,
     GenerateChunk,
+    HoldsPeerWork,
     KvEventSource,
     PrefillsForRemoteDecode,
     PublishesKvEvents,
@@ -234,8 +236,10 @@ class WorkerInstance:
             self.inflight,
             grace,
         )
+        deadline = time.monotonic() + grace
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._idle.wait(), grace)
+        await self._wait_peer_work(deadline)
         aborted = self.inflight
         if aborted:
             log.warning("[%s] grace period over: aborting %d request(s)", self.instance_id, aborted)
@@ -243,6 +247,24 @@ class WorkerInstance:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._idle.wait(), 5.0)
         return aborted
+
+    async def _wait_peer_work(self, deadline: float) -> None:
+        """Keep serving peers (decode workers pulling pinned prefills) until nothing is
+        left for them or ``deadline``: closing would drop the KV and every decode not yet
+        pulled would prefill again locally."""
+        engine = self.engine
+        if not isinstance(engine, HoldsPeerWork) or self.inflight:
+            return
+        pending = engine.pending_peer_work()
+        if pending:
+            log.info("[%s] waiting for peers to take %d hand-off(s)", self.instance_id, pending)
+        while time.monotonic() < deadline:  # pulls and pin expiries: polled, both rare
+            if not engine.pending_peer_work():
+                break
+            await asyncio.sleep(0.02)
+        if left := engine.pending_peer_work():
+            log.warning("[%s] grace period over: %d hand-off(s) never taken", self.instance_id,
+                        left)  # fmt: skip
 
     async def close(self) -> None:
         if self._load_task is not None:

@@ -209,21 +209,48 @@ async def test_an_expired_handoff_is_prefilled_locally_with_the_same_tokens(
         dep.stop()
 
 
-async def test_standalone_routers_serve_a_disaggregated_model_aggregated(
-    pd: tuple[Deployment, Any],
-) -> None:
+async def test_standalone_router_serves_both_pools(pd: tuple[Deployment, Any]) -> None:
     dep, _ = pd
     dep.spawn("router", "router", "--warm-up", "1")
     await dep.wait_for("router", 1)
-    url = await frontend(dep, "standalone", "--router", "standalone")
-    _, usage = await chat(url, LONG, max_tokens=4, ignore_eos=True)
-    assert usage["completion_tokens"] == 4
-    urls = await worker_urls(dep)
-    # Never a whole request on the prefill worker: the decode worker prefilled it.
-    assert await metric(urls["prefill"], "dynamoctl_worker_requests_total") == 0
-    assert await metric(urls["decode"], "dynamoctl_worker_requests_total") == 1
-    prompt = await metric(urls["decode"], "dynamoctl_worker_prompt_tokens_total")
-    cached = await metric(urls["decode"], "dynamoctl_worker_cached_tokens_total")
-    assert prompt - cached > 300
     (router,) = await dep.records("router")
-    assert await metric(router.metrics_url or "", "dynamoctl_router_workers", model=MODEL) == 1
+    rm = router.metrics_url or ""
+    auto = await frontend(dep, "sa", "--router", "standalone",
+                          "--min-remote-prefill-tokens", MIN_REMOTE)  # fmt: skip
+    required = await frontend(dep, "sr", "--router", "standalone", "--disaggregation",
+                              "required", "--min-remote-prefill-tokens", MIN_REMOTE)  # fmt: skip
+    off = await frontend(dep, "off", "--disaggregation", "off")
+    urls = await worker_urls(dep)
+    prefill_m, decode_m = urls["prefill"], urls["decode"]
+    assert await metric(rm, "dynamoctl_router_workers", model=MODEL) == 1
+    assert await metric(rm, "dynamoctl_router_prefill_workers", model=MODEL) == 1
+
+    # The router picks the prefill worker, then the decode worker that pulls its KV.
+    text, usage = await chat(auto, LONG, seed=42, max_tokens=24, ignore_eos=True)
+    assert usage["completion_tokens"] == 24
+    assert await metric(f"{auto}/metrics", "dynamoctl_frontend_remote_prefills_total") == 1
+    assert await metric(prefill_m, "dynamoctl_worker_requests_total") == 1
+    assert await metric(decode_m, "dynamoctl_worker_remote_prefilled_requests_total") == 1
+    agg_text, _ = await chat(off, LONG, seed=42, max_tokens=24, ignore_eos=True)
+    assert agg_text == text
+
+    # A short prompt stays on the decode worker, also where disaggregation is required.
+    for url in (auto, required):
+        await chat(url, "hello there", max_tokens=4, ignore_eos=True)
+        assert await metric(f"{url}/metrics", "dynamoctl_frontend_local_prefills_total",
+                            reason="short") == 1  # fmt: skip
+    assert await metric(prefill_m, "dynamoctl_worker_requests_total") == 1
+    await chat(required, LONG + "a new question " * 40, max_tokens=4, ignore_eos=True)
+    assert await metric(f"{required}/metrics", "dynamoctl_frontend_remote_prefills_total") == 1
+    assert await metric(prefill_m, "dynamoctl_worker_requests_total") == 2
+    assert await metric(decode_m, "dynamoctl_worker_remote_prefilled_requests_total") == 2
+
+    # Every booking, prefill pool's included, was released in the pool that held it.
+    deadline = time.monotonic() + 10
+    while await metric(rm, "dynamoctl_router_bookings") or await metric(
+        rm, "dynamoctl_router_booked_requests"
+    ):
+        assert time.monotonic() < deadline, "the router kept bookings of finished requests"
+        await asyncio.sleep(0.1)
+    routed = await metric(rm, "dynamoctl_router_picks_total", outcome="routed")
+    assert routed == 2 * 3 + 2  # survey, prefill and decode picks; one per short prompt

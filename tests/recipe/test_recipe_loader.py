@@ -367,3 +367,31 @@ def test_file_name_is_reported_as_given(tmp_path: Path, monkeypatch: pytest.Monk
         "r.yaml:1 model: missing required field",
         "r.yaml:1 workers: missing required field",
     ]
+
+
+def test_required_disaggregation_with_standalone_routers() -> None:
+    loaded = recipe("""
+        schema: 1
+        name: demo
+        model: {name: m, path: org/m}
+        frontend:
+          router: {replicas: 2, disaggregation: required}
+        workers:
+          prefill: {engine: mocker}
+          decode: {engine: mocker}
+        """)
+    assert loaded.frontend.router.replicas == 2
+    assert loaded.frontend.router.disaggregation == "required"
+    # Still refused without a prefill pool, standalone or not.
+    assert issues("""
+        schema: 1
+        name: demo
+        model: {name: m, path: org/m}
+        frontend:
+          router: {replicas: 2, disaggregation: required}
+        workers:
+          decode: {engine: mocker}
+        """) == [
+        "bad.yaml:5 frontend.router.disaggregation: required needs a prefill pool "
+        "(add workers.prefill) or use auto"
+    ]

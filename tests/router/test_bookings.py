@@ -25,9 +25,9 @@ PROMPT = list(range(1, 19))  # 4 full blocks of 4 + 2 tokens
 pytestmark = pytest.mark.timeout(60)
 
 
-def new_router() -> KvRouter:
+def new_router(workers: tuple[str, ...] = WORKERS) -> KvRouter:
     router = KvRouter("kv", 4, seed=0)
-    for w in WORKERS:
+    for w in workers:
         router.add_worker(w)
     return router
 
@@ -35,9 +35,15 @@ def new_router() -> KvRouter:
 class Replica:
     def __init__(self, disc: Discovery, name: str, **kwargs: float) -> None:
         self.router = new_router()
+        self.prefill = new_router(("p1", "p2"))  # the model's prefill pool
+
+        def lookup(model: str, pool: wire_router.BookingPool) -> KvRouter | None:
+            if model != MODEL:
+                return None
+            return self.prefill if pool == "prefill" else self.router
+
         self.sync = BookingSync(
-            disc, NS, name, lambda m: self.router if m == MODEL else None, idle_poll=0.2,
-            **kwargs,  # type: ignore[arg-type]
+            disc, NS, name, lookup, idle_poll=0.2, **kwargs,  # type: ignore[arg-type]
         )  # fmt: skip
 
     def pick(self, rid: str, prompt: list[int] = PROMPT) -> str:
@@ -102,6 +108,23 @@ async def test_replicas_converge_and_spread_a_burst(replicas: Callable[..., Repl
     assert one.view() == ([0, 0, 0], [0, 0, 0], 0)
 
 
+async def test_prefill_pool_bookings_reach_the_peers_prefill_router(
+    replicas: Callable[..., Replica],
+) -> None:
+    one, two = await replicas("one"), await replicas("two")
+    await until(lambda: two.sync.peers() == ["one"] and two.sync.synced())
+    worker = one.prefill.pick(PROMPT, "r-p0").worker_id
+    one.sync.booked(MODEL, "r-p0", "prefill")
+    await until(lambda: len(two.prefill.load) == 1)
+    assert two.prefill.load.prefill_tokens(worker) == len(PROMPT)
+    assert len(two.router.load) == 0  # the decode pool is untouched
+    # A release of the default pool under that id is not the prefill booking's.
+    one.sync.released(MODEL, "r-p0", "finished")
+    one.sync.released(MODEL, "r-p0", "finished", "prefill")
+    await until(lambda: len(two.prefill.load) == 0)
+    assert len(one.prefill.load) == 0 and one.sync.own_bookings(MODEL) == 0
+
+
 async def test_late_joiner_gets_a_snapshot_and_a_leaver_is_forgotten(
     replicas: Callable[..., Replica],
 ) -> None:
@@ -146,9 +169,12 @@ async def test_unreleased_bookings_expire(replicas: Callable[..., Replica]) -> N
 def test_wire_round_trips() -> None:
     messages = [
         RouteRequest(MODEL, "r", [1, 2, 3], ["w"]),
-        RouteNotify([wire_router.RouteEvent(MODEL, "r", "finished")]),
+        RouteRequest(MODEL, "r", [1, 2, 3], [], "decode"),
+        RouteNotify([wire_router.RouteEvent(MODEL, "r", "finished", "prefill")]),
         Booked(MODEL, "r", "w", 7, [2**64 - 1, 0]),
+        Booked(MODEL, "r", "w", 7, [1], "prefill"),
         Released(MODEL, "r", "first_token"),
+        Released(MODEL, "r", "finished", "prefill"),
         BookingState([Booked(MODEL, "r", "w", 0, [])]),
     ]
     for message in messages:
@@ -158,5 +184,13 @@ def test_wire_round_trips() -> None:
             else wire_router.decode_booking
         )
         assert decode(wire_router.encode(message)) == message
+    # Older peers: a reply without the disaggregation fields decodes with their defaults,
+    # and a new RouteRequest without a pool encodes as an old one did.
+    old = wire_router.encode(wire_router.RouteReply("w", "tcp://x", 1, 2))
+    reply = wire_router.decode_answer(old)
+    assert isinstance(reply, wire_router.RouteReply) and not reply.disaggregated
+    assert wire_router.encode(RouteRequest(MODEL, "r", [1])) == wire_router.encode(
+        RouteRequest(MODEL, "r", [1], [], "default")
+    )
     reply = wire_router.RouteReply("w", "tcp://h:1", 3, 4)
     assert wire_router.decode_answer(wire_router.encode(reply)) == reply

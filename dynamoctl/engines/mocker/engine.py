@@ -37,6 +37,7 @@ from dynamoctl.engines.api import (
     FinishReason,
     GenerateChunk,
     GenerateRequest,
+    HoldsPeerWork,
     KVEventSink,
     KvTransferFailed,
     LoadMetrics,
@@ -146,7 +147,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             await self._engine.abort(self.request_id)
 
 
-class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers):
+class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
     def __init__(
@@ -273,6 +274,9 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers):
 
     def set_peer_address(self, address: str) -> None:
         self.transfers.address = address
+
+    def pending_peer_work(self) -> int:
+        return self.transfers.num_pinned
 
     async def _pull_then_add(self, request: GenerateRequest, handoff: MockerHandoff) -> None:
         rid = request.request_id

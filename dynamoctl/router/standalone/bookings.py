@@ -13,6 +13,10 @@ once we do (a replica that starts replays its peers' streams before it has met e
 worker). A peer's bookings are dropped when its record leaves discovery (stop, or lease
 expiry after a crash) and replaced on a snapshot. Own bookings whose release never came (a
 frontend killed mid-request) expire after ``ttl`` seconds, and the expiry is published.
+
+A model has two routers (:mod:`dynamoctl.router.pools`): every message names the
+``pool`` it books in, so a prefill worker's bookings land in every replica's prefill
+router.
 """
 
 from __future__ import annotations
@@ -34,15 +38,24 @@ from dynamoctl.router.router import KvRouter
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
 from dynamoctl.wire.records import BookingsRecord, decode_json, encode_json
-from dynamoctl.wire.router import Booked, BookingMessage, BookingState, Released, RouteEventKind
+from dynamoctl.wire.router import (
+    Booked,
+    BookingMessage,
+    BookingPool,
+    BookingState,
+    Released,
+    RouteEventKind,
+)
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "router"
 TOPIC = b"bookings"
 
-RouterLookup = Callable[[str], "KvRouter | None"]
-"""The router of a model, if this replica follows it."""
+RouterLookup = Callable[[str, BookingPool], "KvRouter | None"]
+"""The router of a model's pool, if this replica follows the model."""
+Key = tuple[str, BookingPool, str]
+"""(model, pool, request id) of a booking."""
 
 
 def mirror_key(replica: str, request_id: str) -> str:
@@ -54,9 +67,9 @@ def mirror_key(replica: str, request_id: str) -> str:
 class _Peer:
     record: BookingsRecord
     gen: int
-    bookings: dict[tuple[str, str], Booked] = field(default_factory=dict)
-    """What the peer holds now, by (model, request id), as its stream says."""
-    applied: set[tuple[str, str]] = field(default_factory=set)
+    bookings: dict[Key, Booked] = field(default_factory=dict)
+    """What the peer holds now, as its stream says."""
+    applied: set[Key] = field(default_factory=set)
     """Those of ``bookings`` that are in our load (the others wait for their worker)."""
     delivered: bool = False
     last_resync: float = float("-inf")
@@ -99,7 +112,7 @@ class BookingSync(AsyncService):
         self.expired = 0
         """Own bookings released by the TTL."""
         self._subscriber = EventSubscriber(idle_poll=idle_poll)
-        self._own: dict[tuple[str, str], float] = {}  # (model, request id) -> booked at
+        self._own: dict[Key, float] = {}  # -> booked at
         self._peers: dict[str, _Peer] = {}
         self._gen = itertools.count()
         self._lock = asyncio.Lock()
@@ -117,11 +130,11 @@ class BookingSync(AsyncService):
         return all(peer.delivered for peer in self._peers.values())
 
     def own_bookings(self, model: str) -> int:
-        return sum(1 for m, _ in self._own if m == model)
+        return sum(1 for m, _, _ in self._own if m == model)
 
     def peer_bookings(self, model: str) -> int:
         """Other replicas' bookings of ``model`` in our load."""
-        return sum(1 for p in self._peers.values() for m, _ in p.applied if m == model)
+        return sum(1 for p in self._peers.values() for m, _, _ in p.applied if m == model)
 
     def pending(self) -> int:
         """Other replicas' bookings waiting for their model or worker to be known here."""
@@ -161,21 +174,23 @@ class BookingSync(AsyncService):
 
     # ------------------------------------------------------------------ own bookings
 
-    def booked(self, model: str, request_id: str) -> None:
+    def booked(self, model: str, request_id: str, pool: BookingPool = "default") -> None:
         """``request_id`` was just booked by this replica's router for ``model``."""
-        router = self.routers(model)
+        router = self.routers(model, pool)
         booking = router.load.booking(request_id) if router is not None else None
         if booking is None:
             return
-        self._own[(model, request_id)] = time.monotonic()
-        self._publish(_booked(model, request_id, booking))
+        self._own[(model, pool, request_id)] = time.monotonic()
+        self._publish(_booked(model, pool, request_id, booking))
 
-    def released(self, model: str, request_id: str, kind: RouteEventKind) -> None:
+    def released(
+        self, model: str, request_id: str, kind: RouteEventKind, pool: BookingPool = "default"
+    ) -> None:
         """A frontend reports progress of a request this replica booked."""
-        key = (model, request_id)
+        key = (model, pool, request_id)
         if key not in self._own:
             return  # never ours, or expired
-        router = self.routers(model)
+        router = self.routers(model, pool)
         if kind == "first_token":
             if router is not None:
                 router.on_first_token(request_id)
@@ -183,29 +198,29 @@ class BookingSync(AsyncService):
             del self._own[key]
             if router is not None:
                 router.on_finished(request_id)
-        self._publish(Released(model, request_id, kind))
+        self._publish(Released(model, request_id, kind, pool))
 
     def _publish(self, message: BookingMessage) -> None:
         self.publisher.publish(wire_router.encode(message))
 
     def _snapshot(self) -> tuple[int, bytes]:
         state: list[Booked] = []
-        for model, rid in self._own:
-            router = self.routers(model)
+        for model, pool, rid in self._own:
+            router = self.routers(model, pool)
             booking = router.load.booking(rid) if router is not None else None
             if booking is not None:
-                state.append(_booked(model, rid, booking))
+                state.append(_booked(model, pool, rid, booking))
         return self.publisher.next_seq - 1, wire_router.encode(BookingState(state))
 
     async def _sweep(self) -> None:
         while True:
             await asyncio.sleep(min(10.0, self.ttl / 4))
             cutoff = time.monotonic() - self.ttl
-            for (model, rid), at in list(self._own.items()):
+            for (model, pool, rid), at in list(self._own.items()):
                 if at < cutoff:
                     self.expired += 1
                     log.warning("booking %s of %s expired after %.0fs", rid, model, self.ttl)
-                    self.released(model, rid, "finished")
+                    self.released(model, rid, "finished", pool)
 
     # ------------------------------------------------------------------ peers
 
@@ -245,10 +260,10 @@ class BookingSync(AsyncService):
 
     def _forget(self, iid: str, peer: _Peer) -> None:
         """Take everything of ``peer`` out of our load."""
-        for key in peer.applied:
-            router = self.routers(key[0])
+        for model, pool, rid in peer.applied:
+            router = self.routers(model, pool)
             if router is not None:
-                router.load.finish(mirror_key(iid, key[1]))
+                router.load.finish(mirror_key(iid, rid))
         peer.applied.clear()
         peer.bookings.clear()
 
@@ -285,16 +300,16 @@ class BookingSync(AsyncService):
 
     def _apply(self, iid: str, peer: _Peer, message: BookingMessage) -> None:
         if isinstance(message, Booked):
-            peer.bookings[message.model, message.request_id] = message
+            peer.bookings[_key(message)] = message
             self._book(iid, peer, message)
         elif isinstance(message, BookingState):  # the whole state: replaces what we had
             self._forget(iid, peer)
             for booked in message.bookings:
-                peer.bookings[booked.model, booked.request_id] = booked
+                peer.bookings[_key(booked)] = booked
                 self._book(iid, peer, booked)
         else:
-            key = (message.model, message.request_id)
-            router = self.routers(message.model) if key in peer.applied else None
+            key = _key(message)
+            router = self.routers(message.model, message.pool) if key in peer.applied else None
             if message.kind == "first_token":
                 if (waiting := peer.bookings.get(key)) is not None:
                     waiting.prefill_tokens = 0
@@ -309,8 +324,8 @@ class BookingSync(AsyncService):
     def _book(self, iid: str, peer: _Peer, booked: Booked) -> None:
         """Put one of ``peer``'s bookings into our load, or leave it pending while its
         model or worker is unknown here (we started, or learnt of it, after the peer)."""
-        key = (booked.model, booked.request_id)
-        router = self.routers(booked.model)
+        key = _key(booked)
+        router = self.routers(booked.model, booked.pool)
         if router is None or booked.worker_id not in router:
             peer.applied.discard(key)
             return
@@ -327,11 +342,15 @@ class BookingSync(AsyncService):
             await asyncio.sleep(self.reapply_interval)
             for iid, peer in self._peers.items():
                 for key, booked in peer.bookings.items():
-                    router = self.routers(key[0]) if key in peer.applied else None
-                    if router is None or router.load.booking(mirror_key(iid, key[1])) is None:
+                    router = self.routers(key[0], key[1]) if key in peer.applied else None
+                    if router is None or router.load.booking(mirror_key(iid, key[2])) is None:
                         self._book(iid, peer, booked)
 
 
-def _booked(model: str, request_id: str, booking: Booking) -> Booked:
+def _booked(model: str, pool: BookingPool, request_id: str, booking: Booking) -> Booked:
     hashes = booking.hashes if isinstance(booking.hashes, list) else list(booking.hashes)
-    return Booked(model, request_id, booking.worker_id, booking.prefill_tokens, hashes)
+    return Booked(model, request_id, booking.worker_id, booking.prefill_tokens, hashes, pool)
+
+
+def _key(message: Booked | Released) -> Key:
+    return (message.model, message.pool, message.request_id)

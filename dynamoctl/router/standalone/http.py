@@ -37,7 +37,12 @@ class RouterCollector(Collector):
             name: GaugeMetricFamily(_PREFIX + name, doc, labels=["model", "worker"])
             for name, doc in per_worker.items()
         }
-        workers = GaugeMetricFamily(_PREFIX + "workers", "Routable workers.", labels=["model"])
+        workers = GaugeMetricFamily(
+            _PREFIX + "workers", "Routable agg and decode workers.", labels=["model"]
+        )
+        prefill_workers = GaugeMetricFamily(
+            _PREFIX + "prefill_workers", "Prefill workers (disaggregation).", labels=["model"]
+        )
         bookings = GaugeMetricFamily(
             _PREFIX + "bookings", "Bookings held, by origin (own, peers).",
             labels=["model", "origin"],
@@ -46,24 +51,26 @@ class RouterCollector(Collector):
             _PREFIX + "picks", "Route calls by outcome.", labels=["model", "outcome"]
         )
         srv, sync = self.server, self.server.bookings
-        for model, service in srv.models.items():
-            load = service.router.load
-            names = service.router.workers()
-            workers.add_metric([model], len(names))
-            for worker in names:
-                values = {
-                    "booked_prefill_tokens": load.prefill_tokens(worker),
-                    "booked_active_blocks": load.active_blocks(worker),
-                    "booked_requests": load.requests(worker),
-                }
-                for name, value in values.items():
-                    worker_families[name].add_metric([model, worker], float(value))
+        for model, pools in srv.models.items():
+            workers.add_metric([model], len(pools.main.router.workers()))
+            prefill_workers.add_metric([model], pools.prefill_workers())
+            for router in (pools.main.router, pools.prefill.router):
+                load = router.load
+                for worker in router.workers():
+                    values = {
+                        "booked_prefill_tokens": load.prefill_tokens(worker),
+                        "booked_active_blocks": load.active_blocks(worker),
+                        "booked_requests": load.requests(worker),
+                    }
+                    for name, value in values.items():
+                        worker_families[name].add_metric([model, worker], float(value))
             bookings.add_metric([model, "own"], sync.own_bookings(model))
             bookings.add_metric([model, "peers"], sync.peer_bookings(model))
         for (model, outcome), count in sorted(srv.picks.items()):
             picks.add_metric([model, outcome], count)
         yield from worker_families.values()
         yield workers
+        yield prefill_workers
         yield bookings
         yield picks
         yield GaugeMetricFamily(

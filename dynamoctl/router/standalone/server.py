@@ -1,10 +1,13 @@
-"""The ``route`` endpoint of ``dynamoctl router``: one :class:`RouterService` per model
-(following model cards like the frontend does), answering frontends' route calls.
+"""The ``route`` endpoint of ``dynamoctl router``: per model (following model cards like
+the frontend does) a :class:`~dynamoctl.router.pools.ModelPools`, a router over the agg
+and decode workers and one over the prefill workers, answering frontends' route calls.
 
-A :class:`~dynamoctl.wire.router.RouteRequest` runs ``KvRouter.pick`` (which books the
-request's load) and answers the worker's id and address; a
-:class:`~dynamoctl.wire.router.RouteNotify` releases bookings. Both are mirrored to the
-other replicas by :class:`~dynamoctl.router.standalone.bookings.BookingSync`.
+A :class:`~dynamoctl.wire.router.RouteRequest` runs ``KvRouter.pick`` in the pool it
+names (which books the request's load there) and answers the worker's id and address,
+plus what the frontend's disaggregation decision needs (the model is disaggregated,
+prefill workers alive, the decode pool's best cached prefix), so that it takes no extra
+call; a :class:`~dynamoctl.wire.router.RouteNotify` releases bookings. Both are mirrored
+to the other replicas by :class:`~dynamoctl.router.standalone.bookings.BookingSync`.
 """
 
 from __future__ import annotations
@@ -19,14 +22,15 @@ from dynamoctl.discovery import Discovery, keys
 from dynamoctl.planes.request import RequestServer
 from dynamoctl.router.errors import AllWorkersBusy, RouterError
 from dynamoctl.router.models import ModelFollower
+from dynamoctl.router.pools import ModelPools, booking_pool
 from dynamoctl.router.router import KvRouter
-from dynamoctl.router.service import RouterService
 from dynamoctl.router.settings import RouterSettings
 from dynamoctl.router.standalone.bookings import BookingSync
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
 from dynamoctl.wire.engine import ModelCard
 from dynamoctl.wire.router import (
+    BookingPool,
     RefusalReason,
     RouteAnswer,
     RouteNotify,
@@ -57,7 +61,7 @@ class RouteServer(AsyncService):
         self.namespace = namespace
         self.instance_id = instance_id
         self.settings = settings
-        self.models: ModelFollower[RouterService] = ModelFollower(
+        self.models: ModelFollower[ModelPools] = ModelFollower(
             discovery, namespace, self._open, self._close
         )
         self.bookings = BookingSync(
@@ -68,9 +72,9 @@ class RouteServer(AsyncService):
         """(model, outcome) → calls; outcome ``routed`` or a refusal reason."""
         self.notifications = 0
 
-    def router_of(self, model: str) -> KvRouter | None:
-        service = self.models.get(model)
-        return service.router if service is not None else None
+    def router_of(self, model: str, pool: BookingPool = "default") -> KvRouter | None:
+        pools = self.models.get(model)
+        return pools.router(pool) if pools is not None else None
 
     async def start(self) -> None:
         await self.bookings.start()
@@ -102,20 +106,17 @@ class RouteServer(AsyncService):
             await asyncio.sleep(0.05)
         return True
 
-    async def _open(self, model: str, card: ModelCard) -> RouterService:
-        router = self.settings.build(card.block_size)
-        # Aggregated only: prefill workers only prefill (their role), so a standalone
-        # router never sends them a whole request (docs/architecture.md, P/D).
-        service = RouterService(
-            self.discovery, self.namespace, model, router, roles=("agg", "decode")
-        )
-        await service.start()
-        log.info("routing %s (%s, block size %d)", model, router.mode, card.block_size)
-        return service
+    async def _open(self, model: str, card: ModelCard) -> ModelPools:
+        def build() -> KvRouter:
+            return self.settings.build(card.block_size)
+
+        pools = await ModelPools.open(self.discovery, self.namespace, model, build)
+        log.info("routing %s (%s, block size %d)", model, self.settings.mode, card.block_size)
+        return pools
 
     @staticmethod
-    async def _close(service: RouterService) -> None:
-        await service.close()
+    async def _close(pools: ModelPools) -> None:
+        await pools.close()
 
     # ------------------------------------------------------------------ endpoint
 
@@ -124,33 +125,38 @@ class RouteServer(AsyncService):
         if isinstance(call, RouteNotify):
             self.notifications += len(call.events)
             for event in call.events:
-                self.bookings.released(event.model, event.request_id, event.kind)
+                self.bookings.released(event.model, event.request_id, event.kind, event.pool)
             return
         yield wire_router.encode(self.route(call))
 
     def route(self, request: RouteRequest) -> RouteAnswer:
         """Pick a worker and book the request on it (and tell the other replicas)."""
-        model, rid = request.model, request.request_id
-        service = self.models.get(model)
-        if service is None:
+        model, rid, pool = request.model, request.request_id, request.pool
+        pools = self.models.get(model)
+        if pools is None:
             return self._refuse(
                 model, "unknown_model", f"router {self.instance_id} knows no worker of {model!r}"
             )
         try:
-            decision = service.router.pick(request.token_ids, rid, exclude=request.exclude)
+            decision, record = pools.pick(pool, request.token_ids, rid, request.exclude)
         except AllWorkersBusy as exc:
             return self._refuse(model, "busy", str(exc))
         except RouterError as exc:
             return self._refuse(model, "no_workers", str(exc))
-        record = service.instance(decision.worker_id)
-        if record is None:  # left discovery between the decision and now
-            service.router.on_finished(rid)
-            return self._refuse(model, "no_workers", f"worker {decision.worker_id} just left")
-        self.bookings.booked(model, rid)
+        self.bookings.booked(model, rid, booking_pool(pool))
         self.picks[model, "routed"] += 1
-        return RouteReply(
-            decision.worker_id, record.address, decision.overlap_blocks, decision.prompt_blocks
+        disaggregated = pools.disaggregated()
+        # Only a default pick of a disaggregated model is followed by the decision that
+        # needs it: the aggregated path pays no second index walk.
+        cached = (
+            pools.decode_cached_tokens(request.token_ids)
+            if disaggregated and pool == "default"
+            else 0
         )
+        return RouteReply(
+            decision.worker_id, record.address, decision.overlap_blocks, decision.prompt_blocks,
+            disaggregated, pools.prefill_workers(), cached,
+        )  # fmt: skip
 
     def _refuse(self, model: str, reason: RefusalReason, message: str) -> RouteRefused:
         self.picks[model, reason] += 1

@@ -1,0 +1,100 @@
+"""A model's two routers for disaggregated serving (DESIGN §6), as the frontend's
+embedded picker and ``dynamoctl router`` both keep them: ``main`` over the ``agg`` and
+``decode`` workers (every request ends there) and ``prefill`` over the ``prefill``
+workers (prefill workers only ever prefill, so ``main`` never sends them a request).
+
+Picks name a :data:`~dynamoctl.wire.router.RoutePool`: ``default`` and ``decode`` book
+on ``main`` (``decode``: no overlap credit, nothing to prefill: the KV comes from a
+prefill worker), ``prefill`` on ``prefill``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from dynamoctl.discovery import Discovery
+from dynamoctl.router.errors import NoWorkers
+from dynamoctl.router.router import Decision, KvRouter
+from dynamoctl.router.service import RouterService
+from dynamoctl.wire.records import InstanceRecord
+from dynamoctl.wire.router import BookingPool, RoutePool
+
+
+class Picked(NamedTuple):
+    decision: Decision
+    record: InstanceRecord
+    """The chosen worker's discovery record (its address)."""
+
+
+def booking_pool(pool: RoutePool) -> BookingPool:
+    """Which router a pick in ``pool`` books on."""
+    return "prefill" if pool == "prefill" else "default"
+
+
+class ModelPools:
+    """``main`` and ``prefill`` routers of one model, fed from discovery."""
+
+    def __init__(self, main: RouterService, prefill: RouterService) -> None:
+        self.main = main
+        self.prefill = prefill
+        self._disaggregated: tuple[tuple[int, int], bool] = ((-1, -1), False)
+
+    @classmethod
+    async def open(
+        cls, discovery: Discovery, namespace: str, model: str, build: Callable[[], KvRouter]
+    ) -> ModelPools:
+        def service(roles: tuple[str, ...]) -> RouterService:
+            return RouterService(discovery, namespace, model, build(), roles=roles)
+
+        pools = cls(service(("agg", "decode")), service(("prefill",)))
+        await pools.main.start()
+        await pools.prefill.start()
+        return pools
+
+    async def close(self) -> None:
+        await self.main.close()
+        await self.prefill.close()
+
+    def router(self, pool: BookingPool) -> KvRouter:
+        return self.prefill.router if pool == "prefill" else self.main.router
+
+    def disaggregated(self) -> bool:
+        """Whether the model has prefill or decode workers (else it is aggregated)."""
+        # Asked for every request: recomputed only when either pool's workers change.
+        main = self.main
+        key = (main.generation, self.prefill.generation)
+        if key != self._disaggregated[0]:
+            answer = bool(self.prefill_workers()) or any(
+                (record := main.instance(w)) is not None and record.role == "decode"
+                for w in main.router.workers()
+            )
+            self._disaggregated = (key, answer)
+        return self._disaggregated[1]
+
+    def prefill_workers(self) -> int:
+        return len(self.prefill.router.workers())
+
+    def decode_cached_tokens(self, token_ids: list[int]) -> int:
+        """Most leading prompt tokens cached on one agg or decode worker."""
+        router = self.main.router
+        return max(router.find_matches(token_ids).values(), default=0) * router.block_size
+
+    def pick(
+        self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str] | list[str]
+    ) -> Picked:
+        """Pick (and book) a worker of ``pool``; raises :class:`RouterError`."""
+        service = self.prefill if pool == "prefill" else self.main
+        decode = pool == "decode"
+        decision = service.router.pick(
+            token_ids,
+            request_id,
+            exclude=exclude,
+            overlap_weight=0.0 if decode else None,
+            prefilled=decode,
+        )
+        record = service.instance(decision.worker_id)
+        if record is None:  # left discovery between the decision and now
+            service.router.on_finished(request_id)
+            raise NoWorkers(f"worker {decision.worker_id} just left")
+        return Picked(decision, record)
