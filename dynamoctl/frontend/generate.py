@@ -212,7 +212,9 @@ class Generator:
                     async with contextlib.aclosing(stream):
                         async for raw in stream:
                             chunk = wire_engine.decode_chunk(raw)
-                            if chunk.cached_tokens is not None and attempt == 1 and not remote:
+                            if chunk.cached_tokens is not None and not (remote or generated):
+                                # The attempt that computes the prompt: not a re-issue with
+                                # tokens already generated, nor a remote prefill's decode.
                                 outcome.cached_tokens = chunk.cached_tokens
                             if chunk.finish_reason == "abort":
                                 yield ""  # writers flush what they hold before the re-pick
