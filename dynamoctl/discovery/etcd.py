@@ -171,14 +171,43 @@ _CLOSE_TIMEOUT = 2.0
 
 
 async def _close_quietly(client: aetcd.Client) -> None:
-    try:
-        await asyncio.wait_for(client.close(), _CLOSE_TIMEOUT)
-    except Exception:  # timed out or a broken channel: nothing useful to do
-        log.debug("etcd: error closing client", exc_info=True)
+    await _bounded(client.close(), "closing client")
 
 
 async def _cancel_quietly(watch: Any) -> None:
+    await _bounded(watch.cancel(), "cancelling watch")
+
+
+_ABANDONED: set[asyncio.Task[Any]] = set()
+"""Cleanup calls still running past their bound (referenced so they are not collected)."""
+
+
+async def _bounded(call: Awaitable[Any], what: str) -> None:
+    """Run ``call`` for at most ``_CLOSE_TIMEOUT`` seconds, then leave it behind.
+
+    Not ``wait_for``: on timeout it cancels the call and then waits for it to end, and a
+    gRPC call on a broken channel can ignore that cancellation (seen after an etcd restart:
+    cancelling a discovery watch then hung its task until cancelled a second time)."""
+    task: asyncio.Task[Any] = asyncio.ensure_future(call)
     try:
-        await asyncio.wait_for(watch.cancel(), _CLOSE_TIMEOUT)
-    except Exception:
-        log.debug("etcd: error cancelling watch", exc_info=True)
+        done, _ = await asyncio.wait({task}, timeout=_CLOSE_TIMEOUT)
+    except asyncio.CancelledError:
+        _abandon(task)
+        raise
+    if not done:
+        log.debug("etcd: %s took more than %.0fs; leaving it behind", what, _CLOSE_TIMEOUT)
+        _abandon(task)
+    elif not task.cancelled() and task.exception() is not None:
+        log.debug("etcd: error %s", what, exc_info=task.exception())
+
+
+def _abandon(task: asyncio.Task[Any]) -> None:
+    task.cancel()
+    _ABANDONED.add(task)
+    task.add_done_callback(_forget)
+
+
+def _forget(task: asyncio.Task[Any]) -> None:
+    _ABANDONED.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved: its failure was expected and is not worth a warning
