@@ -27,6 +27,7 @@ from dynamoctl.discovery.api import (
     WatchCompacted,
     WatchEvent,
 )
+from dynamoctl.util.aio import raise_if_cancel_requested
 from dynamoctl.util.backoff import Backoff
 
 log = logging.getLogger(__name__)
@@ -163,6 +164,7 @@ class Discovery:
                 if (initial or not first) and known.get(key) != value:
                     yield WatchEvent(EventKind.PUT, key, value)
             known, first = dict(listing.items), False
+            raise_if_cancel_requested()  # before waiting on a fresh watch for good
             try:
                 async for event in self.store.watch(prefix, listing.revision):
                     backoff.reset()

@@ -27,6 +27,7 @@ from dynamoctl.discovery.api import (
     WatchCompacted,
     WatchEvent,
 )
+from dynamoctl.util.aio import bounded, raise_if_cancel_requested
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -94,7 +95,7 @@ class EtcdStore(Store):
 
     async def _call(self, op: Callable[[aetcd.Client], Awaitable[T]]) -> T:
         try:
-            return await asyncio.wait_for(op(self._connection()), self._timeout * 2)
+            return await bounded(op(self._connection()), self._timeout * 2)
         except _TRANSIENT as exc:
             where = self.location
             await self._failover()
@@ -138,6 +139,7 @@ class EtcdStore(Store):
             lambda c: c.watch_prefix(prefix.encode(), start_revision=after + 1)
         )
         try:
+            raise_if_cancel_requested()  # a cancel lost while gRPC set the watch up
             async for event in watch:
                 key = bytes(event.kv.key).decode()
                 if event.kind == "DELETE":
@@ -171,18 +173,18 @@ _CLOSE_TIMEOUT = 2.0
 
 
 async def _close_quietly(client: aetcd.Client) -> None:
-    await _bounded(client.close(), "closing client")
+    await _within_close_timeout(client.close(), "closing client")
 
 
 async def _cancel_quietly(watch: Any) -> None:
-    await _bounded(watch.cancel(), "cancelling watch")
+    await _within_close_timeout(watch.cancel(), "cancelling watch")
 
 
 _ABANDONED: set[asyncio.Task[Any]] = set()
 """Cleanup calls still running past their bound (referenced so they are not collected)."""
 
 
-async def _bounded(call: Awaitable[Any], what: str) -> None:
+async def _within_close_timeout(call: Awaitable[Any], what: str) -> None:
     """Run ``call`` for at most ``_CLOSE_TIMEOUT`` seconds, then leave it behind.
 
     Not ``wait_for``: on timeout it cancels the call and then waits for it to end, and a

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import sys
+from collections.abc import Awaitable, Coroutine
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -42,3 +43,26 @@ def run(main: Coroutine[Any, Any, _T]) -> _T:
     except ImportError:  # e.g. Windows: plain asyncio works, only slower
         return asyncio.run(main)
     return uvloop.run(main)
+
+
+async def bounded(awaitable: Awaitable[_T], seconds: float) -> _T:
+    """``await awaitable`` for at most ``seconds`` (then :class:`TimeoutError`).
+
+    Unlike ``asyncio.wait_for`` before Python 3.12, it never swallows the caller's own
+    cancellation: ``wait_for`` returns the result when that cancellation arrives just as
+    the awaited call completes, and the cancelled task then runs on (a discovery watch
+    cancelled while re-creating its etcd watch went on waiting for events)."""
+    if sys.version_info >= (3, 11):
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+def raise_if_cancel_requested() -> None:
+    """Raise :class:`asyncio.CancelledError` if the current task was asked to cancel and
+    the request got lost on the way (a library swallowed it): a loop that re-creates
+    what it waits on calls this each round, so it cannot outlive its cancellation."""
+    task = asyncio.current_task()
+    cancelling = getattr(task, "cancelling", None)  # Python 3.11+
+    if cancelling is not None and cancelling() > 0:
+        raise asyncio.CancelledError()
