@@ -139,11 +139,11 @@ class Prefiller:
         """The hand-off of a remote prefill of ``request``, or None: prefill it on the
         decode worker. Raises :class:`OpenAIError` (503) when ``required`` cannot be met."""
         mode, prompt = self.settings.mode, request.token_ids
-        if mode == "off" or (mode == "auto" and not pool.disaggregated()):
+        if not self.applies(pool):
             return None
         m = self.metrics
         survey = await pool.survey(prompt, request.request_id)
-        if mode == "auto" and not pool.disaggregated():  # the survey found out
+        if not self.applies(pool):  # the survey found out the model is aggregated
             return None
         if survey.prefill_workers == 0:
             if mode == "required":
