@@ -117,6 +117,7 @@ class EventSubscriber(AsyncService):
         source.sub.setsockopt(zmq.LINGER, 0)
         source.sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         source.sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        source.sub_view = zmq.Socket.shadow(source.sub.underlying)
         # Every (re)connection may reach a restarted publisher: the tracker must hear of it
         # before any message that came over the new connection.
         source.monitor = source.sub.get_monitor_socket(zmq.EVENT_CONNECTED)
@@ -218,9 +219,8 @@ class EventSubscriber(AsyncService):
 
     async def _read_live(self, src: _Source) -> None:
         assert src.sub is not None
-        if src.sub_view is None:
-            src.sub_view = zmq.Socket.shadow(src.sub.underlying)
         sub = src.sub_view
+        assert sub is not None
         for _ in range(_BATCH):
             try:
                 frames = sub.recv_multipart(_NOBLOCK)
