@@ -49,23 +49,39 @@ def up(
     dry_run: bool = typer.Option(False, "--dry-run", help="Print the plan; start nothing."),
     detach: bool = typer.Option(False, "--detach", "-d", help="Supervise in the background."),
     live: bool = typer.Option(True, help="Live status table (foreground, on a terminal)."),
+    nodes: str | None = typer.Option(
+        None,
+        help="With --dry-run, a Slurm target: the allocation's nodes (NODE,NODE,...) to plan "
+        "for, instead of symbolic node0, node1, ...",
+    ),
+    resolve: list[str] = typer.Option(
+        [],
+        help="With --dry-run: NAME=IPV4 gives a host's address instead of resolving its name "
+        "here (repeatable, like curl --resolve).",
+    ),
 ) -> None:
     """Start the deployment a recipe describes and supervise it (Ctrl-C stops it)."""
     from dynamoctl.launch.registry import launcher_for
+    from dynamoctl.supervisor.hosts import HostError, parse_resolve
     from dynamoctl.supervisor.plan import PlanError, build_plan, render
 
+    if not dry_run and (nodes or resolve):
+        raise typer.BadParameter("only with --dry-run", param_hint="--nodes/--resolve")
     recipe = _load(recipe_path)
     run_dir = RunDir(recipe.name)
-    allocation = allocation_nodes() if isinstance(recipe.target, SlurmTarget) else None
+    is_slurm = isinstance(recipe.target, SlurmTarget)
+    if nodes and not is_slurm:
+        raise typer.BadParameter("names Slurm nodes; this recipe's target is not slurm")
+    allocation = (nodes.split(",") if nodes else allocation_nodes()) if is_slurm else None
     try:
-        plan, _ = build_plan(recipe, run_dir.path, allocation)
-    except PlanError as exc:
+        plan, _ = build_plan(recipe, run_dir.path, allocation, parse_resolve(resolve))
+    except (PlanError, HostError) as exc:
         typer.echo(f"{recipe_path}: {exc}", err=True)
         raise typer.Exit(1) from exc
     if dry_run:
         typer.echo(render(plan, launcher_for(recipe).describe), nl=False)
         return
-    if isinstance(recipe.target, SlurmTarget) and allocation is None:
+    if is_slurm and allocation is None:
         from dynamoctl.cli.slurm_submit import submit_and_follow
 
         submit_and_follow(recipe, recipe_path, run_dir, timeout=600.0)

@@ -7,9 +7,12 @@ taken on a compute node need not be visible on another host (Lustre's ``localflo
 
 from __future__ import annotations
 
+from typing import Literal
+
 import typer
 
 from dynamoctl.launch.api import LaunchError
+from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import RunDir, RunState, deployments, home
@@ -50,12 +53,12 @@ def not_running(run_dir: RunDir, state: RunState | None) -> tuple[str, str] | No
     job = run_dir.slurm_job(state)
     if job is not None:
         slurm = _job_state(job)
-        if slurm == "PENDING":
+        if slurm and slurm.queued:
             return "queued", (
-                f"Slurm job {job} is pending in the queue; its supervisor has not started "
-                f"(squeue --jobs={job})"
+                f"Slurm job {job} is {slurm.value.lower()} in the queue; its supervisor has "
+                f"not started (squeue --jobs={job})"
             )
-        if slurm in ("RUNNING", "CONFIGURING"):
+        if slurm and slurm.active and slurm is not JobState.COMPLETING:
             if state is None or state.slurm_job != job or not state.control:
                 return "starting", (
                     f"Slurm job {job} is {slurm.lower()}, its supervisor has not opened its "
@@ -66,7 +69,7 @@ def not_running(run_dir: RunDir, state: RunState | None) -> tuple[str, str] | No
                 return state.phase, f"not running (last phase {state.phase}{error})"
             return None
         elif slurm is not None:  # None: squeue failed, so judge by the lock, below
-            ended = f"is {slurm.lower()}" if slurm else "is no longer known to Slurm"
+            ended = f"is {slurm.value.lower()}" if slurm else "is no longer known to Slurm"
             phase = state.phase if state else "unknown"
             return phase, f"not running (Slurm job {job} {ended}; last phase {phase})"
     if state is not None and run_dir.is_locked():
@@ -79,10 +82,13 @@ def not_running(run_dir: RunDir, state: RunState | None) -> tuple[str, str] | No
 def _in_slurm(run_dir: RunDir) -> bool:
     """Whether the deployment's Slurm job is queued or running."""
     job = run_dir.slurm_job(run_dir.read_state())
-    return job is not None and _job_state(job) in ("PENDING", "CONFIGURING", "RUNNING")
+    if job is None:
+        return False
+    slurm = _job_state(job)
+    return isinstance(slurm, JobState) and not slurm.ended
 
 
-def _job_state(job: str) -> str | None:
+def _job_state(job: str) -> JobState | Literal[""] | None:
     """The job's Slurm state, ``""`` once Slurm forgot it, None if squeue cannot tell."""
     from dynamoctl.launch.slurm import job_state
     from dynamoctl.util import aio

@@ -1,36 +1,31 @@
 """``dynamoctl up`` on a login node with a Slurm target: submit the job and follow it.
 
-The batch script runs ``dynamoctl up RECIPE`` inside the allocation (what
-``slurm/launch.sh`` does). The run directory must be on storage the nodes share (the
+The job runs the same batch script as ``sbatch slurm/launch.sh RECIPE``
+(:data:`dynamoctl.launch.slurm.BATCH_SCRIPT`), with the recipe's resources and a drain
+signal. The run directory must be on storage the nodes share (the
 default, under ``$HOME``, usually is): the supervisor writes its state there, and this
 command waits for it to say "serving".
 """
 
 from __future__ import annotations
 
-import shlex
 import signal
-import sys
 import time
 from pathlib import Path
 
 import typer
 
-from dynamoctl.recipe.models import Recipe, SlurmTarget
+from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import JOB_FILE, RunDir
 from dynamoctl.util import aio
 
 
 def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeout: float) -> None:
-    from dynamoctl.launch.slurm import job_state, submit
+    from dynamoctl.launch.slurm import job_state, submit_recipe
 
-    assert isinstance(recipe.target, SlurmTarget)
     run_dir.logs.mkdir(parents=True, exist_ok=True)
-    script = run_dir.path / "launch.sh"
-    command = shlex.join([sys.executable, "-m", "dynamoctl", "up", str(recipe_path.resolve())])
-    script.write_text(f"#!/bin/sh\nexec {command} --no-live\n")
     output = run_dir.path / "supervisor.log"
-    job = aio.run(submit(recipe.target, script, job_name=f"dynamoctl-{recipe.name}", output=output))
+    job = aio.run(submit_recipe(recipe, recipe_path.resolve(), output=output))
     (run_dir.path / JOB_FILE).write_text(job + "\n")
     typer.echo(f"{recipe.name}: submitted Slurm job {job}; supervisor log {output}")
     deadline = time.monotonic() + timeout
@@ -40,8 +35,9 @@ def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeou
             typer.echo(f"{recipe.name}: serving {state.plan.model} at {state.plan.endpoint}")
             return
         slurm_state = aio.run(job_state(job))
-        if slurm_state is None or slurm_state in ("FAILED", "CANCELLED", "COMPLETED", "TIMEOUT"):
-            typer.echo(f"dynamoctl up: job {job} ended ({slurm_state}); see {output}", err=True)
+        if slurm_state is None or slurm_state.ended:
+            how = slurm_state.value if slurm_state else "gone from the queue"
+            typer.echo(f"dynamoctl up: Slurm job {job} ended ({how}); see {output}", err=True)
             raise typer.Exit(1)
         time.sleep(1.0)
     typer.echo(f"dynamoctl up: job {job} not serving after {timeout:.0f} s (still queued?)")
@@ -59,7 +55,10 @@ def cancel_job(run_dir: RunDir, timeout: float) -> bool:
         return False
     aio.run(signal_batch(job, signal.SIGTERM))
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and aio.run(job_state(job)) in ("RUNNING", "COMPLETING"):
+    while time.monotonic() < deadline:
+        state = aio.run(job_state(job))
+        if state is None or not state.active:
+            break
         time.sleep(1.0)
     aio.run(cancel(job))
     (run_dir.path / JOB_FILE).unlink(missing_ok=True)

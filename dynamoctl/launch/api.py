@@ -26,6 +26,14 @@ class LaunchError(Exception):
     """An instance cannot be started here; the message says what and where."""
 
 
+PORT_FIELDS = {
+    "http": "frontend.port",
+    "client": "etcd's client port (2379)",
+    "peer": "etcd's peer port (2380)",
+}
+"""Where each declared port comes from, for the error that says what to change."""
+
+
 class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     """One process of the plan: what runs, where, with what."""
 
@@ -38,6 +46,11 @@ class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     """``worker``, ``frontend``, ``router`` or ``etcd``."""
     host: str
     """Where it runs: ``localhost``, an SSH host, or a Slurm node name."""
+    address: str = ""
+    """IPv4 address it listens on and advertises, on ``host`` (empty: none of its own)."""
+    ports: dict[str, int] = {}
+    """Fixed TCP ports it listens on, by purpose (``http``, ``client``, ``side_channel``):
+    preflight checks they are free on ``host``. Ports chosen at run time are not here."""
     argv: list[str]
     """The exact command, run on ``host``."""
     env: dict[str, str] = {}
@@ -59,6 +72,14 @@ class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Process group on ``host`` (equal to ``pid`` for the keeper)."""
     step: str | None = None
     """Slurm ``JOBID.STEPID`` of the instance's job step."""
+
+
+def port_in_use(spec: InstanceSpec, purpose: str, port: int, why: str) -> LaunchError:
+    source = PORT_FIELDS.get(purpose, f"the {purpose} port the plan assigns")
+    return LaunchError(
+        f"{spec.name}: port {port} ({purpose}) on {spec.host} is already in use ({why}); "
+        f"stop what holds it or change {source}"
+    )
 
 
 class Launched(Protocol):

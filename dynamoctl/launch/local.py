@@ -12,7 +12,8 @@ from pathlib import Path
 
 import psutil
 
-from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
+from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, port_in_use
+from dynamoctl.launch.gpus import FIX_GPU_COUNT, check_gpus, count_local_gpus
 
 
 def keeper_argv(spec: InstanceSpec, python: str = sys.executable, **flags: bool) -> list[str]:
@@ -47,9 +48,11 @@ class LocalLauncher:
     kind = "local"
 
     async def preflight(self, instances: list[InstanceSpec]) -> None:
+        if any(spec.gpus for spec in instances):
+            check_gpus("localhost", count_local_gpus(), instances, "target.gpus", FIX_GPU_COUNT)
         for spec in instances:
-            for port in _listen_ports(spec):
-                _check_port_free("127.0.0.1", port, spec.name)
+            for purpose, port in spec.ports.items():
+                _check_port_free(spec, purpose, port)
 
     def describe(self, spec: InstanceSpec) -> list[str]:
         return keeper_argv(spec)
@@ -112,27 +115,13 @@ async def reap_local_group(pgid: int, grace: float) -> bool:
     return True
 
 
-def _listen_ports(spec: InstanceSpec) -> list[int]:
-    """TCP ports the instance's command line asks to listen on (fixed, non-zero ones)."""
-    ports = []
-    for flag in ("--port", "--http-port"):
-        if flag in spec.argv:
-            value = spec.argv[spec.argv.index(flag) + 1]
-            if value.isdigit() and int(value) > 0:
-                ports.append(int(value))
-    return ports
-
-
-def _check_port_free(host: str, port: int, who: str) -> None:
+def _check_port_free(spec: InstanceSpec, purpose: str, port: int) -> None:
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock.bind((spec.address or "127.0.0.1", port))
         except OSError as exc:
-            raise LaunchError(
-                f"{who}: port {port} on {host} is already in use ({exc.strerror}); "
-                "stop what holds it or change the port in the recipe"
-            ) from exc
+            raise port_in_use(spec, purpose, port, exc.strerror or str(exc)) from exc
 
 
 def from_recipe(_recipe: object) -> LocalLauncher:

@@ -18,15 +18,21 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import math
 import os
 import shutil
 import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
-from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
+from dynamoctl.launch import hostcheck
+from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, port_in_use
+from dynamoctl.launch.gpus import check_gpus
 from dynamoctl.launch.local import keeper_argv
+from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.models import Recipe, SlurmContainer, SlurmTarget
 
 STEP_PREFIX = "dynamoctl:"
@@ -190,7 +196,7 @@ class SlurmLauncher:
         job = self._job()
         out = await _checked(["squeue", f"--jobs={job}", "-h", "-o", "%T %N"], self._env)
         state, _, nodelist = out.strip().partition(" ")
-        if state != "RUNNING" or not nodelist:
+        if JobState(state) is not JobState.RUNNING or not nodelist:
             raise LaunchError(f"Slurm job {job} is not running (state: {state or 'gone'})")
         hosts = await _checked(["scontrol", "show", "hostnames", nodelist], self._env)
         return hosts.split()
@@ -205,6 +211,56 @@ class SlurmLauncher:
                     f"{spec.name}: host {spec.host!r} is not a node of Slurm job "
                     f"{self.job_id} (its nodes: {', '.join(nodes)})"
                 )
+        for result in await self._check_nodes(nodes, instances):
+            node = result["host"]
+            fix = "submit the job with --gpus-per-node (dynamoctl up on a login node does)"
+            check_gpus(node, int(result["gpus"]), instances, "target.gpus_per_node", fix)
+            for spec in (s for s in instances if s.host == node):
+                for purpose, port in spec.ports.items():
+                    if str(port) in result["busy"]:
+                        raise port_in_use(spec, purpose, port, result["busy"][str(port)])
+
+    async def _check_nodes(
+        self, nodes: list[str], instances: list[InstanceSpec]
+    ) -> list[dict[str, Any]]:
+        """:mod:`~dynamoctl.launch.hostcheck` on every node, in one step of one task each."""
+        ports = {
+            node: sorted({p for s in instances if s.host == node for p in s.ports.values()})
+            for node in nodes
+        }
+        argv = [
+            "srun",
+            f"--jobid={self._job()}",
+            f"--nodes={len(nodes)}",
+            "--ntasks-per-node=1",
+            f"--nodelist={','.join(nodes)}",
+            "--overlap",
+            "--export=ALL",
+            f"--job-name={STEP_PREFIX}hostcheck",
+            *self._container_args(),
+            self.python,
+            "-m",
+            "dynamoctl.launch.hostcheck",
+            "",
+            json.dumps(ports),
+        ]
+        code, out, err = await _run(argv, self._env)
+        results = hostcheck.parse(out)
+        if {r["host"] for r in results} != set(nodes):
+            raise LaunchError(
+                f"{self.python} -m dynamoctl.launch.hostcheck did not run on every node of "
+                f"Slurm job {self.job_id} (exit {code}): {err.strip()[-500:]}; is dynamoctl "
+                "installed where the nodes' python finds it?"
+            )
+        return results
+
+    def _container_args(self) -> list[str]:
+        if self.container is None:
+            return []
+        argv = [f"--container-image={self.container.image}"]
+        if self.container.mounts:
+            argv.append(f"--container-mounts={','.join(self.container.mounts)}")
+        return argv
 
     def describe(self, spec: InstanceSpec) -> list[str]:
         argv = [
@@ -218,10 +274,7 @@ class SlurmLauncher:
             "--export=ALL",  # the step gets srun's environment, whatever sbatch --export said
             f"--job-name={STEP_PREFIX}{spec.name}",
         ]
-        if self.container is not None:
-            argv.append(f"--container-image={self.container.image}")
-            if self.container.mounts:
-                argv.append(f"--container-mounts={','.join(self.container.mounts)}")
+        argv += self._container_args()
         env = instance_env(spec)
         if env:
             # Set inside the step: slurmstepd overwrites CUDA_VISIBLE_DEVICES passed via srun.
@@ -313,14 +366,36 @@ def from_recipe(recipe: Recipe) -> SlurmLauncher:
 # --- the login-node path -------------------------------------------------------------------
 
 
-def sbatch_args(target: SlurmTarget, *, job_name: str, output: Path) -> list[str]:
-    """``sbatch`` options for a recipe's Slurm target (``extra_sbatch_args`` last, verbatim)."""
-    args = [f"--job-name={job_name}", f"--output={output}", f"--partition={target.partition}"]
-    args.append(f"--nodes={target.nodes}")
-    if target.account:
-        args.append(f"--account={target.account}")
+def sbatch_resources(target: SlurmTarget) -> list[str]:
+    """The ``sbatch`` options that give an allocation the shape the recipe needs."""
+    args = [f"--nodes={target.nodes}"]
     if target.gpus_per_node > 0:
         args.append(f"--gpus-per-node={target.gpus_per_node}")
+    return [*args, f"--partition={target.partition}"]
+
+
+BATCH_SCRIPT = Path(__file__).with_name("slurm_batch.sh")
+"""The batch script that runs ``dynamoctl up`` in the allocation (``slurm/launch.sh``)."""
+DRAIN_SIGNAL_MARGIN_S = 60
+"""Seconds the drain signal leaves beyond ``drain_timeout``: routers, frontend, etcd stop
+after the workers."""
+
+
+def drain_signal(drain_timeout: float) -> str:
+    """``--signal=B:TERM@N``: SIGTERM to the batch script (the supervisor, which drains)
+    ``N`` seconds before the time limit; at least the batch script's own 120 s."""
+    lead = max(120, math.ceil(drain_timeout) + DRAIN_SIGNAL_MARGIN_S)
+    return f"--signal=B:TERM@{lead}"
+
+
+def sbatch_args(
+    target: SlurmTarget, *, job_name: str, output: Path, drain_timeout: float
+) -> list[str]:
+    """``sbatch`` options for a recipe's Slurm target (``extra_sbatch_args`` last, verbatim)."""
+    args = [f"--job-name={job_name}", f"--output={output}", *sbatch_resources(target)]
+    args.append(drain_signal(drain_timeout))
+    if target.account:
+        args.append(f"--account={target.account}")
     if target.time_limit:
         args.append(f"--time={target.time_limit}")
     return args + list(target.extra_sbatch_args)
@@ -331,24 +406,44 @@ async def submit(
     script: Path,
     args: Sequence[str] = (),
     *,
-    job_name: str = "dynamoctl",
+    job_name: str,
     output: Path,
+    drain_timeout: float,
     env: Mapping[str, str] | None = None,
 ) -> str:
-    """Submit ``script args`` as a batch job; its job id."""
-    argv = ["sbatch", "--parsable", *sbatch_args(target, job_name=job_name, output=output)]
-    out = await _checked([*argv, str(script), *args], os.environ if env is None else env)
+    """Submit ``script args`` as a batch job shaped by ``target``; its job id."""
+    options = sbatch_args(target, job_name=job_name, output=output, drain_timeout=drain_timeout)
+    argv = ["sbatch", "--parsable", *options, str(script), *args]
+    out = await _checked(argv, os.environ if env is None else env)
     job_id = out.strip().split(";")[0]  # "JOBID" or "JOBID;CLUSTER"
     if not job_id.isdigit():
         raise LaunchError(f"sbatch printed no job id: {out.strip()!r}")
     return job_id
 
 
-async def job_state(job_id: str, env: Mapping[str, str] | None = None) -> str | None:
-    """``PENDING``, ``RUNNING``, ``COMPLETED``, ``CANCELLED``, ...; None once Slurm forgot it."""
+async def submit_recipe(
+    recipe: Recipe, recipe_path: Path, *, output: Path, env: Mapping[str, str] | None = None
+) -> str:
+    """Submit :data:`BATCH_SCRIPT` for ``recipe`` (what ``sbatch slurm/launch.sh RECIPE``
+    does, with the recipe's options); its job id. The job runs ``dynamoctl up`` with this
+    interpreter (``DYNAMOCTL_PYTHON``)."""
+    assert isinstance(recipe.target, SlurmTarget)
+    return await submit(
+        recipe.target,
+        BATCH_SCRIPT,
+        [str(recipe_path)],
+        job_name=f"dynamoctl-{recipe.name}",
+        output=output,
+        drain_timeout=recipe.supervision.drain_timeout,
+        env={**(os.environ if env is None else env), "DYNAMOCTL_PYTHON": sys.executable},
+    )
+
+
+async def job_state(job_id: str, env: Mapping[str, str] | None = None) -> JobState | None:
+    """The job's state; None once Slurm forgot it."""
     argv = ["squeue", f"--jobs={job_id}", "--states=all", "-h", "-o", "%T"]
     out = await _checked(argv, os.environ if env is None else env, gone_ok=True)
-    return out.strip() or None
+    return JobState(out.strip()) if out.strip() else None
 
 
 async def signal_batch(job_id: str, sig: int, env: Mapping[str, str] | None = None) -> bool:

@@ -36,8 +36,10 @@ from typing import IO, Any
 import asyncssh
 import msgspec
 
-from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
-from dynamoctl.launch.local import _listen_ports, keeper_argv
+from dynamoctl.launch import hostcheck
+from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, port_in_use
+from dynamoctl.launch.gpus import FIX_GPU_COUNT, check_gpus
+from dynamoctl.launch.local import keeper_argv
 from dynamoctl.recipe.models import Recipe, SshTarget
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
@@ -45,25 +47,6 @@ LOST = 255
 """Return code when the connection was lost before an exit status came (as ssh); a dead
 host is noticed after about 90 s of unanswered keepalives."""
 _HEADER_TIMEOUT = 30.0
-_MARK = "dynamoctl-preflight"
-# Runs on the host: the interpreter imports the keeper, the workdir exists, ports are free.
-_PREFLIGHT = f"""
-import json, os, socket, sys
-import dynamoctl.launch.keeper
-result = {{"workdir": None, "busy": {{}}}}
-try:
-    os.chdir(sys.argv[1] or ".")
-except OSError as exc:
-    result["workdir"] = exc.strerror
-for port in sys.argv[2:]:
-    with socket.socket() as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("", int(port)))
-        except OSError as exc:
-            result["busy"][port] = exc.strerror
-print("{_MARK}", json.dumps(result))
-"""
 # Runs on the host: the local launcher's reap, exit 0 if something was running, 3 if not.
 _REAP = """
 import asyncio, sys
@@ -177,7 +160,7 @@ class SshLauncher:
     async def preflight(self, instances: list[InstanceSpec]) -> None:
         hosts = list(dict.fromkeys(spec.host for spec in instances))
         ports = {
-            h: sorted({p for s in instances if s.host == h for p in _listen_ports(s)})
+            h: sorted({p for s in instances if s.host == h for p in s.ports.values()})
             for h in hosts
         }
         results = await asyncio.gather(
@@ -187,25 +170,20 @@ class SshLauncher:
         for host, result in zip(hosts, results, strict=True):
             if isinstance(result, BaseException):
                 raise result
-            busy[host] = result
+            busy[host], gpus = result
+            check_gpus(host, gpus, instances, "target.gpus_per_host", FIX_GPU_COUNT)
         for spec in instances:
-            for port in _listen_ports(spec):
+            for purpose, port in spec.ports.items():
                 if str(port) in busy[spec.host]:
-                    raise LaunchError(
-                        f"{spec.name}: port {port} on {spec.host} is already in use "
-                        f"({busy[spec.host][str(port)]}); stop what holds it or change the "
-                        "port in the recipe"
-                    )
+                    raise port_in_use(spec, purpose, port, busy[spec.host][str(port)])
 
-    async def _check_host(self, host: str, ports: list[int]) -> dict[str, str]:
-        args = [self.python, "-c", _PREFLIGHT, self._cwd, *map(str, ports)]
+    async def _check_host(self, host: str, ports: list[int]) -> tuple[dict[str, str], int]:
+        args = [self.python, "-m", "dynamoctl.launch.hostcheck", self._cwd, json.dumps(ports)]
         code, output = await self._run(host, "exec " + shlex.join(args), self.connect_timeout + 30)
-        for line in output.splitlines():
-            if line.startswith(_MARK + " "):
-                result: dict[str, Any] = json.loads(line[len(_MARK) + 1 :])
-                if result["workdir"]:
-                    raise LaunchError(f"ssh {host}: workdir {self.workdir}: {result['workdir']}")
-                return dict(result["busy"])
+        for result in hostcheck.parse(output):
+            if result["workdir"]:
+                raise LaunchError(f"ssh {host}: workdir {self.workdir}: {result['workdir']}")
+            return dict(result["busy"]), int(result["gpus"])
         raise LaunchError(
             f"ssh {host}: {self.python} cannot import dynamoctl ({_status(code, output)}); "
             "set the target's python to an interpreter that has dynamoctl installed"

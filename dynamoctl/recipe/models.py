@@ -10,12 +10,15 @@ raise :func:`rule_error` naming the offending field, so the loader can point at 
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
+
+from dynamoctl.util.net import is_loopback
 
 SCHEMA_VERSION = 1
 """The only recipe ``schema`` this dynamoctl reads."""
@@ -52,6 +55,14 @@ def _check_time_limit(value: str) -> str:
 def _check_etcd_endpoint(value: str) -> str:
     if not re.fullmatch(r"https?://[^\s/]+:\d+", value):
         raise ValueError("must look like http://HOST:PORT")
+    return value
+
+
+def _check_ipv4(value: str) -> str:
+    try:
+        ipaddress.IPv4Address(value)
+    except ValueError:
+        raise ValueError("must be an IPv4 address, e.g. 10.0.0.5") from None
     return value
 
 
@@ -159,6 +170,17 @@ class SshTarget(_Model):
     Default: the remote home."""
     gpus_per_host: int = Field(default=0, ge=0)
     """GPUs on each host that replicas may use; a replica must fit on one host."""
+    addresses: dict[str, Annotated[str, AfterValidator(_check_ipv4)]] = Field(default_factory=dict)
+    """IPv4 address each host's components bind and advertise, by host name, where the
+    name does not resolve to it on the supervisor's machine (an ``~/.ssh/config`` alias) or
+    the host has several networks. Default: the name, resolved on the supervisor's machine."""
+
+    @model_validator(mode="after")
+    def _addresses_name_hosts(self) -> SshTarget:
+        for name in self.addresses:
+            if name not in self.hosts:
+                raise rule_error(f"addresses.{name}", "is not one of target.hosts")
+        return self
 
 
 class SlurmContainer(_Model):
@@ -238,8 +260,11 @@ class Router(_Model):
 class Frontend(_Model):
     """The OpenAI-compatible HTTP endpoint."""
 
-    host: NonEmptyStr = "127.0.0.1"
-    """Address to listen on; ``0.0.0.0`` exposes it beyond the head node."""
+    host: NonEmptyStr | None = None
+    """Address to listen on. Default: ``127.0.0.1`` on a local target; on ssh and slurm
+    targets the head node's address, so that the supervisor and clients on other machines
+    reach it. ``0.0.0.0`` listens on every interface of the head node. A loopback address
+    is refused on ssh and slurm targets (nothing off the head node could reach it)."""
     port: Port = 8000
     """TCP port to listen on."""
     router: Router = Field(default_factory=Router)
@@ -361,6 +386,14 @@ class Recipe(_Model):
                 "discovery.backend",
                 "embedded discovery serves one host but the target spans several; "
                 "use backend: etcd (with managed: true to let dynamoctl run it)",
+            )
+        host = self.frontend.host
+        if not isinstance(target, LocalTarget) and host is not None and is_loopback(host):
+            raise rule_error(
+                "frontend.host",
+                f"{host} is reachable only on the head node itself, not by the supervisor or "
+                f"clients elsewhere on a {target.kind} target; leave it out to listen on the "
+                "head node's address, or use 0.0.0.0",
             )
         router = self.frontend.router
         if router.disaggregation == "required" and self.workers.prefill is None:

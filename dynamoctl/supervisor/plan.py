@@ -13,16 +13,16 @@ GPUs are spread round-robin, so a CPU deployment still uses every host.
 from __future__ import annotations
 
 import shlex
-import shutil
-import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
 from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.launch.gpus import count_local_gpus
+from dynamoctl.launch.slurm import sbatch_resources
 from dynamoctl.recipe.models import (
     EmbeddedDiscovery,
     EtcdDiscovery,
@@ -34,6 +34,8 @@ from dynamoctl.recipe.models import (
     SshTarget,
     WorkerPool,
 )
+from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
+from dynamoctl.supervisor.transfer import TransferError, transfer_channel
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
@@ -48,7 +50,7 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
     name: str
     namespace: str
     target: str
-    hosts: list[str]
+    hosts: list[Host]
     discovery_url: str
     endpoint: str
     """The OpenAI base URL clients use."""
@@ -109,35 +111,43 @@ def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str,
 # -- hosts and GPUs ---------------------------------------------------------------------------
 
 
-def count_local_gpus() -> int:
-    """GPUs ``nvidia-smi -L`` lists; 0 when it is absent or fails."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return 0
-    try:
-        out = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=10)
-    except (OSError, subprocess.TimeoutExpired):
-        return 0
-    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-
-
-def target_hosts(recipe: Recipe, allocation: list[str] | None = None) -> tuple[list[str], int]:
-    """Hosts and GPUs per host. Slurm hosts are the allocation's nodes when known, else
-    symbolic ``node0..`` (a dry run on a login node)."""
+def target_hosts(
+    recipe: Recipe, allocation: list[str] | None = None, resolve: Mapping[str, str] = {}
+) -> tuple[list[Host], int]:
+    """Hosts with their addresses, and GPUs per host. Slurm hosts are the allocation's
+    nodes when known, else symbolic ``node0..`` (a dry run on a login node); ``resolve``
+    gives addresses that override name resolution (a dry run's ``--resolve``)."""
     target = recipe.target
     if isinstance(target, LocalTarget):
         gpus = target.gpus if target.gpus is not None else count_local_gpus()
-        return ["localhost"], gpus
-    if isinstance(target, SshTarget):
-        return list(target.hosts), target.gpus_per_host
-    assert isinstance(target, SlurmTarget)
-    hosts = allocation or [f"node{i}" for i in range(target.nodes)]
-    return hosts, target.gpus_per_node
-
-
-def bind_address(recipe: Recipe, host: str) -> str:
-    """Address a component on ``host`` binds and advertises."""
-    return "127.0.0.1" if isinstance(recipe.target, LocalTarget) else host
+        return [Host("localhost", LOCALHOST)], gpus
+    try:
+        if isinstance(target, SshTarget):
+            known = {**target.addresses, **resolve}
+            spans = len(target.hosts) > 1
+            hosts = [
+                resolve_host(name, known, field="target.hosts", spans=spans)
+                for name in target.hosts
+            ]
+            return hosts, target.gpus_per_host
+        assert isinstance(target, SlurmTarget)
+        if allocation is None:
+            return [symbolic_host(f"node{i}") for i in range(target.nodes)], target.gpus_per_node
+        if len(allocation) < target.nodes:
+            raise PlanError(
+                f"target.nodes: the recipe needs {target.nodes} node(s) but this Slurm "
+                f"allocation has {len(allocation)} ({', '.join(allocation)}); submit with "
+                f"`sbatch {' '.join(sbatch_resources(target))} slurm/launch.sh RECIPE`, or run "
+                "`dynamoctl up RECIPE` on the login node, which submits with those options"
+            )
+        spans = target.nodes > 1
+        hosts = [
+            resolve_host(name, resolve, field="the Slurm allocation's node", spans=spans)
+            for name in allocation
+        ]
+        return hosts, target.gpus_per_node
+    except HostError as exc:
+        raise PlanError(str(exc)) from None
 
 
 def python_for(recipe: Recipe) -> str:
@@ -152,32 +162,41 @@ def python_for(recipe: Recipe) -> str:
 # -- the plan ---------------------------------------------------------------------------------
 
 
-def discovery_url(recipe: Recipe, run_dir: Path, head: str) -> str:
+def discovery_url(recipe: Recipe, run_dir: Path, head: Host) -> str:
     disc = recipe.discovery
     if isinstance(disc, EmbeddedDiscovery):
         return f"embedded://{disc.path or run_dir / 'discovery'}"
     assert isinstance(disc, EtcdDiscovery)
     if disc.managed:
-        return f"etcd://{bind_address(recipe, head)}:{ETCD_CLIENT_PORT}"
+        return f"etcd://{head.address}:{ETCD_CLIENT_PORT}"
     return "etcd://" + ",".join(e.split("://", 1)[1] for e in disc.endpoints)
 
 
-def _etcd_spec(recipe: Recipe, head: str, data_dir: str) -> InstanceSpec:
-    addr = bind_address(recipe, head)
-    client, peer = f"http://{addr}:{ETCD_CLIENT_PORT}", f"http://{addr}:{ETCD_PEER_PORT}"
+def _etcd_spec(recipe: Recipe, head: Host, data_dir: str) -> InstanceSpec:
+    """etcd listens on the head's address (it refuses names there) and advertises its
+    name; the peer URLs stay addresses, since etcd matches them against each other."""
+    listen = f"http://{head.address}:{ETCD_CLIENT_PORT}"
+    peer = f"http://{head.address}:{ETCD_PEER_PORT}"
     member = f"dynamoctl-{recipe.name}"
     argv = [
         "etcd",
         f"--name={member}",
         f"--data-dir={data_dir}",
-        f"--listen-client-urls={client}",
-        f"--advertise-client-urls={client}",
+        f"--listen-client-urls={listen}",
+        f"--advertise-client-urls=http://{head.name}:{ETCD_CLIENT_PORT}",
         f"--listen-peer-urls={peer}",
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster={member}={peer}",
     ]
     return InstanceSpec(
-        name="etcd-0", pool="etcd", component="etcd", host=head, argv=argv, env=dict(BASE_ENV)
+        name="etcd-0",
+        pool="etcd",
+        component="etcd",
+        host=head.name,
+        address=head.address,
+        ports={"client": ETCD_CLIENT_PORT, "peer": ETCD_PEER_PORT},
+        argv=argv,
+        env=dict(BASE_ENV),
     )
 
 
@@ -185,11 +204,11 @@ def _discovery_args(recipe: Recipe, url: str) -> list[str]:
     return ["--namespace", recipe.namespace, "--discovery", url]
 
 
-def _common(recipe: Recipe, url: str, label: str, host: str) -> list[str]:
+def _common(recipe: Recipe, url: str, label: str, host: Host) -> list[str]:
     return [
         *_discovery_args(recipe, url),
         "--host",
-        bind_address(recipe, host),
+        host.address,
         "--lease-ttl",
         str(recipe.discovery.lease_ttl),
         "--label",
@@ -198,7 +217,7 @@ def _common(recipe: Recipe, url: str, label: str, host: str) -> list[str]:
 
 
 def worker_spec(
-    recipe: Recipe, role: Role, index: int, host: str, gpus: list[int], url: str
+    recipe: Recipe, role: Role, index: int, host: Host, gpus: list[int], url: str
 ) -> InstanceSpec:
     """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds)."""
     from dynamoctl.worker.options import render_engine_args
@@ -207,12 +226,25 @@ def worker_spec(
     name = f"{role}-{index}"
     argv = [python_for(recipe), "-m", "dynamoctl", "worker", "--engine", pool.engine]
     argv += ["--role", role, *_common(recipe, url, name, host)]
-    argv += render_engine_args(engine_arguments(role, pool, recipe.model))
-    env = {**BASE_ENV, **pool.env}
+    args = engine_arguments(role, pool, recipe.model)
+    try:
+        channel = transfer_channel(pool.engine, role, index, host, args)
+    except TransferError as exc:
+        raise PlanError(str(exc)) from None
+    argv += render_engine_args({**args, **channel.args})
+    env = {**BASE_ENV, **channel.env, **pool.env}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return InstanceSpec(
-        name=name, pool=role, component="worker", host=host, argv=argv, env=env, gpus=gpus
+        name=name,
+        pool=role,
+        component="worker",
+        host=host.name,
+        address=host.address,
+        ports=channel.ports,
+        argv=argv,
+        env=env,
+        gpus=gpus,
     )
 
 
@@ -228,20 +260,32 @@ def _router_knobs(recipe: Recipe) -> list[str]:
     ]
 
 
-def _router_spec(recipe: Recipe, index: int, host: str, url: str) -> InstanceSpec:
+def _router_spec(recipe: Recipe, index: int, host: Host, url: str) -> InstanceSpec:
     """A standalone router replica (``frontend.router.replicas > 0``)."""
     name = f"router-{index}"
     argv = [python_for(recipe), "-m", "dynamoctl", "router", *_common(recipe, url, name, host)]
     argv += _router_knobs(recipe)
     return InstanceSpec(
-        name=name, pool="router", component="router", host=host, argv=argv, env=dict(BASE_ENV)
+        name=name,
+        pool="router",
+        component="router",
+        host=host.name,
+        address=host.address,
+        argv=argv,
+        env=dict(BASE_ENV),
     )
 
 
-def _frontend_spec(recipe: Recipe, head: str, url: str) -> InstanceSpec:
+WILDCARDS = ("0.0.0.0", "::")
+
+
+def _frontend_spec(recipe: Recipe, head: Host, url: str) -> InstanceSpec:
+    """The frontend listens on ``frontend.host``, by default the head's address (loopback on
+    a local target); ``address`` is where the supervisor reaches it."""
+    listen = recipe.frontend.host or head.address
     argv = [python_for(recipe), "-m", "dynamoctl", "frontend"]
     argv += _discovery_args(recipe, url)
-    argv += ["--host", recipe.frontend.host, "--port", str(recipe.frontend.port)]
+    argv += ["--host", listen, "--port", str(recipe.frontend.port)]
     argv += ["--lease-ttl", str(recipe.discovery.lease_ttl), "--label", "frontend-0"]
     argv += _router_knobs(recipe)
     router, workers = recipe.frontend.router, recipe.workers
@@ -254,22 +298,32 @@ def _frontend_spec(recipe: Recipe, head: str, url: str) -> InstanceSpec:
         name="frontend-0",
         pool="frontend",
         component="frontend",
-        host=head,
+        host=head.name,
+        address=head.address if listen in WILDCARDS else listen,
+        ports={"http": recipe.frontend.port},
         argv=argv,
         env=dict(BASE_ENV),
     )
 
 
+def _endpoint(recipe: Recipe, head: Host) -> str:
+    """The OpenAI base URL people use: the head's name unless the recipe binds one address."""
+    host = recipe.frontend.host
+    if host is None or host in WILDCARDS:
+        host = head.address if isinstance(recipe.target, LocalTarget) else head.name
+    return f"http://{host}:{recipe.frontend.port}/v1"
+
+
 class GpuMap:
     """Free GPUs per host, handed out first-fit and contiguously."""
 
-    def __init__(self, hosts: list[str], gpus_per_host: int) -> None:
+    def __init__(self, hosts: list[Host], gpus_per_host: int) -> None:
         self.hosts = hosts
         self.gpus_per_host = gpus_per_host
-        self.used: dict[str, set[int]] = {host: set() for host in hosts}
+        self.used: dict[str, set[int]] = {host.name: set() for host in hosts}
         self._next_cpu_host = 0
 
-    def take(self, count: int) -> tuple[str, list[int]] | None:
+    def take(self, count: int) -> tuple[Host, list[int]] | None:
         if count == 0:  # CPU replicas: round-robin over hosts
             host = self.hosts[self._next_cpu_host % len(self.hosts)]
             self._next_cpu_host += 1
@@ -277,8 +331,8 @@ class GpuMap:
         for host in self.hosts:
             for start in range(self.gpus_per_host - count + 1):
                 block = set(range(start, start + count))
-                if not block & self.used[host]:
-                    self.used[host] |= block
+                if not block & self.used[host.name]:
+                    self.used[host.name] |= block
                     return host, sorted(block)
         return None
 
@@ -287,19 +341,23 @@ class GpuMap:
 
 
 def build_plan(
-    recipe: Recipe, run_dir: Path, allocation: list[str] | None = None
+    recipe: Recipe,
+    run_dir: Path,
+    allocation: list[str] | None = None,
+    resolve: Mapping[str, str] = {},
 ) -> tuple[Plan, GpuMap]:
     """The plan and the GPU map left after placing it (``scale`` places more later)."""
-    hosts, gpus_per_host = target_hosts(recipe, allocation)
+    hosts, gpus_per_host = target_hosts(recipe, allocation, resolve)
     head = hosts[0]
     url = discovery_url(recipe, run_dir, head)
     instances: list[InstanceSpec] = []
     disc = recipe.discovery
     if isinstance(disc, EtcdDiscovery) and disc.managed:
-        data_dir = str(run_dir / "etcd") if isinstance(recipe.target, LocalTarget) else ""
-        if not data_dir:
-            workdir = getattr(recipe.target, "workdir", None)
-            data_dir = f"{workdir or '.'}/dynamoctl-{recipe.name}-etcd"
+        # Local and Slurm: the run directory (on storage the nodes share, under Slurm);
+        # SSH: the remote working directory.
+        data_dir = str(run_dir / "etcd")
+        if isinstance(recipe.target, SshTarget):
+            data_dir = f"{recipe.target.workdir or '.'}/dynamoctl-{recipe.name}-etcd"
         instances.append(_etcd_spec(recipe, head, data_dir))
     gpu_map = GpuMap(hosts, gpus_per_host)
     roles: tuple[Role, ...] = ("prefill", "decode", "agg")
@@ -319,16 +377,13 @@ def build_plan(
     for index in range(recipe.frontend.router.replicas):  # spread, like CPU replicas
         instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url))
     instances.append(_frontend_spec(recipe, head, url))
-    shown_host = "127.0.0.1" if recipe.frontend.host == "0.0.0.0" else recipe.frontend.host
-    if not isinstance(recipe.target, LocalTarget) and shown_host == "127.0.0.1":
-        shown_host = head
     plan = Plan(
         name=recipe.name,
         namespace=recipe.namespace,
         target=recipe.target.kind,
         hosts=hosts,
         discovery_url=url,
-        endpoint=f"http://{shown_host}:{recipe.frontend.port}/v1",
+        endpoint=_endpoint(recipe, head),
         model=recipe.model.name,
         instances=instances,
     )
@@ -337,9 +392,17 @@ def build_plan(
 
 def render(plan: Plan, describe: Callable[[InstanceSpec], list[str]]) -> str:
     """The dry run's text: every instance, its host, GPUs, environment and command."""
+    hosts = ", ".join(f"{h.name} ({h.address})" for h in plan.hosts if not h.symbolic)
     lines = [
         f"deployment {plan.name} (namespace {plan.namespace}), target {plan.target}, "
-        f"hosts {', '.join(plan.hosts)}",
+        f"hosts {hosts or ', '.join(h.name for h in plan.hosts)}",
+    ]
+    if any(h.symbolic for h in plan.hosts):
+        lines.append(
+            "  (symbolic: the Slurm allocation's nodes; <nodeN> stands for node N's address, "
+            "resolved inside the allocation; `--nodes` names them for a dry run)"
+        )
+    lines += [
         f"discovery {plan.discovery_url}",
         f"endpoint  {plan.endpoint} (model {plan.model})",
         "",

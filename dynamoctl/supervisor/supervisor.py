@@ -57,6 +57,8 @@ class Instance:
     last_exit: int | None = None
     message: str = ""
     sample: WorkerSample | None = None
+    released: bool = False
+    """Its GPUs went back to the map (it was stopped on purpose)."""
     task: asyncio.Task[None] | None = None
     ready: asyncio.Event = field(default_factory=asyncio.Event)
     ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -219,6 +221,7 @@ class Supervisor:
         if proc is None or proc.returncode is not None:
             if inst.state not in (State.FAILED,):
                 inst.state = State.STOPPED
+            self._release(inst)
             return
         inst.state = State.DRAINING
         self.changed()
@@ -227,7 +230,15 @@ class Supervisor:
         if inst.task is not None and not inst.task.done():
             await inst.ended.wait()
         inst.state = State.STOPPED
+        self._release(inst)
         self.changed()
+
+    def _release(self, inst: Instance) -> None:
+        """Give a stopped instance's GPUs back for ``scale`` (once: the map may have handed
+        them to another instance since)."""
+        if inst.spec.gpus and not inst.released:
+            self.gpu_map.release(inst.spec.host, inst.spec.gpus)
+            inst.released = True
 
     # -- one instance ---------------------------------------------------------------------
 
@@ -335,10 +346,11 @@ class Supervisor:
         probes = self.probes()
         component = inst.spec.component
         if component == "etcd":
-            address = self.plan.discovery_url.removeprefix("etcd://")
-            return await probes.ok(f"http://{address}/health")
+            return await probes.ok(f"{_base_url(inst.spec, 'client')}/health")
         if component == "frontend":
-            return await probes.frontend_ready(self.plan.endpoint, self.plan.model)
+            return await probes.frontend_ready(
+                _base_url(inst.spec, "http") + "/v1", self.plan.model
+            )
         await probes.refresh_records()
         return inst.spec.name in probes.records
 
@@ -350,7 +362,7 @@ class Supervisor:
         if component == "etcd":
             return await self._is_ready(inst), None
         if component == "frontend":
-            return await probes.ok(self.plan.endpoint.removesuffix("/v1") + "/health"), None
+            return await probes.ok(f"{_base_url(inst.spec, 'http')}/health"), None
         await probes.refresh_records()
         record = probes.records.get(inst.spec.name)
         if record is None or record.metrics_url is None:
@@ -473,3 +485,9 @@ class Supervisor:
             )
         )
         self.changed()
+
+
+def _base_url(spec: InstanceSpec, port: str) -> str:
+    """Where the supervisor reaches an instance's declared port (its address, not the
+    name people use: a head node may resolve its own name to loopback)."""
+    return f"http://{spec.address}:{spec.ports[port]}"

@@ -23,6 +23,7 @@ import pytest
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, stop
 from dynamoctl.launch.slurm import (
+    BATCH_SCRIPT,
     STEP_PREFIX,
     SlurmLauncher,
     cancel,
@@ -31,6 +32,7 @@ from dynamoctl.launch.slurm import (
     sbatch_args,
     submit,
 )
+from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.models import SlurmTarget
 from tests.infra.slurm_cluster import SlurmCluster
 from tests.slurm.conftest import allocate, wait_job_state
@@ -264,6 +266,7 @@ async def test_batch_job_supervisor_and_scancel_of_the_job_ends_every_step(
         script,
         job_name="dyn-supervisor",
         output=tmp_path / "job.out",
+        drain_timeout=5,
         env=slurm.env,
     )
     try:
@@ -284,10 +287,10 @@ async def test_batch_job_supervisor_and_scancel_of_the_job_ends_every_step(
     await _until(lambda: not _marked(marker), 60, what=f"no process left with {marker}")
     for _ in range(150):  # COMPLETING for a moment after its processes are gone
         state = await job_state(job, slurm.env)
-        if state != "COMPLETING":
+        if state is not JobState.COMPLETING:
             break
         await asyncio.sleep(0.2)
-    assert state in (None, "CANCELLED"), state
+    assert state in (None, JobState.CANCELLED), state
     assert await _steps(slurm, job) == {}
 
 
@@ -309,7 +312,7 @@ async def test_instances_stop_when_their_supervisor_dies(
         await _until(lambda: not _marked(marker), 60, what=f"no process left with {marker}")
         left = set(await _steps(slurm, allocation))
         assert not {r.step for r in found.values()} & left
-        assert await job_state(allocation, slurm.env) == "RUNNING"  # the job itself goes on
+        assert await job_state(allocation, slurm.env) is JobState.RUNNING  # the job goes on
     finally:
         if supervisor.poll() is None:
             supervisor.kill()
@@ -327,13 +330,16 @@ async def test_submit_and_cancel_round_trip(slurm: SlurmCluster, tmp_path: Path)
         extra_sbatch_args=["--comment=dyn-roundtrip"],
     )
     out = tmp_path / "job.out"
-    job = await submit(target, script, ["x", "y z"], job_name="dyn-rt", output=out, env=slurm.env)
+    job = await submit(
+        target, script, ["x", "y z"], job_name="dyn-rt", output=out, drain_timeout=45, env=slurm.env
+    )
     try:
         await _until(lambda: "args: x y z" in _text(out), 60, what="the batch script ran")
-        assert await job_state(job, slurm.env) == "RUNNING"
+        assert await job_state(job, slurm.env) is JobState.RUNNING
         shown = slurm.run("scontrol", "show", "job", "-o", job)
         for expected in ("JobName=dyn-rt", "TimeLimit=00:07:00", "Comment=dyn-roundtrip"):
             assert expected in shown
+        print("SHOWN", shown)
         assert "gpu:1" in shown
     finally:
         await cancel(job, slurm.env)
@@ -353,22 +359,41 @@ def test_sbatch_args_follow_the_target(tmp_path: Path) -> None:
         time_limit="1-00:00:00",
         extra_sbatch_args=["--exclusive"],
     )
-    args = sbatch_args(target, job_name="d", output=tmp_path / "o")
+    args = sbatch_args(target, job_name="d", output=tmp_path / "o", drain_timeout=45)
     assert args == [
         "--job-name=d",
         f"--output={tmp_path / 'o'}",
-        "--partition=gpu",
         "--nodes=2",
-        "--account=proj",
         "--gpus-per-node=8",
+        "--partition=gpu",
+        "--signal=B:TERM@120",
+        "--account=proj",
         "--time=1-00:00:00",
         "--exclusive",
     ]
     cpu_only = SlurmTarget(kind="slurm", partition="cpu", gpus_per_node=0)
     assert not any(
         a.startswith(("--gpus", "--account", "--time"))
-        for a in sbatch_args(cpu_only, job_name="d", output=tmp_path / "o")
+        for a in sbatch_args(cpu_only, job_name="d", output=tmp_path / "o", drain_timeout=45)
     )
+    # A long drain gets its time before the limit, plus a minute for the rest of the stop.
+    long_drain = sbatch_args(target, job_name="d", output=tmp_path / "o", drain_timeout=300.5)
+    assert "--signal=B:TERM@361" in long_drain
+
+
+def test_slurm_job_states_are_classified() -> None:
+    ended = {"COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "OUT_OF_MEMORY", "NODE_FAIL"}
+    ended |= {"BOOT_FAIL", "DEADLINE", "PREEMPTED"}
+    for name in ended:
+        assert JobState(name).ended and not JobState(name).active, name
+    for name in ("PENDING", "REQUEUED", "REQUEUE_HOLD"):
+        assert JobState(name).queued and not JobState(name).ended, name
+    for name in ("RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+        assert JobState(name).active, name
+    assert JobState("SOMETHING_NEW") is JobState.UNKNOWN and JobState.UNKNOWN.active
+    # The batch script's own drain signal matches the default the login-node path uses.
+    assert "#SBATCH --signal=B:TERM@120" in BATCH_SCRIPT.read_text()
+    assert (REPO / "slurm" / "launch.sh").resolve() == BATCH_SCRIPT.resolve()
 
 
 def test_describe_is_the_srun_command_line() -> None:

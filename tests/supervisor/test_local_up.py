@@ -142,7 +142,7 @@ def test_port_in_use_is_refused_before_anything_starts(cli: Cli) -> None:
         recipe = cli.recipe(mocker_recipe("busy", port, replicas=1))
         result = cli("up", str(recipe), "--detach")
     assert result.returncode == 1
-    assert f"frontend-0: port {port} on 127.0.0.1 is already in use" in result.stderr
+    assert f"frontend-0: port {port} (http) on localhost is already in use" in result.stderr
     assert not (cli.home / "runs" / "busy" / "logs" / "agg-0.log").exists()
 
 
