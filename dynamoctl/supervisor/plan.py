@@ -141,8 +141,9 @@ def target_hosts(
                 "`dynamoctl up RECIPE` on the login node, which submits with those options"
             )
         spans = target.nodes > 1
+        known = {**target.addresses, **resolve}
         hosts = [
-            resolve_host(name, resolve, field="the Slurm allocation's node", spans=spans)
+            resolve_host(name, known, field="the Slurm allocation's node", spans=spans)
             for name in allocation
         ]
         return hosts, target.gpus_per_node
