@@ -11,6 +11,9 @@ import os
 import sys
 
 _FORMAT = "%(asctime)s %(levelname).1s [%(component)s] %(name)s: %(message)s"
+QUIET = ("httpx", "httpcore")
+"""Libraries that log every request at INFO: the supervisor's probes, several a second.
+They speak at WARNING and above unless the level asked for is DEBUG."""
 
 
 class _ComponentFilter(logging.Filter):
@@ -35,3 +38,6 @@ def setup(component: str, level: str | int | None = None) -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    quiet = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
+    for name in QUIET:
+        logging.getLogger(name).setLevel(quiet)

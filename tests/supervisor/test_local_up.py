@@ -98,6 +98,9 @@ def test_up_serve_drain_restart_down(cli: Cli) -> None:
         psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE
     )
     assert cli("status", "life").returncode == 3  # known, not running
+    # Probes (several a second) are not logged at INFO; the supervisor's own lines are.
+    log = (cli.home / "runs" / "life" / "supervisor.log").read_text()
+    assert "serving mock-llama" in log and "HTTP Request" not in log
 
 
 def test_second_up_is_refused_and_killed_supervisor_leaves_nothing(cli: Cli) -> None:
