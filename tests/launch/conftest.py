@@ -1,4 +1,5 @@
-"""Fixtures for the launcher tests: real SSH hosts (network namespaces with an sshd each)."""
+"""Fixtures for the launcher tests: real SSH hosts (network namespaces with an sshd each),
+known by name (``/etc/hosts``, ``known_hosts``): see tests/infra/ssh_hosts.py."""
 
 from __future__ import annotations
 

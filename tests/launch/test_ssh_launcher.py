@@ -1,5 +1,8 @@
 """The ssh launcher against real sshds, one per network namespace (see tests/infra/ssh_hosts).
 
+Hosts are reached by name (``SshHosts.names``, in /etc/hosts and known_hosts), as in a
+recipe; one test reaches a host by its address.
+
 Namespaces share pids with this process, so the tests watch "remote" processes with psutil.
 PID 1 here reaps orphans late: a killed process counts as gone once it is a zombie.
 """
@@ -37,8 +40,12 @@ SLEEPER = textwrap.dedent("""
 """)
 
 
-def spec(host: str, argv: list[str], name: str = "agg-0") -> InstanceSpec:
-    return InstanceSpec(name=name, pool="agg", component="worker", host=host, argv=argv)
+def spec(
+    host: str, argv: list[str], name: str = "agg-0", ports: dict[str, int] | None = None
+) -> InstanceSpec:
+    return InstanceSpec(
+        name=name, pool="agg", component="worker", host=host, argv=argv, ports=ports or {}
+    )
 
 
 def launcher_for(hosts: SshHosts, **overrides: object) -> SshLauncher:
@@ -112,7 +119,7 @@ async def launcher(ssh_hosts2: SshHosts) -> AsyncIterator[SshLauncher]:
 async def test_start_on_host_streams_output_and_stop_ends_the_group(
     ssh_hosts2: SshHosts, launcher: SshLauncher, tmp_path: Path, groups: list[int]
 ) -> None:
-    host = ssh_hosts2.addresses[1]
+    host = ssh_hosts2.names[1]
     log = tmp_path / "logs" / "agg-0.log"
     proc = await launcher.start(spec(host, [PY, "-c", SLEEPER]), log)
     groups.append(proc.record.pgid)
@@ -121,7 +128,7 @@ async def test_start_on_host_streams_output_and_stop_ends_the_group(
     assert "dynamoctl.launch.keeper" in " ".join(psutil.Process(proc.record.pid).cmdline())
 
     info = await instance_info(log)
-    assert info["host"] == ssh_hosts2.hostnames[1]  # ran in host 2's namespace
+    assert info["host"] == ssh_hosts2.names[1]  # ran in host 2's namespace
     assert info["ppid"] == proc.record.pid and info["pgid"] == proc.record.pgid
     await until(lambda: "a line on stderr" in log.read_text(), 10, "stderr in the log")
     grandchild = int(info["child"])
@@ -142,11 +149,26 @@ async def test_exit_status_is_the_instances_and_it_runs_in_workdir(
     ssh = launcher_for(ssh_hosts2, workdir=str(workdir))
     try:
         argv = [PY, "-c", "import os, sys; print('cwd', os.getcwd(), flush=True); sys.exit(3)"]
-        await ssh.preflight([spec(ssh_hosts2.addresses[0], argv)])
-        proc = await ssh.start(spec(ssh_hosts2.addresses[0], argv), tmp_path / "x.log")
+        await ssh.preflight([spec(ssh_hosts2.names[0], argv)])
+        proc = await ssh.start(spec(ssh_hosts2.names[0], argv), tmp_path / "x.log")
         assert await asyncio.wait_for(proc.wait(), 30) == 3
         assert proc.returncode == 3
         assert f"cwd {workdir}\n" in (tmp_path / "x.log").read_text()
+    finally:
+        await ssh.close()
+
+
+async def test_a_host_given_by_its_address(ssh_hosts2: SshHosts, tmp_path: Path) -> None:
+    """Names are what recipes use; an address (known_hosts lists both) works as well."""
+    address = ssh_hosts2.addresses[1]
+    ssh = launcher_for(ssh_hosts2)
+    try:
+        argv = [PY, "-c", "import socket; print('on', socket.gethostname(), flush=True)"]
+        await ssh.preflight([spec(address, argv)])
+        proc = await ssh.start(spec(address, argv), tmp_path / "x.log")
+        assert await asyncio.wait_for(proc.wait(), 30) == 0
+        assert proc.record.host == address
+        assert f"on {ssh_hosts2.names[1]}\n" in (tmp_path / "x.log").read_text()
     finally:
         await ssh.close()
 
@@ -158,7 +180,7 @@ async def test_a_killed_keeper_reports_minus_the_signal(
     script = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     script += "print('up', flush=True); time.sleep(300)"
     log = tmp_path / "x.log"
-    proc = await launcher.start(spec(ssh_hosts2.addresses[0], [PY, "-c", script]), log)
+    proc = await launcher.start(spec(ssh_hosts2.names[0], [PY, "-c", script]), log)
     groups.append(proc.record.pgid)
     await until(lambda: "up" in log.read_text(), 20, "the instance up")
     assert await stop(proc, grace=1) == -signal.SIGKILL
@@ -192,7 +214,7 @@ async def test_supervisor_killed_the_keeper_stops_the_remote_group(
         "user": ssh_hosts2.user,
         "key": str(ssh_hosts2.key),
         "known_hosts": str(ssh_hosts2.known_hosts),
-        "host": ssh_hosts2.addresses[1],
+        "host": ssh_hosts2.names[1],
         "script": SLEEPER,
         "log": str(log),
     }
@@ -220,7 +242,7 @@ async def test_close_stops_what_it_started(
 ) -> None:
     ssh = launcher_for(ssh_hosts2)
     try:
-        proc = await ssh.start(spec(ssh_hosts2.addresses[0], [PY, "-c", SLEEPER]), tmp_path / "l")
+        proc = await ssh.start(spec(ssh_hosts2.names[0], [PY, "-c", SLEEPER]), tmp_path / "l")
         groups.append(proc.record.pgid)
         await instance_info(tmp_path / "l")
     finally:
@@ -232,7 +254,7 @@ async def test_close_stops_what_it_started(
 async def test_reap_from_a_fresh_launcher(
     ssh_hosts2: SshHosts, launcher: SshLauncher, tmp_path: Path, groups: list[int]
 ) -> None:
-    host = ssh_hosts2.addresses[1]
+    host = ssh_hosts2.names[1]
     proc = await launcher.start(spec(host, [PY, "-c", SLEEPER]), tmp_path / "a.log")
     groups.append(proc.record.pgid)
     info = await instance_info(tmp_path / "a.log")
@@ -263,7 +285,7 @@ async def test_more_instances_than_sessions_per_connection(
 ) -> None:
     """The hosts' sshd allows 4 sessions per connection; 6 instances (and the signal
     channels to stop them) need a second connection."""
-    host = ssh_hosts2.addresses[0]
+    host = ssh_hosts2.names[0]
     argv = [PY, "-c", "import time; print('up', flush=True); time.sleep(300)"]
     procs = []
     for i in range(6):
@@ -280,7 +302,7 @@ async def test_a_command_that_cannot_run_ends_with_127(
 ) -> None:
     """As with the local launcher: the keeper starts, its command does not."""
     log = tmp_path / "x.log"
-    proc = await launcher.start(spec(ssh_hosts2.addresses[0], ["/nonexistent/engine"]), log)
+    proc = await launcher.start(spec(ssh_hosts2.names[0], ["/nonexistent/engine"]), log)
     assert await asyncio.wait_for(proc.wait(), 30) == 127
     assert "/nonexistent/engine: not found" in log.read_text()
 
@@ -288,7 +310,7 @@ async def test_a_command_that_cannot_run_ends_with_127(
 async def test_start_failure_names_instance_host_and_interpreter(
     ssh_hosts2: SshHosts, tmp_path: Path
 ) -> None:
-    host = ssh_hosts2.addresses[0]
+    host = ssh_hosts2.names[0]
     ssh = launcher_for(ssh_hosts2, python="/nonexistent/py")
     try:
         with pytest.raises(LaunchError, match=rf"agg-0: cannot start /nonexistent/py .* on {host}"):
@@ -304,10 +326,10 @@ async def test_preflight_passes_and_checks_ports_on_the_host(
     ssh_hosts2: SshHosts, launcher: SshLauncher
 ) -> None:
     port = 18123
-    a, b = ssh_hosts2.addresses
+    a, b = ssh_hosts2.names
     instances = [
-        spec(a, [PY, "-m", "x", "--port", str(port)], "frontend-0"),
-        spec(b, [PY, "-m", "x", "--http-port", str(port)], "agg-0"),
+        spec(a, [PY, "-m", "x", "--port", str(port)], "frontend-0", {"http": port}),
+        spec(b, [PY, "-m", "x", "--http-port", str(port)], "agg-0", {"http": port}),
     ]
     await launcher.preflight(instances)
     # The port is taken on host 1 only: namespaces have their own ports.
@@ -319,7 +341,8 @@ async def test_preflight_passes_and_checks_ports_on_the_host(
     try:
         assert listener.stdout is not None
         assert await asyncio.wait_for(listener.stdout.readline(), 20) == b"ready\n"
-        with pytest.raises(LaunchError, match=rf"frontend-0: port {port} on {a} is already in use"):
+        busy = rf"frontend-0: port {port} \(http\) on {a} is already in use"
+        with pytest.raises(LaunchError, match=busy):
             await launcher.preflight(instances)
         await launcher.preflight(instances[1:])
     finally:
@@ -356,7 +379,7 @@ async def test_preflight_errors_name_host_and_cause(
         overrides = {"key": keygen(tmp_path / "other_key")}
     if overrides.get("known_hosts") == "EMPTY":
         overrides = {"known_hosts": tmp_path / "no_known_hosts"}
-    first, second = ssh_hosts2.addresses  # both fail: the first in instance order is named
+    first, second = ssh_hosts2.names  # both fail: the first in instance order is named
     ssh = launcher_for(ssh_hosts2, **overrides)
     try:
         with pytest.raises(LaunchError, match=cause.format(host=first)):

@@ -19,15 +19,16 @@ from tests.infra.ssh_hosts import SshHosts
 from tests.supervisor.conftest import REPO, free_port
 
 
-def _ours_on(hosts: SshHosts, marker: str) -> list[int]:
-    """Live processes in the hosts' namespaces whose command line mentions ``marker``."""
+def _ours_on(hosts: SshHosts, *markers: str) -> list[int]:
+    """Live processes in the hosts' namespaces whose command line mentions a marker."""
     found = []
     for ns in hosts.namespaces:
         pids = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
         for pid in map(int, pids.split()):
             try:
                 proc = psutil.Process(pid)
-                if proc.status() != psutil.STATUS_ZOMBIE and marker in " ".join(proc.cmdline()):
+                line = " ".join(proc.cmdline())
+                if proc.status() != psutil.STATUS_ZOMBIE and any(m in line for m in markers):
                     found.append(pid)
             except psutil.Error:
                 continue
@@ -38,7 +39,8 @@ def test_ssh_deployment_serves_and_down_cleans_after_a_killed_supervisor(
     ssh_hosts2: SshHosts, tmp_path: Path
 ) -> None:
     hosts, port = ssh_hosts2, free_port()
-    head = hosts.addresses[0]
+    head = hosts.names[0]  # reached by name; components bind its address
+    ours = (head, hosts.addresses[0])
     recipe = tmp_path / "ssh.yaml"
     recipe.write_text(f"""\
 schema: 1
@@ -46,7 +48,7 @@ name: sshdep
 discovery: {{backend: etcd, managed: true, lease_ttl: 3}}
 target:
   kind: ssh
-  hosts: [{", ".join(hosts.addresses)}]
+  hosts: [{", ".join(hosts.names)}]
   user: {hosts.user}
   port: {hosts.port}
   key: {hosts.key}
@@ -76,15 +78,15 @@ supervision: {{probe_interval: 0.3}}
         placed = {row["name"]: (row["host"], row["state"]) for row in report["instances"]}
         assert placed == {
             "etcd-0": (head, "READY"),
-            "agg-0": (hosts.addresses[0], "READY"),
-            "agg-1": (hosts.addresses[1], "READY"),
+            "agg-0": (hosts.names[0], "READY"),
+            "agg-1": (hosts.names[1], "READY"),
             "frontend-0": (head, "READY"),
         }
         client = openai.OpenAI(base_url=f"http://{head}:{port}/v1", api_key="none", timeout=30)
         for _ in range(4):  # both workers get some
             out = client.completions.create(model="mock-llama", prompt="hi there", max_tokens=3)
             assert out.usage is not None and out.usage.completion_tokens == 3
-        assert len(_ours_on(hosts, head)) >= 4  # etcd, 2 workers, frontend (+ keepers)
+        assert len(_ours_on(hosts, *ours)) >= 4  # etcd, 2 workers, frontend (+ keepers)
 
         state = json.loads((tmp_path / "home" / "runs" / "sshdep" / "state.json").read_text())
         os.kill(state["supervisor_pid"], signal.SIGKILL)
@@ -92,8 +94,8 @@ supervision: {{probe_interval: 0.3}}
         assert down.returncode == 0, down.stderr
         assert "supervisor gone" in down.stdout
         deadline = time.monotonic() + 30
-        while _ours_on(hosts, head) and time.monotonic() < deadline:
+        while _ours_on(hosts, *ours) and time.monotonic() < deadline:
             time.sleep(0.3)
-        assert _ours_on(hosts, head) == []
+        assert _ours_on(hosts, *ours) == []
     finally:
         cli("down", "sshdep", "--now")
