@@ -101,6 +101,7 @@ def _foreground(
     from dynamoctl.util import log as logsetup
 
     logsetup.setup(f"supervisor/{recipe.name}")
+    logsetup.also_to(run_dir.path / "supervisor.log")  # what `logs supervisor` reads
     view = LiveView(live)
     try:
         with view:

@@ -73,7 +73,8 @@ def status(
     else:
         from rich.console import Console
 
-        Console().print(status_table(report))
+        console = Console()
+        console.print(status_table(report, console.width))
 
 
 def drain(
@@ -106,6 +107,10 @@ def drain(
 def scale(
     assignment: str = typer.Argument(..., help="POOL=N, e.g. agg=4."),
     name: str | None = typer.Option(None, "--name", help="Deployment name."),
+    wait: bool = typer.Option(
+        True, help="Wait until added replicas are READY and removed ones STOPPED."
+    ),
+    timeout: float = typer.Option(600.0, help="Seconds to wait."),
 ) -> None:
     """Change a worker pool's replica count (scale-downs drain the highest-numbered)."""
     pool, eq, count = assignment.partition("=")
@@ -115,11 +120,39 @@ def scale(
     client = _client(run_dir)
     try:
         reply = client.scale(pool, int(count))
+        if not reply.started and not reply.drained:
+            typer.echo(f"{pool}={count}: nothing to change")
+            return
+        for verb, names in (("starting", reply.started), ("draining", reply.drained)):
+            if names:
+                typer.echo(f"{pool}={count}: {verb} {', '.join(names)}")
+        if wait:
+            _wait_for_states(client, reply.started, ("READY",), timeout)
+            _wait_for_states(client, reply.drained, ("STOPPED", "FAILED"), timeout)
     except ControlError as exc:
         raise _fail(exc, run_dir) from exc
     finally:
         client.close()
-    typer.echo(f"{pool}={count}: " + (", ".join(reply.instances) or "nothing to change"))
+
+
+def _wait_for_states(
+    client: ControlClient, names: list[str], wanted: tuple[str, ...], timeout: float
+) -> None:
+    """Poll ``status`` until every one of ``names`` is in a ``wanted`` state; say so."""
+    deadline = time.monotonic() + timeout
+    while names:
+        rows = {i.name: i for i in client.status().instances if i.name in names}
+        if all(row.state in wanted for row in rows.values()):
+            for row in rows.values():
+                typer.echo(f"{row.name}: {row.state} on {row.host}")
+            return
+        if any(row.state == "FAILED" for row in rows.values()) and "FAILED" not in wanted:
+            failed = [f"{r.name} ({r.message})" for r in rows.values() if r.state == "FAILED"]
+            raise ControlError(f"failed to start: {', '.join(failed)}")
+        if time.monotonic() > deadline:
+            states = {n: r.state for n, r in rows.items()}
+            raise ControlError(f"not there after {timeout:.0f} s: {states}")
+        time.sleep(0.3)
 
 
 def logs(

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 from types import TracebackType
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -34,52 +37,88 @@ def _uptime(seconds: float | None) -> str:
     return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s"
 
 
-def status_table(report: StatusReport) -> Table:
+def status_table(report: StatusReport, width: int = 80) -> Table:
+    """One row per instance. In ``width`` columns (80 at least) the names ``drain`` takes,
+    the states and the figures are whole; the host column gives way (it ellipsises)."""
     table = Table(
         title=f"{report.name} · {report.phase} · {report.endpoint} ({report.model})",
         title_justify="left",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
     )
-    for column in ("component", "instance", "host", "pid", "state", "restarts", "uptime"):
-        table.add_column(column)
-    table.add_column("in-flight", justify="right")
-    table.add_column("KV usage", justify="right")
-    for row in report.instances:
-        state = f"[{STATE_STYLE.get(row.state, '')}]{row.state}[/]"
-        if row.message and row.state in ("FAILED", "BACKOFF"):
-            state += f" [dim]({row.message})[/]"
-        table.add_row(
-            row.component,
+    rows = [
+        (
             row.name,
+            f"[{STATE_STYLE.get(row.state, '')}]{row.state}[/]",
             row.host,
             str(row.pid) if row.pid else "-",
-            state,
             str(row.restarts),
             _uptime(row.uptime_s),
             "-" if row.inflight is None else str(row.inflight),
             "-" if row.kv_usage is None else f"{row.kv_usage:.0%}",
         )
+        for row in report.instances
+    ]
+    widths = [max([len(header), *(len(r[i]) for r in rows)]) for i, header in enumerate(_HEADERS)]
+    widths[1] = max([5, *(len(row.state) for row in report.instances)])  # markup is not shown
+    gaps = 3 * len(_HEADERS)  # padding either side and the box's separator, per column
+    host = max(6, min(widths[2], width - gaps - sum(widths) + widths[2]))
+    for index, header in enumerate(_HEADERS):
+        if header == "host":
+            table.add_column(header, overflow="ellipsis", no_wrap=True, width=host)
+        else:
+            justify: Literal["left", "right"] = "right" if index > 2 else "left"
+            table.add_column(header, justify=justify, no_wrap=True, min_width=widths[index])
+    for cells in rows:
+        table.add_row(*cells)
+    failures = [
+        f"{row.name}: {row.message}"
+        for row in report.instances
+        if row.message and row.state in ("FAILED", "BACKOFF")
+    ]
+    if failures:  # below the table, where a long message does not squeeze the columns
+        table.caption = "\n".join(failures)
+        table.caption_justify = "left"
     return table
 
 
-class LiveView:
-    """``up``'s live table when on a terminal; otherwise one log line per state change."""
+_HEADERS = ("instance", "state", "host", "pid", "restarts", "uptime", "reqs", "KV")
 
-    def __init__(self, enabled: bool) -> None:
+
+class LiveView:
+    """``up``'s live table when on a terminal, redrawn on every change and every
+    :data:`TICK_S` (uptime, in-flight, KV usage move without a state change), with log
+    lines printed above it; otherwise one log line per state change."""
+
+    TICK_S = 1.0
+
+    def __init__(self, enabled: bool, console: Console | None = None) -> None:
         self.enabled = enabled
+        self._console = console
         self._live: Live | None = None
         self._supervisor: Supervisor | None = None
         self._last: dict[str, str] = {}
+        self._ticker: asyncio.Task[None] | None = None
+        self._switched: list[logging.StreamHandler[Any]] = []
 
     def attach(self, supervisor: Supervisor) -> None:
+        """Follow ``supervisor``; call from its event loop."""
         self._supervisor = supervisor
         supervisor.on_change = self.refresh
+        if self._live is not None:
+            self._ticker = asyncio.get_running_loop().create_task(self._tick())
+
+    async def _tick(self) -> None:
+        while True:
+            await asyncio.sleep(self.TICK_S)
+            self.refresh()
 
     def refresh(self) -> None:
         if self._supervisor is None:
             return
         report = self._supervisor.status()
         if self._live is not None:
-            self._live.update(status_table(report))
+            self._live.update(status_table(report, self._live.console.width))
             return
         for row in report.instances:
             if self._last.get(row.name) != row.state:
@@ -91,8 +130,14 @@ class LiveView:
 
     def __enter__(self) -> LiveView:
         if self.enabled:
-            self._live = Live(console=Console(), refresh_per_second=4)
+            self._live = Live(console=self._console or Console(), refresh_per_second=4)
             self._live.__enter__()
+            # Log lines go through Live's redirected stderr: printed above the table
+            # instead of over it.
+            for handler in logging.getLogger().handlers:
+                if isinstance(handler, logging.StreamHandler) and handler.stream is sys.__stderr__:
+                    handler.setStream(sys.stderr)
+                    self._switched.append(handler)
         return self
 
     def __exit__(
@@ -101,5 +146,9 @@ class LiveView:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
+        if self._ticker is not None:
+            self._ticker.cancel()
         if self._live is not None:
             self._live.__exit__(exc_type, exc, tb)
+            for handler in self._switched:
+                handler.setStream(sys.__stderr__)

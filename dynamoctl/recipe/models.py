@@ -211,9 +211,7 @@ class SlurmTarget(_Model):
     """Run every component in this container. Default: on the nodes' own environment."""
     extra_sbatch_args: list[NonEmptyStr] = Field(default_factory=list)
     """Extra ``sbatch`` arguments, verbatim, e.g. ``["--exclusive", "--qos=high"]``."""
-    addresses: dict[str, Annotated[str, AfterValidator(_check_ipv4)]] = Field(
-        default_factory=dict
-    )
+    addresses: dict[str, Annotated[str, AfterValidator(_check_ipv4)]] = Field(default_factory=dict)
     """IPv4 address each node's components bind and advertise, by node name, where the name
     does not resolve to the network the nodes should talk over (several networks per node).
     Default: the node name, resolved inside the allocation."""

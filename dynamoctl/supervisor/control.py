@@ -33,6 +33,7 @@ from dynamoctl.wire.control import (
     ControlReply,
     DownRequest,
     DrainRequest,
+    ScaleReply,
     ScaleRequest,
     StatusReport,
 )
@@ -74,7 +75,7 @@ def build_app(supervisor: Supervisor, token: str) -> Starlette:
         return hmac.compare_digest(given, token)
 
     def command(
-        kind: type[T], act: Callable[[T], Awaitable[ControlReply]]
+        kind: type[T], act: Callable[[T], Awaitable[ControlReply | ScaleReply]]
     ) -> Callable[[Request], Awaitable[Response]]:
         """A POST route: check the token, decode ``kind``, run ``act``, map refusals."""
 
@@ -107,10 +108,10 @@ def build_app(supervisor: Supervisor, token: str) -> Starlette:
     async def drain(body: DrainRequest) -> ControlReply:
         return ControlReply(ok=True, instances=await supervisor.drain(body.target))
 
-    async def scale(body: ScaleRequest) -> ControlReply:
+    async def scale(body: ScaleRequest) -> ScaleReply:
         if body.replicas < 0:
             raise ValueError("replicas must be >= 0")
-        return ControlReply(ok=True, instances=await supervisor.scale(body.pool, body.replicas))
+        return await supervisor.scale(body.pool, body.replicas)
 
     async def down(body: DownRequest) -> ControlReply:
         supervisor.request_down(now=body.now)
@@ -157,10 +158,8 @@ class ControlClient:
     def drain(self, target: str) -> ControlReply:
         return self._call("POST", "/drain", DrainRequest(target=target), ControlReply)
 
-    def scale(self, pool: str, replicas: int) -> ControlReply:
-        return self._call(
-            "POST", "/scale", ScaleRequest(pool=pool, replicas=replicas), ControlReply
-        )
+    def scale(self, pool: str, replicas: int) -> ScaleReply:
+        return self._call("POST", "/scale", ScaleRequest(pool=pool, replicas=replicas), ScaleReply)
 
     def down(self, now: bool) -> ControlReply:
         return self._call("POST", "/down", DownRequest(now=now), ControlReply)

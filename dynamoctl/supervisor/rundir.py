@@ -45,6 +45,7 @@ class RunState(msgspec.Struct, kw_only=True):
     error: str = ""
     """Why ``up`` failed, when ``phase`` is ``failed``."""
     plan: Plan | None = None
+    """The deployment as it stands: the planned instances and those ``scale`` added."""
     records: dict[str, ProcessRecord] = {}
     """Launched process of each instance, by instance name."""
 

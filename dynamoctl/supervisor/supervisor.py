@@ -20,6 +20,8 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
@@ -30,7 +32,7 @@ from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, worker_spec
 from dynamoctl.supervisor.rundir import RunDir, RunState
 from dynamoctl.supervisor.states import State
 from dynamoctl.util.backoff import Backoff
-from dynamoctl.wire.control import InstanceStatus, StatusReport
+from dynamoctl.wire.control import InstanceStatus, ScaleReply, StatusReport
 
 log = logging.getLogger(__name__)
 
@@ -393,7 +395,7 @@ class Supervisor:
         await asyncio.sleep(0)
         return [i.spec.name for i in chosen]
 
-    async def scale(self, pool: str, replicas: int) -> list[str]:
+    async def scale(self, pool: str, replicas: int) -> ScaleReply:
         pools = self.recipe.workers.pools()
         if pool not in pools:
             raise KeyError(f"no worker pool {pool!r} (pools: {', '.join(pools)})")
@@ -403,7 +405,7 @@ class Supervisor:
         if replicas < len(active):
             for inst in sorted(active, key=lambda i: int(i.spec.name.rsplit("-", 1)[1]))[replicas:]:
                 touched += await self.drain(inst.spec.name)
-            return touched
+            return ScaleReply(drained=touched)
         taken = {
             int(i.spec.name.rsplit("-", 1)[1])
             for i in self.instances.values()
@@ -427,7 +429,7 @@ class Supervisor:
             inst.task = asyncio.create_task(self._life(inst), name=f"life-{spec.name}")
             touched.append(spec.name)
         self.save()
-        return touched
+        return ScaleReply(started=touched)
 
     # -- reporting ------------------------------------------------------------------------
 
@@ -446,8 +448,8 @@ class Supervisor:
                     state=inst.state.value,
                     restarts=inst.restarts,
                     uptime_s=now - inst.started_at if running and inst.started_at else None,
-                    inflight=inst.sample.inflight if inst.sample else None,
-                    kv_usage=inst.sample.kv_usage if inst.sample else None,
+                    inflight=inst.sample.inflight if running and inst.sample else None,
+                    kv_usage=inst.sample.kv_usage if running and inst.sample else None,
                     last_exit=inst.last_exit,
                     message=inst.message,
                 )
@@ -480,7 +482,9 @@ class Supervisor:
                 token=self.token,
                 slurm_job=self.slurm_job,
                 error=self.error,
-                plan=self.plan,
+                plan=msgspec.structs.replace(
+                    self.plan, instances=[inst.spec for inst in self.instances.values()]
+                ),
                 records=records,
             )
         )

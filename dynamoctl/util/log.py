@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from pathlib import Path
 
 _FORMAT = "%(asctime)s %(levelname).1s [%(component)s] %(name)s: %(message)s"
 QUIET = ("httpx", "httpcore")
@@ -41,3 +42,20 @@ def setup(component: str, level: str | int | None = None) -> None:
     quiet = logging.DEBUG if root.level <= logging.DEBUG else logging.WARNING
     for name in QUIET:
         logging.getLogger(name).setLevel(quiet)
+
+
+def also_to(path: Path) -> None:
+    """Copy every log line to ``path`` too, unless stderr already goes there (a detached
+    supervisor, a Slurm job whose output is that file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        if os.path.samestat(os.fstat(sys.stderr.fileno()), os.stat(path)):
+            return
+    except (OSError, ValueError):  # no such file yet, or stderr is not a real file
+        pass
+    root = logging.getLogger()
+    handler = logging.FileHandler(path)
+    handler.setFormatter(root.handlers[0].formatter)
+    for log_filter in root.handlers[0].filters:
+        handler.addFilter(log_filter)
+    root.addHandler(handler)

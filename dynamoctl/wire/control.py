@@ -20,9 +20,9 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     uptime_s: float | None
     """Seconds since the current process started; None when none runs."""
     inflight: int | None = None
-    """Requests open on the instance (workers), when known."""
+    """Requests open on the instance (workers), when known; None when no process runs."""
     kv_usage: float | None = None
-    """Fraction of the KV cache in use (workers), when known."""
+    """Fraction of the KV cache in use (workers), when known; None when no process runs."""
     last_exit: int | None = None
     """Exit status of the previous process, when one ended."""
     message: str = ""
@@ -47,6 +47,13 @@ class DrainRequest(msgspec.Struct, kw_only=True):
 class ScaleRequest(msgspec.Struct, kw_only=True):
     pool: str
     replicas: int
+
+
+class ScaleReply(msgspec.Struct, kw_only=True):
+    started: list[str] = []
+    """Replicas added (each starts, then becomes READY)."""
+    drained: list[str] = []
+    """Replicas taken away (each drains, then is STOPPED)."""
 
 
 class DownRequest(msgspec.Struct, kw_only=True):

@@ -213,6 +213,10 @@ def test_sbatch_launch_sh_serves_across_nodes(
         assert rows["decode-0"]["host"] == hosts["decode-0"]
         assert _netns(_worker(name, "decode-0").pid) == node_ns
         assert login.complete(endpoint)["usage"]["completion_tokens"] == 4
+        # The supervisor's log is where `logs supervisor` finds it, though the job's
+        # output went elsewhere.
+        supervisor = login.cli("logs", "supervisor", "--name", name, "--tail", "200")
+        assert "decode-0 failed" in supervisor.stdout, supervisor.stdout
     finally:
         login.run("scancel", job)
     wait_job_state(cluster, job, {"", "CANCELLED", "COMPLETED", "FAILED"})
@@ -250,19 +254,20 @@ def test_up_status_scale_drain_logs_down_from_the_login_host(
         for _ in range(2):
             scaled = login.cli("scale", "decode=2", "--name", name)
             assert scaled.returncode == 0, scaled.stderr
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                rows = {i["name"]: i for i in login.status(name)["instances"]}
-                if rows.get("decode-1", {}).get("state") == "READY":
-                    break
-                time.sleep(0.5)
-            assert rows["decode-1"]["state"] == "READY" and rows["decode-1"]["host"] == free
-            drained = login.cli("drain", "decode-1", "--name", name)
-            assert drained.returncode == 0, drained.stderr
+            assert "decode=2: starting decode-1" in scaled.stdout
+            assert f"decode-1: READY on {free}" in scaled.stdout  # waited until READY
+            down_one = login.cli("scale", "decode=1", "--name", name)
+            assert down_one.returncode == 0, down_one.stderr
+            assert "decode=1: draining decode-1" in down_one.stdout
+            assert f"decode-1: STOPPED on {free}" in down_one.stdout
             rows = {i["name"]: i for i in login.status(name)["instances"]}
-            assert rows["decode-1"]["state"] == "STOPPED"
+            assert rows["decode-1"]["state"] == "STOPPED" and rows["decode-1"]["restarts"] == 0
+            # A stopped instance shows no stale figures.
+            assert rows["decode-1"]["inflight"] is None and rows["decode-1"]["kv_usage"] is None
         assert login.complete(endpoint)["usage"]["completion_tokens"] == 4
 
+        pool = login.cli("logs", "decode", "--name", name, "--tail", "5")  # scaled ones too
+        assert pool.returncode == 0 and "[decode-1] " in pool.stdout, pool.stdout
         logs = login.cli("logs", "decode-0", "--name", name, "--tail", "50")
         assert logs.returncode == 0 and "decode-0" in logs.stdout, logs.stderr
     finally:

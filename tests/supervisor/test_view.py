@@ -1,0 +1,80 @@
+"""What an operator reads: ``status`` at 80 columns and ``up``'s live table."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import re
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from dynamoctl.cli.view import LiveView, status_table
+from dynamoctl.wire.control import InstanceStatus, StatusReport
+
+HOST = "gpu-node-0017.cluster.example.org"
+
+
+def _report(uptime: float = 125.0) -> StatusReport:
+    rows = [
+        InstanceStatus(
+            name=name, pool=name.rsplit("-", 1)[0], component="worker", host=HOST,
+            pid=1234567, state=state, restarts=10, uptime_s=uptime, inflight=3,
+            kv_usage=0.42, message="exited with status 1",
+        )
+        for name, state in (("prefill-10", "READY"), ("decode-1", "STOPPED"),
+                            ("router-0", "DRAINING"), ("frontend-0", "BACKOFF"))
+    ]  # fmt: skip
+    return StatusReport(
+        name="flagship", phase="serving", endpoint="http://gpu-node-0017:8000/v1",
+        model="m", target="slurm", instances=rows,
+    )  # fmt: skip
+
+
+def _render(width: int) -> str:
+    out = io.StringIO()
+    Console(file=out, width=width, color_system=None).print(status_table(_report(), width))
+    return out.getvalue()
+
+
+def test_status_at_80_columns_keeps_names_states_and_figures_whole() -> None:
+    text = _render(80)
+    assert max(len(line) for line in text.splitlines()) <= 80
+    for whole in ("prefill-10", "frontend-0", "DRAINING", "BACKOFF", "1234567", "2m05s", "42%"):
+        assert whole in text, (whole, text)
+    assert HOST not in text and "gpu-node" in text  # the host gives way, with an ellipsis
+    assert "frontend-0: exited with status 1" in text  # the failure, below the table
+    assert HOST in _render(140)
+
+
+class _FakeSupervisor:
+    def __init__(self) -> None:
+        self.uptime = 60.0
+        self.on_change: Any = None
+
+    def status(self) -> StatusReport:
+        self.uptime += 1.0  # time passes between redraws, no state changes
+        return _report(self.uptime)
+
+
+async def test_live_table_redraws_without_state_changes_and_logs_print_above_it() -> None:
+    out = io.StringIO()
+    console = Console(file=out, width=100, force_terminal=True, color_system=None)
+    handler = logging.StreamHandler(sys.__stderr__)
+    root = logging.getLogger()
+    root.addHandler(handler)
+    try:
+        view = LiveView(True, console=console)
+        view.TICK_S = 0.05
+        with view:
+            view.attach(_FakeSupervisor())  # type: ignore[arg-type]
+            logging.getLogger("dynamoctl.test").warning("a log line during the live table")
+            await asyncio.sleep(0.6)
+        assert handler.stream is sys.__stderr__  # restored afterwards
+    finally:
+        root.removeHandler(handler)
+    text = out.getvalue()
+    assert len(set(re.findall(r"1m\d\ds", text))) >= 3, text[-2000:]  # redrawn, moving
+    assert "a log line during the live table" in text  # printed by Live, not over it
