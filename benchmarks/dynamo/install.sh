@@ -6,7 +6,7 @@
 # `pip install ai-dynamo` fails on this kind of machine: its dependency `aisimulate` is a
 # stub that downloads from another index, and it pins a certifi newer than PyPI mirrors may
 # have. Its mocker and frontend import neither, so: its other requirements by hand, then the
-# two wheels without dependencies (see ../shared/INFRA-NOTES.md).
+# two wheels without dependencies.
 set -euo pipefail
 VENV=${1:-$(dirname "$0")/../.dynamo-venv}
 python3 -m venv "$VENV"

@@ -1,7 +1,7 @@
 """A process's handle on discovery: one lease kept alive, keys registered under it,
 watches that survive outages.
 
-Policy (DESIGN §3): losing the lease never ends the process. The keepalive loop notices
+Policy (docs/discovery.md): losing the lease never ends the process. The keepalive loop notices
 (the store says the lease is gone, or a put names a dead lease), grants a new lease with
 jittered backoff and writes every registered key again. Dynamo instead exits on lease
 loss (ai-dynamo issue #3493); a 70B worker that takes ten minutes to load must not die

@@ -1,4 +1,4 @@
-"""Discovery key layout (DESIGN §3): one prefix per deployment namespace.
+"""Discovery key layout (docs/discovery.md): one prefix per deployment namespace.
 
 Every key a process writes is attached to that process's lease, so a dead process's
 keys vanish on their own within the lease TTL.

@@ -1,6 +1,6 @@
 """Block identity: the hashes a router and its workers agree on for a run of tokens.
 
-Per DESIGN §4, every *full* block of ``block_size`` tokens gets a local hash of its content,
+Every *full* block of ``block_size`` tokens gets a local hash of its content,
 ``local_i = xxh3_64(LE-u32 token ids of block i, seed=1337)``, and a sequence hash naming
 the whole prefix that ends with it, ``seq_0 = local_0``,
 ``seq_i = xxh3_64(LE-u64 seq_{i-1} ‖ LE-u64 local_i, seed=1337)``. Sequence hashes key

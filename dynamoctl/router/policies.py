@@ -5,7 +5,7 @@ builds one by name and an unknown name fails listing the valid ones. Policies ar
 the router hands them a view of each candidate (cache overlap, booked and reported
 load) and does the booking itself.
 
-``kv`` is Dynamo's cost (DESIGN §5), with ``B`` the block size and ``alpha`` the overlap
+``kv`` is Dynamo's cost (docs/router.md), with ``B`` the block size and ``alpha`` the overlap
 weight::
 
     logit_w = alpha * PrefillTokens_w / B + DecodeBlocks_w
@@ -18,7 +18,7 @@ logit range-normalised to [0, 1]. ``kv-approx`` is the same cost over an index l
 from the router's own decisions instead of KV events.
 
 The ``kv`` cost counts only the load this router booked (``A_w``, active blocks), as
-DESIGN §5 and Dynamo define it. Reported load lags by the worker's publish interval plus
+docs/router.md and Dynamo define it. Reported load lags by the worker's publish interval plus
 transit (a worker was seen reporting a finished request's blocks ~100 ms later), and
 adding it (the larger of booked and reported) did not change the multi-turn hit rate
 of tests/router/test_mocker_workers.py (0.72 vs 0.71, six runs each). The load-only
@@ -54,7 +54,7 @@ class RequestInfo:
     """Tokens per block."""
     overlap_weight: float | None = None
     """Overrides the policy's ``alpha`` for this request: 0 for a disaggregated decode,
-    whose prompt is computed elsewhere (no overlap credit, DESIGN §6)."""
+    whose prompt is computed elsewhere (no overlap credit, docs/architecture.md, "Disaggregated prefill/decode")."""
 
 
 @dataclass(slots=True)  # not frozen: built per worker per request, and frozen inits are slow

@@ -2,7 +2,7 @@
 
 An instance is healthy when its process is alive, its discovery record is there (for
 workers: live lease) and it answers. A worker with requests in flight whose generated-token
-counter stops moving is hung even though it answers (DESIGN §7): an engine stuck in a
+counter stops moving is hung even though it answers (docs/operations.md): an engine stuck in a
 CUDA call still serves ``/metrics`` from another thread.
 """
 

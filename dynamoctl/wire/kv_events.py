@@ -3,7 +3,7 @@
 A payload is a ``KVEventBatch``, msgpack ``[ts, [event, ...], data_parallel_rank]``. Each
 event is a struct tagged with its class name. We *encode* the positional form vLLM used
 up to v0.23 (``array_like=True``: ``["BlockStored", block_hashes, parent_block_hash,
-token_ids, block_size, lora_id, medium, lora_name]``), which DESIGN §4 names as the wire
+token_ids, block_size, lora_id, medium, lora_name]``), which our routers take as the wire
 format. We *decode* that form and also the map form newer vLLM publishes
 (vllm-project/vllm#42892 dropped ``array_like`` from the events: ``{"type":
 "BlockStored", "block_hashes": ...}``), so a real worker of either vintage feeds the

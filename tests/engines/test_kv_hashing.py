@@ -1,4 +1,4 @@
-"""Block identity (DESIGN §4), checked against an independent struct + xxhash computation."""
+"""Block identity (docs/router.md, "Block identity"), checked against an independent struct + xxhash computation."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from dynamoctl.kv import hashing
 
 
 def reference(tokens: list[int], block_size: int) -> tuple[list[int], list[int]]:
-    """DESIGN §4 spelled out with struct, one block at a time."""
+    """The block identity of docs/router.md spelled out with struct, one block at a time."""
     local: list[int] = []
     seq: list[int] = []
     for start in range(0, len(tokens) - block_size + 1, block_size):
