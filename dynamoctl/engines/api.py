@@ -166,7 +166,7 @@ class ReportsDeath(Protocol):
 @runtime_checkable
 class PrefillsForRemoteDecode(Protocol):
     """An :class:`Engine` that can run a request as a prefill whose KV a decode worker on
-    another engine instance takes over (docs/architecture.md, "Disaggregated prefill/decode"). A ``prefill``-role worker needs it.
+    another engine instance takes over (docs/architecture.md). A ``prefill``-role worker needs it.
 
     The worker runs each request with ``max_tokens=1`` and the engine's own marker merged
     into its ``kv_transfer_params``; the engine returns the hand-off on its chunks

@@ -1,4 +1,4 @@
-"""Disaggregated prefill/decode, the frontend's part (docs/architecture.md, "Disaggregated prefill/decode").
+"""Disaggregated prefill/decode, the frontend's part (docs/architecture.md).
 
 Before a request is decoded, :class:`Prefiller` decides where its prompt is computed:
 

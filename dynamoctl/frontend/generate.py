@@ -1,13 +1,13 @@
 """One request's life after validation: route, stream from a worker, detokenise, stop,
 and migrate when the worker goes away.
 
-Migration (docs/operations.md, "Frontend"): a stream that breaks mid-generation (the worker died, or drained
+Migration (docs/operations.md): a stream that breaks mid-generation (the worker died, or drained
 past its grace and aborted us) is re-issued to another worker with the prompt plus the
 tokens generated so far and the remaining ``max_tokens``; the client sees one unbroken
 stream. A worker that refuses before starting (``Overloaded``: busy or draining) is simply
 skipped. Either way the failed worker is excluded for the rest of the request.
 
-Disaggregation (docs/architecture.md, "Disaggregated prefill/decode"; :mod:`dynamoctl.frontend.disagg`): when the model's picker
+Disaggregation (docs/architecture.md; :mod:`dynamoctl.frontend.disagg`): when the model's picker
 has a prefill pool, the prompt is first prefilled remotely (or deliberately not), and the
 first decode request carries the prefill's hand-off. A decode that fails before its
 first token while holding a hand-off (the KV pull failed) is re-issued without it: the

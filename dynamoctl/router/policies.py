@@ -54,7 +54,7 @@ class RequestInfo:
     """Tokens per block."""
     overlap_weight: float | None = None
     """Overrides the policy's ``alpha`` for this request: 0 for a disaggregated decode,
-    whose prompt is computed elsewhere (no overlap credit, docs/architecture.md, "Disaggregated prefill/decode")."""
+    whose prompt is computed elsewhere (no overlap credit, docs/architecture.md)."""
 
 
 @dataclass(slots=True)  # not frozen: built per worker per request, and frozen inits are slow

@@ -1,4 +1,4 @@
-"""A model's two routers for disaggregated serving (docs/architecture.md, "Disaggregated prefill/decode"), as the frontend's
+"""A model's two routers for disaggregated serving (docs/architecture.md), as the frontend's
 embedded picker and ``dynamoctl router`` both keep them: ``main`` over the ``agg`` and
 ``decode`` workers (every request ends there) and ``prefill`` over the ``prefill``
 workers (prefill workers only ever prefill, so ``main`` never sends them a request).

@@ -1,4 +1,4 @@
-"""The mocker's KV hand-off between a prefill and a decode worker (docs/architecture.md, "Disaggregated prefill/decode").
+"""The mocker's KV hand-off between a prefill and a decode worker (docs/architecture.md).
 
 A prefill-role mocker keeps a finished prefill's blocks pinned and returns a
 :class:`MockerHandoff` (as a plain dict, in :attr:`GenerateChunk.kv_transfer_params`);

@@ -22,7 +22,7 @@ import msgspec
 
 RouteEventKind: TypeAlias = Literal["first_token", "finished"]
 RoutePool: TypeAlias = Literal["default", "prefill", "decode"]
-"""Which of a model's routers a pick uses (docs/architecture.md, "Disaggregated prefill/decode"): ``default`` the agg and decode
+"""Which of a model's routers a pick uses (docs/architecture.md): ``default`` the agg and decode
 workers, KV-aware (the whole request, or a local prefill); ``prefill`` the prefill
 workers, KV-aware; ``decode`` the agg and decode workers with no overlap credit and no
 prefill booked (the prompt's KV comes from a prefill worker)."""

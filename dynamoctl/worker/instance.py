@@ -17,7 +17,7 @@ or a stream fails with :class:`EngineStopped`), ends every in-flight stream with
 An engine that publishes its KV events itself (vLLM: :class:`PublishesKvEvents`) has its
 own stream registered instead of ours, so routers read the engine's events unchanged.
 
-Role ``prefill`` (docs/architecture.md, "Disaggregated prefill/decode"): every request runs as a prefill, ``max_tokens=1`` with the
+Role ``prefill`` (docs/architecture.md): every request runs as a prefill, ``max_tokens=1`` with the
 engine's own "prefill for a remote decode" marker (:class:`PrefillsForRemoteDecode`)
 merged into its ``kv_transfer_params``; the chunks carry the engine's hand-off back. The
 frontend only moves that hand-off to a decode worker, so it stays engine-agnostic. An

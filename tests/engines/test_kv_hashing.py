@@ -1,4 +1,4 @@
-"""Block identity (docs/router.md, "Block identity"), checked against an independent struct + xxhash computation."""
+"""Block identity (docs/router.md), checked against an independent struct + xxhash computation."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ def engine_hash(worker: str, path: tuple[int, ...]) -> ExternalBlockHash:
 
 
 def ref_chain(tokens: list[int], parent: int | None) -> list[int]:
-    """Our hashes, written out from the formula in docs/router.md independently of dynamoctl.kv.hashing."""
+    """Our hashes, from docs/router.md's formula, independently of dynamoctl.kv.hashing."""
     out, prev = [], parent
     for i in range(len(tokens) // B):
         local = xxhash.xxh3_64_intdigest(struct.pack(f"<{B}I", *tokens[i * B : (i + 1) * B]), 1337)

@@ -19,7 +19,7 @@ A request samples its next token when a step computes its last known token. Bloc
 registered in the prefix cache once all their tokens are computed. A request that could
 not complete even alone in the engine is refused when added, so the loop never stalls.
 
-Disaggregation (docs/architecture.md, "Disaggregated prefill/decode"): a request added with ``pin=True`` (a prefill for a remote
+Disaggregation (docs/architecture.md): a request added with ``pin=True`` (a prefill for a remote
 decode) keeps its blocks held when it finishes; :meth:`Scheduler.take_pinned` hands them
 to the caller, which releases them once a decode worker pulled them (or they expired). A
 request added with ``remote_kv=True`` (its prompt's KV was pulled from a prefill worker)

@@ -1,4 +1,5 @@
-"""KV hand-off between mockers (docs/architecture.md, "Disaggregated prefill/decode"): pinned prefills on one side, pulls on the other.
+"""KV hand-off between mockers (docs/architecture.md): pinned prefills on one side, pulls
+on the other.
 
 Prefill side: a request run with ``{"do_remote_decode": true}`` keeps its blocks held in
 the :class:`~dynamoctl.engines.mocker.scheduler.Scheduler` when it finishes;
