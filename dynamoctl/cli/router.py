@@ -5,10 +5,11 @@ from __future__ import annotations
 import typer
 
 from dynamoctl.cli import common
+from dynamoctl.settings import RouterSettings, with_options
 
 
 def register(app: typer.Typer) -> None:
-    app.command("router")(router)
+    app.command("router")(with_options(router, settings=RouterSettings))
 
 
 def router(
@@ -16,10 +17,6 @@ def router(
     discovery: str = common.DISCOVERY,
     host: str = typer.Option("127.0.0.1", help="Address to bind sockets on (and to publish)."),
     http_port: int = typer.Option(0, min=0, max=65535, help="/metrics and /health port."),
-    router_mode: str = common.ROUTER_MODE,
-    overlap_weight: float = common.OVERLAP_WEIGHT,
-    temperature: float = common.TEMPERATURE,
-    busy_kv_usage: float = common.BUSY_KV_USAGE,
     booking_ttl: float = typer.Option(
         600.0, min=1.0, help="Seconds after which a booking never released is dropped."
     ),
@@ -28,6 +25,8 @@ def router(
     ),
     lease_ttl: float = common.LEASE_TTL,
     label: str = common.LABEL,
+    *,
+    settings: RouterSettings,
 ) -> None:
     """Route requests for every model of the namespace; frontends ask it, tokens bypass it.
 
@@ -35,7 +34,7 @@ def router(
     """
     from dynamoctl.router.standalone.main import RouterOptions, run_router
 
-    settings = common.router_settings(router_mode, overlap_weight, temperature, busy_kv_usage)
+    common.check_router_mode(settings)
     options = RouterOptions(
         namespace=namespace,
         discovery=discovery,

@@ -26,41 +26,17 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, Literal, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
 from dynamoctl.planes.request import RequestClient, RequestPlaneError
+from dynamoctl.settings.frontend import DisaggSettings
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateRequest
 
 log = logging.getLogger(__name__)
-
-DisaggMode = Literal["auto", "required", "off"]
-DISAGG_MODES: tuple[DisaggMode, ...] = ("auto", "required", "off")
-
-
-@dataclass(frozen=True)
-class DisaggSettings:
-    """Knobs of conditional disaggregation (recipe ``frontend.router``)."""
-
-    mode: DisaggMode = "auto"
-    """``auto``: remote prefill when a prefill worker is alive and the prompt is long;
-    ``required``: never prefill on a decode worker for lack of prefill workers (503);
-    ``off``: always aggregated."""
-    min_remote_prefill_tokens: int = 256
-    """Uncached prompts shorter than this are prefilled on the decode worker."""
-    max_prefill_attempts: int = 2
-    """Prefill workers tried per request before falling back (or 503)."""
-
-    def __post_init__(self) -> None:
-        if self.mode not in DISAGG_MODES:
-            raise ValueError(
-                f"unknown disaggregation mode {self.mode!r}; valid: {', '.join(DISAGG_MODES)}"
-            )
-        if self.min_remote_prefill_tokens < 0 or self.max_prefill_attempts < 1:
-            raise ValueError("need min_remote_prefill_tokens >= 0 and max_prefill_attempts >= 1")
 
 
 class PoolSurvey(NamedTuple):
@@ -130,7 +106,7 @@ class Prefiller:
         """Whether :meth:`prefill` has anything to decide for this pool: not with mode
         ``off``, nor in ``auto`` for a model that has only aggregated workers (the common
         case, kept off the per-request path)."""
-        mode = self.settings.mode
+        mode = self.settings.disaggregation
         return mode == "required" or (mode == "auto" and pool.disaggregated())
 
     async def prefill(
@@ -138,7 +114,7 @@ class Prefiller:
     ) -> Handoff | None:
         """The hand-off of a remote prefill of ``request``, or None: prefill it on the
         decode worker. Raises :class:`OpenAIError` (503) when ``required`` cannot be met."""
-        mode, prompt = self.settings.mode, request.token_ids
+        mode, prompt = self.settings.disaggregation, request.token_ids
         if not self.applies(pool):
             return None
         m = self.metrics

@@ -36,6 +36,7 @@ from dynamoctl.planes.request import (
     RequestClient,
     StreamProbe,
 )
+from dynamoctl.settings.frontend import AdmissionSettings
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateRequest
@@ -52,13 +53,11 @@ PickFn = Callable[[list[int], str, set[str]], Awaitable[WorkerChoice]]
 @dataclass
 class Admission:
     """The bounded queue in front of busy workers (docs/router.md): a request that finds every
-    worker busy waits up to ``timeout`` seconds for one to free up, at most ``max_queued``
+    worker busy waits up to ``queue_timeout`` seconds for one to free up, at most ``max_queued``
     requests wait at once, and anything beyond gets 503 with ``Retry-After``."""
 
-    max_queued: int = 256
-    """Requests allowed to wait at once; one more is refused immediately."""
-    timeout: float = 5.0
-    """Seconds a request waits for a worker before 503."""
+    settings: AdmissionSettings = field(default_factory=AdmissionSettings)
+    """How many may wait, and how long (recipe ``frontend``)."""
     poll: float = 0.02
     """Seconds between retries while waiting (load updates arrive every ~50 ms)."""
     waiting: int = 0
@@ -69,11 +68,11 @@ class Admission:
         try:
             return await pick(token_ids, request_id, exclude)
         except NoWorkerAvailable as exc:
-            if not exc.busy or self.waiting >= self.max_queued:
+            if not exc.busy or self.waiting >= self.settings.max_queued:
                 raise
         self.waiting += 1
         try:
-            deadline = time.monotonic() + self.timeout
+            deadline = time.monotonic() + self.settings.queue_timeout
             while True:
                 await asyncio.sleep(self.poll)
                 try:

@@ -12,17 +12,18 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dynamoctl import wire
 from dynamoctl.discovery import keys
 from dynamoctl.frontend.app import build_app
-from dynamoctl.frontend.disagg import DisaggSettings, Prefiller
+from dynamoctl.frontend.disagg import Prefiller
 from dynamoctl.frontend.generate import Admission, Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
-from dynamoctl.frontend.routing import RouterSettings, create_routing
+from dynamoctl.frontend.routing import create_routing
 from dynamoctl.planes.request import RequestClient
+from dynamoctl.settings import AdmissionSettings, DisaggSettings, RouterSettings
 from dynamoctl.util.component import ComponentOptions
 from dynamoctl.util.http import BoundServer
 
@@ -35,18 +36,16 @@ class FrontendOptions(ComponentOptions):
 
     port: int = 8000
     """HTTP port; 0 picks a free one (logged and registered)."""
-    router: RouterSettings | None = None
-    """Routing mode and weights of the embedded router; default: ``kv``."""
-    disagg: DisaggSettings | None = None
-    """Conditional disaggregation (prefill workers); default: ``auto``."""
+    router: RouterSettings = field(default_factory=RouterSettings)
+    """Routing mode and weights of the embedded router."""
+    disagg: DisaggSettings = field(default_factory=DisaggSettings)
+    """Conditional disaggregation (prefill workers)."""
+    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
+    """The queue in front of busy workers."""
     routing: str = "embedded"
     """Where routing decisions are made: ``embedded`` or ``standalone`` (routing.py)."""
     route_timeout: float = 1.0
     """Standalone: seconds a router replica may take to answer before the next is asked."""
-    queue_timeout: float = 5.0
-    """Seconds a request waits when every worker is busy, before 503."""
-    max_queued: int = 256
-    """Requests allowed to wait at once when every worker is busy."""
 
 
 async def run_frontend(opts: FrontendOptions) -> None:
@@ -58,7 +57,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
     discovery = opts.open_discovery()
     metrics = FrontendMetrics()
     client = RequestClient()
-    settings = opts.router or RouterSettings()
+    settings = opts.router
     routing = create_routing(opts.routing, discovery, opts.namespace, settings, opts.route_timeout)
     routing.register_metrics(metrics.registry)
     registry = ModelRegistry(discovery, opts.namespace, routing.make_picker)
@@ -68,8 +67,8 @@ async def run_frontend(opts: FrontendOptions) -> None:
             Generator(
                 client,
                 metrics,
-                admission=Admission(opts.max_queued, opts.queue_timeout),
-                prefiller=Prefiller(client, metrics, opts.disagg or DisaggSettings()),
+                admission=Admission(opts.admission),
+                prefiller=Prefiller(client, metrics, opts.disagg),
             ),
             metrics,
         ),

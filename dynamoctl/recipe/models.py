@@ -18,13 +18,13 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from dynamoctl.settings import AdmissionSettings, DisaggSettings, RouterSettings
 from dynamoctl.util.net import is_loopback
 
 SCHEMA_VERSION = 1
 """The only recipe ``schema`` this dynamoctl reads."""
 
 Engine = Literal["mocker", "vllm", "sglang", "trtllm"]
-RouterMode = Literal["round-robin", "random", "least-loaded", "power-of-two", "kv", "kv-approx"]
 Role = Literal["agg", "prefill", "decode"]
 
 RULE_ERROR = "recipe_rule"
@@ -238,30 +238,17 @@ class ModelSpec(_Model):
     """Longest prompt plus completion, in tokens. Default: the model's own limit."""
 
 
-class Router(_Model):
-    """How the frontend picks a worker for each request."""
+class Router(_Model, DisaggSettings, RouterSettings):
+    """How the frontend picks a worker for each request. The routing and disaggregation
+    fields are the components' own options (``dynamoctl frontend --help``), declared once
+    in :mod:`dynamoctl.settings`."""
 
-    mode: RouterMode = "kv"
-    """``kv`` weighs cached prefix overlap (from engines' KV events) against load;
-    ``kv-approx`` learns overlap from its own decisions (no events); the other modes ignore
-    the cache."""
-    overlap_weight: float = Field(default=1.0, ge=0)
-    """Weight (alpha) of prefill cost against decode load in the KV cost; 0 ignores prefill cost."""
-    temperature: float = Field(default=0.0, ge=0)
-    """Softmax temperature over worker costs; 0 always picks the cheapest worker."""
     replicas: int = Field(default=0, ge=0)
     """Standalone router processes; 0 embeds the router in the frontend. Either routes
     the prefill and decode pools alike."""
-    disaggregation: Literal["auto", "required", "off"] = "auto"
-    """With prefill workers: ``auto`` prefills long prompts on a prefill worker and falls
-    back to prefilling on the decode worker while none is alive; ``required`` answers 503
-    instead of falling back; ``off`` never uses prefill workers."""
-    min_remote_prefill_tokens: int = Field(default=256, ge=0)
-    """Prompts with fewer uncached tokens than this (counted against the decode workers'
-    caches) are prefilled on their decode worker: a hand-off costs more than it saves."""
 
 
-class Frontend(_Model):
+class Frontend(_Model, AdmissionSettings):
     """The OpenAI-compatible HTTP endpoint."""
 
     host: NonEmptyStr | None = None

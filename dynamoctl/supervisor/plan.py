@@ -34,11 +34,15 @@ from dynamoctl.recipe.models import (
     SshTarget,
     WorkerPool,
 )
+from dynamoctl.settings import AdmissionSettings, DisaggSettings, RouterSettings, to_argv
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.transfer import TransferError, transfer_channel
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
+DRAIN_CLOSE_S = 5.0
+"""Seconds of ``drain_timeout`` a draining component keeps for aborting what is left,
+closing its sockets and revoking its lease."""
 BASE_ENV = {"PYTHONUNBUFFERED": "1"}
 
 
@@ -227,6 +231,7 @@ def worker_spec(
     name = f"{role}-{index}"
     argv = [python_for(recipe), "-m", "dynamoctl", "worker", "--engine", pool.engine]
     argv += ["--role", role, *_common(recipe, url, name, host)]
+    argv += ["--drain-grace", drain_grace(recipe)]
     args = engine_arguments(role, pool, recipe.model)
     try:
         channel = transfer_channel(pool.engine, role, index, host, args)
@@ -250,15 +255,15 @@ def worker_spec(
 
 
 def _router_knobs(recipe: Recipe) -> list[str]:
-    router = recipe.frontend.router
-    return [
-        "--router-mode",
-        router.mode,
-        "--overlap-weight",
-        str(router.overlap_weight),
-        "--temperature",
-        str(router.temperature),
-    ]
+    """The routing flags, from the recipe's ``frontend.router`` (the same fields)."""
+    return to_argv(recipe.frontend.router, only=RouterSettings.model_fields)
+
+
+def drain_grace(recipe: Recipe) -> str:
+    """``--drain-grace`` for workers and the frontend: what ``supervision.drain_timeout``
+    leaves once the component has deregistered, ended what is left and closed, so that
+    it ends streams itself before the supervisor's SIGKILL."""
+    return f"{max(0.0, recipe.supervision.drain_timeout - DRAIN_CLOSE_S):g}"
 
 
 def _router_spec(recipe: Recipe, index: int, host: Host, url: str) -> InstanceSpec:
@@ -288,13 +293,14 @@ def _frontend_spec(recipe: Recipe, head: Host, url: str) -> InstanceSpec:
     argv += _discovery_args(recipe, url)
     argv += ["--host", listen, "--port", str(recipe.frontend.port)]
     argv += ["--lease-ttl", str(recipe.discovery.lease_ttl), "--label", "frontend-0"]
+    argv += ["--drain-grace", drain_grace(recipe)]
     argv += _router_knobs(recipe)
+    argv += to_argv(recipe.frontend, only=AdmissionSettings.model_fields)
     router, workers = recipe.frontend.router, recipe.workers
     if router.replicas:
         argv += ["--router", "standalone"]  # ask the router replicas, no embedded router
     if workers.prefill is not None or workers.decode is not None:
-        argv += ["--disaggregation", router.disaggregation]
-        argv += ["--min-remote-prefill-tokens", str(router.min_remote_prefill_tokens)]
+        argv += to_argv(router, only=DisaggSettings.model_fields)
     return InstanceSpec(
         name="frontend-0",
         pool="frontend",

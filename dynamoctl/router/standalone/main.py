@@ -15,7 +15,7 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dynamoctl import wire
 from dynamoctl.discovery import keys
@@ -34,8 +34,8 @@ COMPONENT = "router"
 class RouterOptions(ComponentOptions):
     """Everything ``dynamoctl router`` is told on its command line."""
 
-    router: RouterSettings | None = None
-    """Routing mode and weights; default: ``kv``."""
+    router: RouterSettings = field(default_factory=RouterSettings)
+    """Routing mode and weights."""
     http_port: int = 0
     """Port of ``/metrics`` and ``/health``; 0 picks a free one (registered)."""
     booking_ttl: float = 600.0
@@ -52,7 +52,7 @@ async def run_router(opts: RouterOptions) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
 
-    settings = opts.router or RouterSettings()
+    settings = opts.router
     discovery = opts.open_discovery()
     instance_id = f"{socket.gethostname()}-{os.getpid()}"
     server = RouteServer(

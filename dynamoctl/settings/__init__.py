@@ -1,0 +1,21 @@
+"""Knobs declared once (docs/architecture.md, "Options declared once"): each group is a
+pydantic model whose fields are the component's command-line flags, what the plan
+renders for it, and the recipe's fields. Light to import: the recipe loads them."""
+
+from dynamoctl.settings.base import Options, cli_parameters, flag, from_cli, to_argv, with_options
+from dynamoctl.settings.frontend import AdmissionSettings, DisaggSettings
+from dynamoctl.settings.routing import ROUTER_MODES, RouterMode, RouterSettings
+
+__all__ = [
+    "ROUTER_MODES",
+    "AdmissionSettings",
+    "DisaggSettings",
+    "Options",
+    "RouterMode",
+    "RouterSettings",
+    "cli_parameters",
+    "flag",
+    "from_cli",
+    "to_argv",
+    "with_options",
+]

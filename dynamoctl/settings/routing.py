@@ -1,0 +1,52 @@
+"""Routing knobs, shared by the embedded router (frontend), ``dynamoctl router`` and the
+recipe's ``frontend.router``."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, ClassVar, Literal, get_args
+
+from pydantic import Field
+
+from dynamoctl.settings.base import Options
+
+if TYPE_CHECKING:
+    from dynamoctl.router.router import KvRouter
+
+RouterMode = Literal["round-robin", "random", "least-loaded", "power-of-two", "kv", "kv-approx"]
+ROUTER_MODES: tuple[str, ...] = get_args(RouterMode)
+"""The policies' names (their registry, ``dynamoctl.router.policies``, is tested equal)."""
+
+
+class RouterSettings(Options):
+    """How a router picks a worker for each request."""
+
+    FLAGS: ClassVar[dict[str, str]] = {"mode": "router-mode"}
+
+    mode: RouterMode = "kv"
+    """``kv`` weighs cached prefix overlap (from engines' KV events) against load;
+    ``kv-approx`` learns overlap from its own decisions (no events); the other modes ignore
+    the cache."""
+    overlap_weight: float = Field(default=1.0, ge=0)
+    """Weight (alpha) of prefill cost against decode load in the KV cost; 0 ignores prefill
+    cost."""
+    temperature: float = Field(default=0.0, ge=0)
+    """Softmax temperature over worker costs; 0 always picks the cheapest worker."""
+    busy_kv_usage: float | None = Field(default=0.95, ge=0, le=1)
+    """A worker whose KV cache is fuller than this fraction is busy and skipped; when every
+    worker is busy, requests queue, then get 503. Unset: never busy by KV usage."""
+    busy_waiting: int | None = Field(default=None, ge=0)
+    """A worker with more requests waiting than this is busy and skipped. Unset: never busy
+    by its queue."""
+
+    def build(self, block_size: int) -> KvRouter:
+        """A router for one model, whose engines use ``block_size``."""
+        from dynamoctl.router.router import KvRouter
+
+        return KvRouter(
+            self.mode,
+            block_size,
+            overlap_weight=self.overlap_weight,
+            temperature=self.temperature,
+            busy_kv_usage=self.busy_kv_usage,
+            busy_waiting=self.busy_waiting,
+        )
