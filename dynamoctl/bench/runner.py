@@ -100,7 +100,11 @@ async def served_model(endpoint: Endpoint) -> str:
     return str(data[0]["id"])
 
 
-def sessions_for(config: BenchConfig, rate: float | None, seed: int) -> Iterator[Session]:
+def sessions_for(
+    config: BenchConfig, rate: float | None, seed: int, level: int = 0
+) -> Iterator[Session]:
+    """The sessions of one load level: ``level`` (its index in the sweep) gives each level
+    fresh prompts, so a level's prefix hits are its own, not the previous level's."""
     if config.trace is not None:
         return trace_sessions(read_trace(config.trace), config.speedup, config.trace_block_size)
     sessions = synthetic_sessions(
@@ -110,6 +114,7 @@ def sessions_for(config: BenchConfig, rate: float | None, seed: int) -> Iterator
         shared_prefix=config.shared_prefix,
         prefix_groups=config.prefix_groups,
         seed=seed,
+        level=level,
     )
     return poisson_arrivals(sessions, rate, seed) if rate is not None else sessions
 
@@ -151,9 +156,9 @@ async def _run_levels(
     on_run: Callable[[RunResult], None] | None,
 ) -> list[RunResult]:
     runs: list[RunResult] = []
-    for label, concurrency, rate in config.levels():
+    for level, (label, concurrency, rate) in enumerate(config.levels()):
         if config.warmup and config.trace is None:
-            warm = sessions_for(config, None, config.seed + 1_000_003)
+            warm = sessions_for(config, None, config.seed + 1_000_003, level)
             limits = Limits(config.warmup, config.limits.max_seconds, config.limits.drain_seconds)
             await drive(warm, sender.send, clock=clock, limits=limits,
                         concurrency=min(config.warmup, concurrency or 8), api=config.api,
@@ -166,7 +171,7 @@ async def _run_levels(
                 progress.update(task, advance=1, stats=tally.add(record))
 
             outcome = await drive(
-                sessions_for(config, rate, config.seed),
+                sessions_for(config, rate, config.seed, level),
                 sender.send,
                 clock=clock,
                 limits=config.limits,

@@ -5,7 +5,9 @@ then turns, each adding new user tokens to the whole history so far. Single-requ
 workloads are one-turn sessions. Prompts are token ids (exact lengths; ours and vLLM's
 ``/v1/completions`` accept them) or text built from common English words (about one token
 each in BPE vocabularies) for chat endpoints and servers that refuse ids. Everything is
-seeded, so two runs with the same arguments send the same prompts.
+seeded, so two runs with the same arguments send the same prompts; each load level of a
+sweep gets its own sessions (only the shared prefixes are common to all levels), so a level
+never finds the previous level's prompts in the server's prefix cache.
 """
 
 from __future__ import annotations
@@ -109,10 +111,16 @@ def synthetic_sessions(
     shared_prefix: int = 0,
     prefix_groups: int = 1,
     seed: int = 0,
+    level: int = 0,
 ) -> Iterator[Session]:
     """Endless sessions: the ``shared_prefix`` tokens of the session's group (one of
-    ``prefix_groups``), then ``turns`` turns of ``isl`` new tokens each after the history."""
-    rng = random.Random(seed)
+    ``prefix_groups``), then ``turns`` turns of ``isl`` new tokens each after the history.
+
+    Each ``level`` (a sweep's load level) draws different turns from the same ``seed``:
+    replaying one level's prompts at the next would turn into prefix-cache hits the
+    workload does not have. The prefix groups depend on ``seed`` only: sharing them is
+    what ``shared_prefix`` asks for, across levels too."""
+    rng = random.Random(seed if level == 0 else f"{seed}/level/{level}")  # level 0: as before
     groups = [random_tokens(random.Random(f"{seed}/prefix/{g}"), shared_prefix)
               for g in range(max(1, prefix_groups))]  # fmt: skip
     index = 0

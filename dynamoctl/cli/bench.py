@@ -19,6 +19,16 @@ EXAMPLES = """Examples:
 """
 
 
+def _literal(text: str) -> str:
+    """``text`` as typed in ``--help``. Typer renders help as rich markup, which reads
+    ``:A:`` or ``:M:`` as emoji codes (``uniform:A:B`` showed as ``uniform🅰B``) and has no
+    escape for them; an empty tag after each colon splits every such code and renders as
+    nothing, not even an ANSI code."""
+    if typer.core.DEFAULT_MARKUP_MODE != "rich":  # TYPER_USE_RICH=0: plain click help
+        return text
+    return text.replace(":", ":[bold][/bold]")
+
+
 def register(app: typer.Typer) -> None:
     app.command("bench", epilog=EXAMPLES)(bench)
 
@@ -60,7 +70,10 @@ def bench(
     speedup: float = typer.Option(1.0, min=1e-6, help="Trace replay speed-up."),
     trace_block_size: int = typer.Option(512, min=1, help="Tokens per trace hash_id."),
     isl: str = typer.Option(
-        "512", help="New input tokens per turn: N, uniform:A:B, normal:M:S, exponential:M."
+        "512",
+        help=_literal(
+            "New input tokens per turn: N, uniform:A:B, normal:MEAN:STD or exponential:MEAN."
+        ),
     ),
     osl: str = typer.Option("128", help="Output tokens, same forms as --isl."),
     turns: int = typer.Option(1, min=1, help="Turns per session (history grows each turn)."),

@@ -31,6 +31,11 @@ class FakeServer:
     """Connections accepted."""
     dropped: int = 0
     """Requests dropped unanswered by ``max_per_connection``."""
+    cache_block: int = 0
+    """0: report half of each prompt cached. N: report what a prefix cache of N-token
+    blocks that kept every earlier prompt would hold: the longest prefix, in whole
+    blocks, an earlier token-id prompt shared with this one."""
+    _seen: list[list[int]] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -96,6 +101,10 @@ class FakeServer:
         prompt = body.get("prompt", [])
         prompt_tokens = len(prompt) if isinstance(prompt, list) else 10
         tokens = int(body.get("max_tokens", 1))  # type: ignore[call-overload]
+        cached = prompt_tokens // 2
+        if self.cache_block and isinstance(prompt, list):  # cached on arrival: order decides
+            cached = max((self.shared_blocks(prompt, seen) for seen in self._seen), default=0)
+            self._seen.append(prompt)
         await asyncio.sleep(TTFTS_MS[index % len(TTFTS_MS)] / 1e3)
         for n in range(tokens):
             if n:
@@ -105,11 +114,20 @@ class FakeServer:
             if self.truncate_every and index % self.truncate_every == self.truncate_every - 1:
                 return False  # the stream ends without [DONE]
         usage = {"prompt_tokens": prompt_tokens, "completion_tokens": tokens,
-                 "prompt_tokens_details": {"cached_tokens": prompt_tokens // 2}}  # fmt: skip
+                 "prompt_tokens_details": {"cached_tokens": cached}}  # fmt: skip
         chunk({"choices": [], "usage": usage})
         chunk(b"[DONE]")
         writer.write(b"0\r\n\r\n")
         return True
+
+    def shared_blocks(self, prompt: list[int], seen: list[int]) -> int:
+        """Tokens of ``prompt`` in whole blocks equal to the start of ``seen``."""
+        common = 0
+        for a, b in zip(prompt, seen, strict=False):
+            if a != b:
+                break
+            common += 1
+        return common - common % self.cache_block
 
 
 @pytest.fixture

@@ -59,6 +59,7 @@ def test_report_files_are_valid(tmp_path: Path) -> None:
     names = sorted(f.name for f in files)
     assert names == [
         "latency_cdf.png",
+        "latency_vs_throughput.png",
         "report.md",
         "results.json",
         "throughput.png",
