@@ -13,13 +13,6 @@ from dynamoctl.util import log as logsetup
 if TYPE_CHECKING:
     from dynamoctl.router.settings import RouterSettings
 
-NAMESPACE = typer.Option("dynamo", "--namespace", "-n", help="Deployment namespace.")
-DISCOVERY = typer.Option(
-    "embedded", help="Discovery URL: embedded[://DIR] or etcd://HOST:PORT[,HOST:PORT]."
-)
-LEASE_TTL = typer.Option(10.0, min=2.0, help="Discovery lease TTL (s).")
-LABEL = typer.Option("", help="Name given by the supervisor (agg-0), kept in discovery records.")
-
 
 def run_component(component: str, namespace: str, main: Coroutine[Any, Any, None]) -> None:
     """Log as ``[component/namespace]``, run ``main`` on uvloop, and turn a start-up

@@ -12,7 +12,6 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass, field
 
 from dynamoctl import wire
 from dynamoctl.discovery import keys
@@ -23,29 +22,10 @@ from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import create_routing
 from dynamoctl.planes.request import RequestClient
-from dynamoctl.settings import AdmissionSettings, DisaggSettings, RouterSettings
-from dynamoctl.util.component import ComponentOptions
+from dynamoctl.settings import FrontendOptions
 from dynamoctl.util.http import BoundServer
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class FrontendOptions(ComponentOptions):
-    """Everything ``dynamoctl frontend`` is told on its command line."""
-
-    port: int = 8000
-    """HTTP port; 0 picks a free one (logged and registered)."""
-    router: RouterSettings = field(default_factory=RouterSettings)
-    """Routing mode and weights of the embedded router."""
-    disagg: DisaggSettings = field(default_factory=DisaggSettings)
-    """Conditional disaggregation (prefill workers)."""
-    admission: AdmissionSettings = field(default_factory=AdmissionSettings)
-    """The queue in front of busy workers."""
-    routing: str = "embedded"
-    """Where routing decisions are made: ``embedded`` or ``standalone`` (routing.py)."""
-    route_timeout: float = 1.0
-    """Standalone: seconds a router replica may take to answer before the next is asked."""
 
 
 async def run_frontend(opts: FrontendOptions) -> None:

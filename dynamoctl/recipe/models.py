@@ -19,13 +19,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from pydantic_core import PydanticCustomError
 
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, RouterSettings
+from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
 from dynamoctl.util.net import is_loopback
 
 SCHEMA_VERSION = 1
 """The only recipe ``schema`` this dynamoctl reads."""
 
 Engine = Literal["mocker", "vllm", "sglang", "trtllm"]
-Role = Literal["agg", "prefill", "decode"]
 
 RULE_ERROR = "recipe_rule"
 """Error type of cross-field rules; their ``ctx["at"]`` is the dotted path of the culprit,

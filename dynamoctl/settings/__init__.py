@@ -3,16 +3,22 @@ pydantic model whose fields are the component's command-line flags, what the pla
 renders for it, and the recipe's fields. Light to import: the recipe loads them."""
 
 from dynamoctl.settings.base import Options, cli_parameters, flag, from_cli, to_argv, with_options
-from dynamoctl.settings.frontend import AdmissionSettings, DisaggSettings
-from dynamoctl.settings.routing import ROUTER_MODES, RouterMode, RouterSettings
+from dynamoctl.settings.component import ComponentSettings, Role, WorkerOptions
+from dynamoctl.settings.frontend import AdmissionSettings, DisaggSettings, FrontendOptions
+from dynamoctl.settings.routing import ROUTER_MODES, RouterMode, RouterOptions, RouterSettings
 
 __all__ = [
     "ROUTER_MODES",
     "AdmissionSettings",
+    "ComponentSettings",
     "DisaggSettings",
+    "FrontendOptions",
     "Options",
+    "Role",
     "RouterMode",
+    "RouterOptions",
     "RouterSettings",
+    "WorkerOptions",
     "cli_parameters",
     "flag",
     "from_cli",

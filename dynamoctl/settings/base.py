@@ -19,7 +19,7 @@ import functools
 import inspect
 import types
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, ClassVar, Literal, TypeVar, get_args, get_origin
 
 import annotated_types
@@ -35,6 +35,10 @@ class Options(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
     FLAGS: ClassVar[dict[str, str]] = {}
     """Field name → flag name where the flag is not the field's name in kebab case."""
+    SHORT: ClassVar[dict[str, str]] = {}
+    """Field name → a short flag it also has (``-n``)."""
+    NOT_FLAGS: ClassVar[frozenset[str]] = frozenset()
+    """Fields that are not flags (set by the command from something else)."""
 
 
 def flag(model: type[Options], name: str) -> str:
@@ -62,11 +66,28 @@ def _help(description: str | None) -> str:
     return text.split(". ")[0].rstrip(".") + "." if text else ""
 
 
+def _nested(info: Any) -> type[Options] | None:
+    """The group a field holds, when it holds one (its flags are flattened in)."""
+    kind = info.annotation
+    return kind if isinstance(kind, type) and issubclass(kind, Options) else None
+
+
+def _flags(model: type[Options]) -> list[tuple[type[Options], str, Any]]:
+    """(declaring model, field, info) of every flag of ``model``, nested groups flattened."""
+    found: list[tuple[type[Options], str, Any]] = []
+    for name, info in model.model_fields.items():
+        if name in model.NOT_FLAGS:
+            continue
+        group = _nested(info)
+        found += _flags(group) if group is not None else [(model, name, info)]
+    return found
+
+
 def cli_parameters(*models: type[Options]) -> list[inspect.Parameter]:
-    """Keyword parameters (typer options) for every field of ``models``, in order."""
+    """Keyword parameters (typer options) for every flag of ``models``, in order."""
     params = []
     for model in models:
-        for name, info in model.model_fields.items():
+        for owner, name, info in _flags(model):
             kind, choices = _cli_type(info.annotation)
             bounds: dict[str, Any] = {}
             for rule in info.metadata:
@@ -75,9 +96,8 @@ def cli_parameters(*models: type[Options]) -> list[inspect.Parameter]:
                 elif isinstance(rule, annotated_types.Le):
                     bounds["max"] = rule.le
             default = info.get_default(call_default_factory=True)
-            option = typer.Option(
-                default, flag(model, name), help=_help(info.description) + choices, **bounds
-            )
+            names = [flag(owner, name), *([owner.SHORT[name]] if name in owner.SHORT else [])]
+            option = typer.Option(default, *names, help=_help(info.description) + choices, **bounds)
             params.append(
                 inspect.Parameter(
                     name, inspect.Parameter.KEYWORD_ONLY, default=option, annotation=kind
@@ -86,14 +106,26 @@ def cli_parameters(*models: type[Options]) -> list[inspect.Parameter]:
     return params
 
 
+def _build(model: type[M], values: dict[str, Any]) -> M:
+    fields = {}
+    for name, info in model.model_fields.items():
+        group = _nested(info)
+        if group is not None:
+            fields[name] = _build(group, values)
+        elif name in values:
+            fields[name] = values[name]
+    return model(**fields)
+
+
 def from_cli(model: type[M], values: dict[str, Any]) -> M:
-    """``model`` from parsed CLI values (only its own fields are taken)."""
+    """``model`` (its nested groups too) from parsed CLI values."""
     try:
-        return model(**{k: v for k, v in values.items() if k in model.model_fields})
+        return _build(model, values)
     except ValidationError as exc:
         error = exc.errors()[0]
         name = str(error["loc"][0]) if error["loc"] else ""
-        hint = flag(model, name) if name in model.model_fields else None
+        owner = next((m for m, n, _ in _flags(model) if n == name), None)
+        hint = flag(owner, name) if owner is not None else None
         raise typer.BadParameter(error["msg"], param_hint=hint) from None
 
 
@@ -115,15 +147,27 @@ def with_options(command: Callable[..., None], **groups: type[Options]) -> Calla
     return wrapper
 
 
-def to_argv(options: Options, only: Iterable[str] | None = None) -> list[str]:
-    """``options`` as command-line flags (all fields, or those named in ``only``), in
-    declaration order; ``None`` values are left out (the component's default applies)."""
-    model = type(options)
-    names = list(model.model_fields) if only is None else list(only)
+def to_argv(
+    options: Options, only: Iterable[str] | None = None, *, explicit: bool = False
+) -> list[str]:
+    """``options`` as command-line flags, in declaration order, nested groups flattened:
+    every flag, those whose field is named in ``only``, or (``explicit``) those that were
+    given when ``options`` was made. ``None`` values are left out (the component's default
+    applies)."""
+    wanted = None if only is None else set(only)
     argv = []
-    for name in names:
-        value = getattr(options, name)
-        if value is None:
-            continue
-        argv += [flag(model, name), str(value)]
+    for owner, name, value in _values(options, explicit):
+        if value is not None and (wanted is None or name in wanted):
+            argv += [flag(owner, name), str(value)]
     return argv
+
+
+def _values(options: Options, explicit: bool) -> Iterator[tuple[type[Options], str, Any]]:
+    model = type(options)
+    for name, info in model.model_fields.items():
+        if name in model.NOT_FLAGS or (explicit and name not in options.model_fields_set):
+            continue
+        if _nested(info) is not None:
+            yield from _values(getattr(options, name), explicit)
+        else:
+            yield model, name, getattr(options, name)

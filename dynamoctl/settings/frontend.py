@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field
 
 from dynamoctl.settings.base import Options
+from dynamoctl.settings.component import ComponentSettings
+from dynamoctl.settings.routing import RouterSettings
 
 DisaggMode = Literal["auto", "required", "off"]
 
@@ -34,3 +36,24 @@ class AdmissionSettings(Options):
     ``Retry-After``."""
     max_queued: int = Field(default=256, ge=0)
     """Requests allowed to wait at once; beyond it, 503 at once."""
+
+
+class FrontendOptions(ComponentSettings):
+    """Everything ``dynamoctl frontend`` is told on its command line."""
+
+    FLAGS: ClassVar[dict[str, str]] = {"routing": "router", "route_timeout": "router-timeout"}
+
+    port: int = Field(default=8000, ge=0, le=65535)
+    """HTTP port; 0 picks a free one (logged and registered)."""
+    routing: Literal["embedded", "standalone"] = "embedded"
+    """Where routing decisions are made: ``embedded`` (in this process) or ``standalone``
+    (ask the namespace's ``dynamoctl router`` replicas; the routing flags are then
+    theirs)."""
+    route_timeout: float = Field(default=1.0, ge=0.01)
+    """Standalone: seconds a router replica may take to answer before the next is asked."""
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    """Routing mode and weights of the embedded router."""
+    disagg: DisaggSettings = Field(default_factory=DisaggSettings)
+    """Conditional disaggregation (prefill workers)."""
+    admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
+    """The queue in front of busy workers."""

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 from pydantic import Field
 
 from dynamoctl.settings.base import Options
+from dynamoctl.settings.component import ComponentSettings
 
 if TYPE_CHECKING:
     from dynamoctl.router.router import KvRouter
@@ -50,3 +51,19 @@ class RouterSettings(Options):
             busy_kv_usage=self.busy_kv_usage,
             busy_waiting=self.busy_waiting,
         )
+
+
+class RouterOptions(ComponentSettings):
+    """Everything ``dynamoctl router`` is told on its command line."""
+
+    router: RouterSettings = Field(default_factory=RouterSettings)
+    """Routing mode and weights."""
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """Port of ``/metrics`` and ``/health``; 0 picks a free one (registered)."""
+    booking_ttl: float = Field(default=600.0, ge=1.0)
+    """Seconds after which a booking whose release never came is dropped."""
+    warm_up: float = Field(default=5.0, ge=0.0)
+    """Most seconds to wait for workers and the other replicas' bookings before serving."""
+    drain_grace: float = Field(default=0.5, ge=0.0)
+    """Seconds between leaving discovery and closing, for route calls in flight (they take
+    milliseconds)."""

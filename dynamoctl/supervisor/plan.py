@@ -34,15 +34,12 @@ from dynamoctl.recipe.models import (
     SshTarget,
     WorkerPool,
 )
-from dynamoctl.settings import AdmissionSettings, DisaggSettings, RouterSettings, to_argv
+from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.transfer import TransferError, transfer_channel
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
-DRAIN_CLOSE_S = 5.0
-"""Seconds of ``drain_timeout`` a draining component keeps for aborting what is left,
-closing its sockets and revoking its lease."""
 BASE_ENV = {"PYTHONUNBUFFERED": "1"}
 
 
@@ -205,22 +202,6 @@ def _etcd_spec(recipe: Recipe, head: Host, data_dir: str) -> InstanceSpec:
     )
 
 
-def _discovery_args(recipe: Recipe, url: str) -> list[str]:
-    return ["--namespace", recipe.namespace, "--discovery", url]
-
-
-def _common(recipe: Recipe, url: str, label: str, host: Host) -> list[str]:
-    return [
-        *_discovery_args(recipe, url),
-        "--host",
-        host.address,
-        "--lease-ttl",
-        str(recipe.discovery.lease_ttl),
-        "--label",
-        label,
-    ]
-
-
 def worker_spec(
     recipe: Recipe, role: Role, index: int, host: Host, gpus: list[int], url: str
 ) -> InstanceSpec:
@@ -229,9 +210,12 @@ def worker_spec(
 
     pool = recipe.workers.pools()[role]
     name = f"{role}-{index}"
-    argv = [python_for(recipe), "-m", "dynamoctl", "worker", "--engine", pool.engine]
-    argv += ["--role", role, *_common(recipe, url, name, host)]
-    argv += ["--drain-grace", drain_grace(recipe)]
+    argv = [
+        python_for(recipe),
+        "-m",
+        "dynamoctl",
+        *worker_argv(recipe, role, name, host.address, url),
+    ]
     args = engine_arguments(role, pool, recipe.model)
     try:
         channel = transfer_channel(pool.engine, role, index, host, args)
@@ -254,23 +238,10 @@ def worker_spec(
     )
 
 
-def _router_knobs(recipe: Recipe) -> list[str]:
-    """The routing flags, from the recipe's ``frontend.router`` (the same fields)."""
-    return to_argv(recipe.frontend.router, only=RouterSettings.model_fields)
-
-
-def drain_grace(recipe: Recipe) -> str:
-    """``--drain-grace`` for workers and the frontend: what ``supervision.drain_timeout``
-    leaves once the component has deregistered, ended what is left and closed, so that
-    it ends streams itself before the supervisor's SIGKILL."""
-    return f"{max(0.0, recipe.supervision.drain_timeout - DRAIN_CLOSE_S):g}"
-
-
 def _router_spec(recipe: Recipe, index: int, host: Host, url: str) -> InstanceSpec:
     """A standalone router replica (``frontend.router.replicas > 0``)."""
     name = f"router-{index}"
-    argv = [python_for(recipe), "-m", "dynamoctl", "router", *_common(recipe, url, name, host)]
-    argv += _router_knobs(recipe)
+    argv = [python_for(recipe), "-m", "dynamoctl", *router_argv(recipe, name, host.address, url)]
     return InstanceSpec(
         name=name,
         pool="router",
@@ -289,18 +260,7 @@ def _frontend_spec(recipe: Recipe, head: Host, url: str) -> InstanceSpec:
     """The frontend listens on ``frontend.host``, by default the head's address (loopback on
     a local target); ``address`` is where the supervisor reaches it."""
     listen = recipe.frontend.host or head.address
-    argv = [python_for(recipe), "-m", "dynamoctl", "frontend"]
-    argv += _discovery_args(recipe, url)
-    argv += ["--host", listen, "--port", str(recipe.frontend.port)]
-    argv += ["--lease-ttl", str(recipe.discovery.lease_ttl), "--label", "frontend-0"]
-    argv += ["--drain-grace", drain_grace(recipe)]
-    argv += _router_knobs(recipe)
-    argv += to_argv(recipe.frontend, only=AdmissionSettings.model_fields)
-    router, workers = recipe.frontend.router, recipe.workers
-    if router.replicas:
-        argv += ["--router", "standalone"]  # ask the router replicas, no embedded router
-    if workers.prefill is not None or workers.decode is not None:
-        argv += to_argv(router, only=DisaggSettings.model_fields)
+    argv = [python_for(recipe), "-m", "dynamoctl", *frontend_argv(recipe, listen, url)]
     return InstanceSpec(
         name="frontend-0",
         pool="frontend",

@@ -34,7 +34,7 @@ import os
 import socket
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 
@@ -53,12 +53,12 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.planes.events import EventPublisher
 from dynamoctl.planes.request import NotAccepting, RequestServer
+from dynamoctl.settings import Role
 from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
 from dynamoctl.worker.kv_state import KvCacheState
 
 log = logging.getLogger(__name__)
 
-Role = Literal["agg", "prefill", "decode"]
 COMPONENT = "worker"
 GENERATE = "generate"
 """Request-plane endpoint name: body a GenerateRequest, chunks GenerateChunks."""

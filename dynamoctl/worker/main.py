@@ -15,32 +15,14 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass, field
-from typing import Any
 
 from dynamoctl.engines.registry import create_engine
-from dynamoctl.util.component import ComponentOptions
+from dynamoctl.settings import WorkerOptions
 from dynamoctl.util.http import BoundServer
 from dynamoctl.worker.http import build_app
-from dynamoctl.worker.instance import Role, WorkerInstance
+from dynamoctl.worker.instance import WorkerInstance
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class WorkerOptions(ComponentOptions):
-    """Everything ``dynamoctl worker`` is told on its command line."""
-
-    engine: str = "mocker"
-    """Engine adapter name (registry in ``dynamoctl.engines.registry``)."""
-    role: Role = "agg"
-    """``agg``, ``prefill`` or ``decode``."""
-    num_workers: int = 1
-    """Instances in this process (each its own engine and registration)."""
-    http_port: int = 0
-    """Port of ``/metrics`` and ``/health``; 0 picks a free one (logged)."""
-    engine_options: dict[str, Any] = field(default_factory=dict)
-    """Engine arguments, passed to the engine untouched."""
 
 
 async def run_worker(opts: WorkerOptions) -> None:

@@ -95,4 +95,4 @@ supervision: {drain_timeout: 25}
     ]
     # supervision.drain_timeout reaches the components: they finish before the SIGKILL.
     for spec in [*plan.by_pool("prefill"), *plan.by_pool("decode"), plan.by_pool("frontend")[0]]:
-        assert spec.argv[spec.argv.index("--drain-grace") + 1] == "20", spec.name
+        assert spec.argv[spec.argv.index("--drain-grace") + 1] == "20.0", spec.name

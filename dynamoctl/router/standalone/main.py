@@ -15,35 +15,17 @@ import logging
 import os
 import signal
 import socket
-from dataclasses import dataclass, field
 
 from dynamoctl import wire
 from dynamoctl.discovery import keys
-from dynamoctl.router.settings import RouterSettings
 from dynamoctl.router.standalone.http import build_app
 from dynamoctl.router.standalone.server import ROUTE, RouteServer
-from dynamoctl.util.component import ComponentOptions
+from dynamoctl.settings import RouterOptions
 from dynamoctl.util.http import BoundServer
 
 log = logging.getLogger(__name__)
 
 COMPONENT = "router"
-
-
-@dataclass
-class RouterOptions(ComponentOptions):
-    """Everything ``dynamoctl router`` is told on its command line."""
-
-    router: RouterSettings = field(default_factory=RouterSettings)
-    """Routing mode and weights."""
-    http_port: int = 0
-    """Port of ``/metrics`` and ``/health``; 0 picks a free one (registered)."""
-    booking_ttl: float = 600.0
-    """Seconds after which a booking whose release never came is dropped."""
-    warm_up: float = 5.0
-    """Most seconds to wait for workers and the other replicas' bookings before serving."""
-    drain_grace: float = 0.5
-    """Seconds between leaving discovery and closing, for calls in flight (milliseconds)."""
 
 
 async def run_router(opts: RouterOptions) -> None:

@@ -1,0 +1,56 @@
+"""What every long-running component (worker, frontend, router) is told, once."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+
+from pydantic import Field
+
+from dynamoctl.settings.base import Options
+
+if TYPE_CHECKING:
+    from dynamoctl.discovery import Discovery
+
+Role = Literal["agg", "prefill", "decode"]
+
+
+class ComponentSettings(Options):
+    """The flags shared by ``dynamoctl worker``, ``frontend`` and ``router``."""
+
+    SHORT: ClassVar[dict[str, str]] = {"namespace": "-n"}
+
+    namespace: str = "dynamo"
+    """Discovery namespace of the deployment."""
+    discovery: str = "embedded"
+    """Discovery URL: ``embedded[://DIR]`` or ``etcd://HOST:PORT[,HOST:PORT]``."""
+    host: str = "127.0.0.1"
+    """Address the component's sockets bind and advertise."""
+    lease_ttl: float = Field(default=10.0, ge=2.0)
+    """Discovery lease TTL in seconds."""
+    drain_grace: float = Field(default=30.0, ge=0.0)
+    """Seconds in-flight work gets to finish on SIGTERM."""
+    label: str = ""
+    """The supervisor's name for this process (``agg-0``), written into its records."""
+
+    def open_discovery(self) -> Discovery:
+        """This component's discovery handle (not yet started)."""
+        from dynamoctl.discovery import Discovery, store_from_url
+
+        return Discovery(store_from_url(self.discovery), lease_ttl=self.lease_ttl)
+
+
+class WorkerOptions(ComponentSettings):
+    """Everything ``dynamoctl worker`` is told on its command line."""
+
+    NOT_FLAGS: ClassVar[frozenset[str]] = frozenset({"engine_options"})
+
+    engine: str = "mocker"
+    """Engine adapter name (registry in ``dynamoctl.engines.registry``)."""
+    role: Role = "agg"
+    """What the instances do: ``agg``, ``prefill`` or ``decode``."""
+    num_workers: int = Field(default=1, ge=1)
+    """Instances in this process (each its own engine and registration)."""
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """Port of ``/metrics`` and ``/health``; 0 picks a free one (logged)."""
+    engine_options: dict[str, Any] = Field(default_factory=dict)
+    """Engine arguments (the command line's other ``--options``), passed untouched."""

@@ -1,0 +1,84 @@
+"""The command line of each component the plan starts, rendered from the component's own
+options (:mod:`dynamoctl.settings`), filled in from the recipe: nothing here restates a
+flag, a default or a recipe field."""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from dynamoctl.recipe.models import Recipe, Role
+from dynamoctl.settings import (
+    AdmissionSettings,
+    DisaggSettings,
+    FrontendOptions,
+    Options,
+    RouterOptions,
+    RouterSettings,
+    WorkerOptions,
+    to_argv,
+)
+
+S = TypeVar("S", bound=Options)
+
+DRAIN_CLOSE_S = 5.0
+"""Seconds of ``supervision.drain_timeout`` a draining component keeps for aborting what
+is left, closing its sockets and revoking its lease: it ends its streams itself before
+the supervisor's SIGKILL."""
+
+
+def _component(recipe: Recipe, url: str, label: str, address: str) -> dict[str, Any]:
+    return {
+        "namespace": recipe.namespace,
+        "discovery": url,
+        "host": address,
+        "lease_ttl": recipe.discovery.lease_ttl,
+        "label": label,
+    }
+
+
+def drain_grace(recipe: Recipe) -> float:
+    """Workers' and the frontend's ``--drain-grace``: ``supervision.drain_timeout`` less
+    :data:`DRAIN_CLOSE_S`."""
+    return max(0.0, recipe.supervision.drain_timeout - DRAIN_CLOSE_S)
+
+
+def _part(model: type[S], section: Options) -> S:
+    """``model``'s fields of a recipe section that subclasses it (the section has more)."""
+    return model(**section.model_dump(include=set(model.model_fields)))
+
+
+def worker_argv(recipe: Recipe, role: Role, label: str, address: str, url: str) -> list[str]:
+    """``dynamoctl worker``'s own flags (the engine's follow them)."""
+    pool = recipe.workers.pools()[role]
+    options = WorkerOptions(
+        **_component(recipe, url, label, address),
+        drain_grace=drain_grace(recipe),
+        engine=pool.engine,
+        role=role,
+    )
+    return ["worker", *to_argv(options, explicit=True)]
+
+
+def router_argv(recipe: Recipe, label: str, address: str, url: str) -> list[str]:
+    options = RouterOptions(
+        **_component(recipe, url, label, address),
+        router=_part(RouterSettings, recipe.frontend.router),
+    )
+    return ["router", *to_argv(options, explicit=True)]
+
+
+def frontend_argv(recipe: Recipe, listen: str, url: str) -> list[str]:
+    router, workers = recipe.frontend.router, recipe.workers
+    extra: dict[str, Any] = {}
+    if workers.prefill is not None or workers.decode is not None:
+        extra["disagg"] = _part(DisaggSettings, router)  # the knobs matter only then
+    options = FrontendOptions(
+        **_component(recipe, url, "frontend-0", listen),
+        drain_grace=drain_grace(recipe),
+        port=recipe.frontend.port,
+        routing="standalone" if router.replicas else "embedded",
+        router=_part(RouterSettings, router),
+        admission=_part(AdmissionSettings, recipe.frontend),
+        **extra,
+    )
+    return ["frontend", *to_argv(options, explicit=True)]
