@@ -151,7 +151,7 @@ class Prefiller:
             except _PrefillFailed as exc:
                 failure = str(exc)
                 exclude.add(choice.worker_id)
-                log.warning("request %s: prefill on %s failed: %s", rid, choice.worker_id, exc)
+                log.warning("request %s: prefill on %s failed: %s", rid, choice.name, exc)
                 continue
             finally:
                 pool.prefill_finished(rid)

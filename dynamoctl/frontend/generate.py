@@ -254,7 +254,7 @@ class Generator:
                     log.warning(
                         "request %s: worker %s failed (%s); migrating with %d tokens",
                         job.request_id,
-                        choice.worker_id,
+                        choice.name,
                         exc,
                         len(generated),
                     )

@@ -9,6 +9,13 @@ from typing import NamedTuple
 class WorkerChoice(NamedTuple):
     worker_id: str
     address: str
+    label: str = ""
+    """The worker's name in ``dynamoctl status`` (``agg-1``), when it has one."""
+
+    @property
+    def name(self) -> str:
+        """How logs name the worker: as ``status`` does, with its instance id."""
+        return f"{self.label} ({self.worker_id})" if self.label else self.worker_id
 
 
 class NoWorkerAvailable(Exception):

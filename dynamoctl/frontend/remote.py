@@ -233,7 +233,7 @@ class RemotePicker:
         if kept is not None and not exclude and kept[0] == token_ids:
             return kept[1]
         reply = await self._pick("default", token_ids, request_id, exclude)
-        return WorkerChoice(reply.worker_id, reply.address)
+        return WorkerChoice(reply.worker_id, reply.address, reply.label)
 
     def first_token(self, request_id: str) -> None:
         iid = self._owner.get((request_id, "default"))
@@ -259,14 +259,17 @@ class RemotePicker:
             reply = await self._pick("default", token_ids, request_id, set())
         except NoWorkerAvailable:  # pick() asks again (and queues, or answers 503)
             return PoolSurvey(self._prefill_workers, 0)
-        self._surveyed[request_id] = (token_ids, WorkerChoice(reply.worker_id, reply.address))
+        self._surveyed[request_id] = (
+            token_ids,
+            WorkerChoice(reply.worker_id, reply.address, reply.label),
+        )
         return PoolSurvey(reply.prefill_workers, reply.decode_cached_tokens)
 
     async def pick_prefill(
         self, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         reply = await self._pick("prefill", token_ids, request_id, exclude)
-        return WorkerChoice(reply.worker_id, reply.address)
+        return WorkerChoice(reply.worker_id, reply.address, reply.label)
 
     def prefill_finished(self, request_id: str) -> None:
         iid = self._owner.pop((request_id, "prefill"), None)
@@ -278,7 +281,7 @@ class RemotePicker:
     ) -> WorkerChoice:
         self._surveyed.pop(request_id, None)  # re-booked without overlap credit
         reply = await self._pick("decode", token_ids, request_id, exclude)
-        return WorkerChoice(reply.worker_id, reply.address)
+        return WorkerChoice(reply.worker_id, reply.address, reply.label)
 
     # -- calls --------------------------------------------------------------------------
 

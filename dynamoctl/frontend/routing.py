@@ -93,7 +93,7 @@ class EmbeddedPicker:
         except RouterError as exc:
             busy = isinstance(exc, AllWorkersBusy)
             raise NoWorkerAvailable(str(exc), busy=busy) from exc
-        return WorkerChoice(picked.decision.worker_id, picked.record.address)
+        return WorkerChoice(picked.decision.worker_id, picked.record.address, picked.record.label)
 
 
 class EmbeddedRouting(AsyncService):

@@ -102,6 +102,8 @@ class RouterService(AsyncService):
         self._kv = EventSubscriber(idle_poll=idle_poll)
         self._load = EventSubscriber(idle_poll=idle_poll)
         self._instances: dict[str, InstanceRecord] = {}
+        self._labels: dict[str, str] = {}
+        """Supervisor names of the workers seen (kept after they leave, for the log)."""
         self.generation = 0
         """Bumped on every change to the routable workers: a key for views derived from
         them (the frontend caches whether a model is disaggregated)."""
@@ -159,6 +161,11 @@ class RouterService(AsyncService):
         """The record of a routable worker (its ``address`` is where to send)."""
         return self._instances.get(worker_id) if worker_id in self.router else None
 
+    def name_of(self, iid: str) -> str:
+        """A worker as logs name it: its ``status`` name (``agg-1``) with its instance id."""
+        label = self._labels.get(iid)
+        return f"{label} ({iid})" if label else iid
+
     # ------------------------------------------------------------------ discovery
 
     async def _watch(self, prefix: str, handle: _Handler) -> None:
@@ -183,9 +190,10 @@ class RouterService(AsyncService):
         old = self._instances.pop(iid, None)
         if record is not None:
             if old is not None and (old.address, old.pid) != (record.address, record.pid):
-                log.info("router %s: worker %s restarted", self.model, iid)
+                log.info("router %s: worker %s restarted", self.model, self.name_of(iid))
                 await self._reconcile(iid)  # removes the old life
             self._instances[iid] = record
+            self._labels[iid] = record.label
         await self._reconcile(iid)
 
     async def _on_events(self, event: WatchEvent) -> None:
@@ -205,12 +213,12 @@ class RouterService(AsyncService):
             if iid not in self._instances:
                 if iid in router:
                     router.remove_worker(iid)
-                    log.info("router %s: worker %s removed", self.model, iid)
+                    log.info("router %s: worker %s removed", self.model, self.name_of(iid))
                 await self._unsubscribe(iid)
             else:
                 if iid not in router:
                     router.add_worker(iid)
-                    log.info("router %s: worker %s added", self.model, iid)
+                    log.info("router %s: worker %s added", self.model, self.name_of(iid))
                 events, streams = self._events.get(iid), self._streams.get(iid)
                 if streams is not None and streams.record != events:
                     await self._unsubscribe(iid)
@@ -276,9 +284,11 @@ class RouterService(AsyncService):
             if _rebuilds(item) or first:
                 return
             if time.monotonic() - streams.last_resync < self.resync_interval:
-                log.warning("router %s: worker %s lost KV events again", self.model, iid)
+                log.warning(
+                    "router %s: worker %s lost KV events again", self.model, self.name_of(iid)
+                )
                 return
-            log.info("router %s: resyncing KV events of worker %s", self.model, iid)
+            log.info("router %s: resyncing KV events of worker %s", self.model, self.name_of(iid))
             await self._resync(iid, streams)
 
     async def _on_load(self, iid: str, gen: int, streams: _Streams, item: Item) -> None:

@@ -86,6 +86,9 @@ class RouteReply(_Tagged, tag=16):
     decode_cached_tokens: int = 0
     """Most leading prompt tokens cached on one agg or decode worker (a ``default`` pick
     of a disaggregated model; else 0): what a local prefill would not compute."""
+    label: str = ""
+    """The worker's name in ``dynamoctl status`` (``agg-1``), for logs; empty outside a
+    supervised deployment."""
 
 
 class RouteRefused(_Tagged, tag=17):

@@ -20,7 +20,9 @@ from starlette.routing import Route
 from dynamoctl.worker.instance import WorkerInstance
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-_LABELS = ["instance", "model", "role"]
+_LABELS = ["instance", "name", "model", "role"]
+"""``name``: the worker's name in ``dynamoctl status`` (``agg-1``), its instance id outside
+a supervised deployment; dashboards show it."""
 
 
 class WorkerCollector(Collector):
@@ -67,7 +69,8 @@ class WorkerCollector(Collector):
             labels=_LABELS,
         )
         for inst in self.instances:
-            labels = [inst.instance_id, inst.engine.model_card.model, inst.role]
+            name = inst.label or inst.instance_id
+            labels = [inst.instance_id, name, inst.engine.model_card.model, inst.role]
             load = inst.engine.load_metrics()
             values = {
                 "kv_usage": load.kv_usage,

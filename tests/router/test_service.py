@@ -4,6 +4,7 @@ join by snapshot, restarts under one id, and what each stream item does to the i
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
@@ -28,8 +29,10 @@ B = 4
 class FakeWorker:
     """A worker's registrations and streams, without an engine."""
 
-    def __init__(self, disc: Discovery, iid: str, model: str = MODEL, buffer: int = 4) -> None:
-        self.disc, self.iid, self.model = disc, iid, model
+    def __init__(
+        self, disc: Discovery, iid: str, model: str = MODEL, buffer: int = 4, label: str = ""
+    ) -> None:
+        self.disc, self.iid, self.model, self.label = disc, iid, model, label
         self.state = KvCacheState()
         self.kv = EventPublisher(
             "tcp://127.0.0.1:0",
@@ -64,6 +67,7 @@ class FakeWorker:
             host="h",
             pid=pid,
             model=self.model,
+            label=self.label,
         )
         await self.disc.register(self.key, wire.encode_json(record))
 
@@ -150,6 +154,24 @@ async def test_membership_snapshot_join_and_restart_under_one_id(disc: Discovery
         await service.close()
         for w in (w1, w2, other):
             await w.close()
+
+
+async def test_logs_name_workers_as_status_does(
+    disc: Discovery, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="dynamoctl.router.service")
+    worker = await FakeWorker(disc, "vm-7-0", label="agg-1").start()
+    service = RouterService(disc, NS, MODEL, KvRouter("kv", B), idle_poll=0.2)
+    try:
+        await service.start()
+        await service.wait_for_workers(1, timeout=10)
+        await disc.unregister(worker.key)
+        await until(lambda: service.router.workers() == [])
+    finally:
+        await service.close()
+        await worker.close()
+    assert f"router {MODEL}: worker agg-1 (vm-7-0) added" in caplog.text
+    assert f"router {MODEL}: worker agg-1 (vm-7-0) removed" in caplog.text
 
 
 async def test_round_robin_mode_does_not_subscribe_to_kv_events(disc: Discovery) -> None:

@@ -154,7 +154,8 @@ async def test_load_stream_and_http_endpoints(worker: RunningWorker) -> None:
     async with httpx.AsyncClient() as http:
         metrics = (await http.get(worker.record.metrics_url)).text
         health = await http.get(f"{base}/health")
-    labels = f'instance="{worker.record.instance_id}",model="mock-model",role="agg"'
+    iid = worker.record.instance_id  # no supervisor label: the name is the instance id
+    labels = f'instance="{iid}",model="mock-model",name="{iid}",role="agg"'
     assert f"dynamoctl_worker_kv_total_blocks{{{labels}}} {float(BLOCKS)}" in metrics
     assert "dynamoctl_worker_requests_total" in metrics
     assert health.status_code == 200 and health.json()["status"] == "ready"
@@ -309,3 +310,18 @@ async def test_several_instances_in_one_process(tmp_path: Path) -> None:
                 await asyncio.sleep(0.05)
     finally:
         stop(proc)
+
+
+async def test_metrics_name_the_worker_as_status_does(tmp_path: Path) -> None:
+    """Under a supervisor (``--label``), dashboards show the name ``status`` and logs use."""
+    proc = start_worker(tmp_path, "--label", "agg-3")
+    try:
+        running = await wait_registered(f"embedded://{tmp_path}", proc)
+        assert running.record.metrics_url is not None and running.record.label == "agg-3"
+        async with httpx.AsyncClient() as http:
+            metrics = (await http.get(running.record.metrics_url)).text
+    finally:
+        stop(proc)
+    iid = running.record.instance_id
+    labels = f'instance="{iid}",model="mock-model",name="agg-3",role="agg"'
+    assert f"dynamoctl_worker_kv_total_blocks{{{labels}}} {float(BLOCKS)}" in metrics

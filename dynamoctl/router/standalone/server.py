@@ -155,7 +155,7 @@ class RouteServer(AsyncService):
         )
         return RouteReply(
             decision.worker_id, record.address, decision.overlap_blocks, decision.prompt_blocks,
-            disaggregated, pools.prefill_workers(), cached,
+            disaggregated, pools.prefill_workers(), cached, record.label,
         )  # fmt: skip
 
     def _refuse(self, model: str, reason: RefusalReason, message: str) -> RouteRefused:
