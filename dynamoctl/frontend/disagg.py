@@ -35,6 +35,7 @@ from dynamoctl.planes.request import RequestClient, RequestPlaneError
 from dynamoctl.settings.frontend import DisaggSettings
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateRequest
+from dynamoctl.wire.records import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +175,7 @@ class Prefiller:
         params: dict[str, Any] | None = None
         cached, finish = 0, None
         try:
-            stream = self.client.stream(choice.address, "generate", body)
+            stream = self.client.stream(choice.address, Endpoint.GENERATE, body)
             async with contextlib.aclosing(stream):
                 async for raw in stream:
                     chunk = wire_engine.decode_chunk(raw)

@@ -40,6 +40,7 @@ from dynamoctl.settings.frontend import AdmissionSettings
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateRequest
+from dynamoctl.wire.records import Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +207,7 @@ class Generator:
                 body = wire_engine.encode(request)
                 try:
                     stream = self.client.stream(
-                        choice.address, "generate", body, probe=outcome.probe
+                        choice.address, Endpoint.GENERATE, body, probe=outcome.probe
                     )
                     async with contextlib.aclosing(stream):
                         async for raw in stream:

@@ -24,6 +24,7 @@ from dynamoctl.frontend.routing import create_routing
 from dynamoctl.planes.request import RequestClient
 from dynamoctl.settings import FrontendOptions
 from dynamoctl.util.http import BoundServer
+from dynamoctl.wire.records import Component, Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +58,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
         timeout_graceful_shutdown=opts.drain_grace,
     )
     instance_id = f"{socket.gethostname()}-{os.getpid()}"
-    key = keys.instance_key(opts.namespace, "frontend", "http", instance_id)
+    key = keys.instance_key(opts.namespace, Component.FRONTEND, Endpoint.HTTP, instance_id)
     serving = asyncio.create_task(http.run_bound(), name="frontend-http")
     try:
         await discovery.start()

@@ -38,7 +38,7 @@ from dynamoctl.planes.request import RemoteError, RequestClient, RequestPlaneErr
 from dynamoctl.router.pools import booking_pool
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
-from dynamoctl.wire.records import InstanceRecord, decode_json
+from dynamoctl.wire.records import Component, Endpoint, InstanceRecord, decode_json
 from dynamoctl.wire.router import (
     BookingPool,
     RouteAnswer,
@@ -51,8 +51,8 @@ from dynamoctl.wire.router import (
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "router"
-ROUTE = "route"
+COMPONENT = Component.ROUTER
+ROUTE = Endpoint.ROUTE
 """The router's request-plane endpoint (:mod:`dynamoctl.wire.router`)."""
 
 

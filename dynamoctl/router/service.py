@@ -50,7 +50,7 @@ from dynamoctl.router.router import KvRouter
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire.engine import decode_load
 from dynamoctl.wire.kv_events import decode_batch
-from dynamoctl.wire.records import EventsRecord, InstanceRecord, decode_json
+from dynamoctl.wire.records import Endpoint, EventsRecord, InstanceRecord, decode_json
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +81,7 @@ class RouterService(AsyncService):
         router: KvRouter,
         *,
         component: str = "worker",
-        endpoint: str = "generate",
+        endpoint: str = Endpoint.GENERATE,
         roles: Collection[str] | None = None,
         idle_poll: float = 1.0,
         resync_interval: float = 5.0,

@@ -13,7 +13,9 @@ from typing import Any
 
 import msgspec
 
-KV_PULL = "kv_pull"
+from dynamoctl.wire.records import Endpoint
+
+KV_PULL = Endpoint.KV_PULL
 """Request-plane endpoint a prefill mocker serves: body a KvPullRequest, one KvPullReply."""
 
 

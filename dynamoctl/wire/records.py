@@ -7,9 +7,46 @@ records still decode in an older reader.
 
 from __future__ import annotations
 
+import enum
 from typing import TypeVar
 
 import msgspec
+
+
+class _Name(str, enum.Enum):
+    """A name that formats as itself (``f"{x}"`` is ``worker``, not ``Component.WORKER``,
+    before Python 3.11's StrEnum)."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(str(self.value), spec)
+
+
+class Component(_Name):
+    """What a process is, in discovery keys and records (``{ns}/instances/{component}/...``)."""
+
+    WORKER = "worker"
+    FRONTEND = "frontend"
+    ROUTER = "router"
+    SUPERVISOR = "supervisor"
+
+
+class Endpoint(_Name):
+    """What an instance serves at its record's ``address``: the contract between the
+    process that registers it and the ones that call it."""
+
+    GENERATE = "generate"
+    """A worker's request plane: ``GenerateRequest`` in, ``GenerateChunk`` stream out."""
+    KV_PULL = "kv_pull"
+    """A prefill mocker's pinned KV hand-offs (``dynamoctl.wire.kv_transfer``)."""
+    ROUTE = "route"
+    """A standalone router: ``RouteRequest``/``RouteNotify`` in (``dynamoctl.wire.router``)."""
+    HTTP = "http"
+    """The frontend's OpenAI API (an HTTP base URL, not a request plane)."""
+    CONTROL = "control"
+    """The supervisor's control endpoint (HTTP)."""
 
 
 class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):

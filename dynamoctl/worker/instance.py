@@ -55,12 +55,13 @@ from dynamoctl.planes.events import EventPublisher
 from dynamoctl.planes.request import NotAccepting, RequestServer
 from dynamoctl.settings import Role
 from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
+from dynamoctl.wire.records import Component, Endpoint
 from dynamoctl.worker.kv_state import KvCacheState
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "worker"
-GENERATE = "generate"
+COMPONENT = Component.WORKER
+GENERATE = Endpoint.GENERATE
 """Request-plane endpoint name: body a GenerateRequest, chunks GenerateChunks."""
 KV_TOPIC = b"kv-events"
 LOAD_TOPIC = b"load"

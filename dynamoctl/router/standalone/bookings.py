@@ -37,7 +37,7 @@ from dynamoctl.router.load import Booking
 from dynamoctl.router.router import KvRouter
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
-from dynamoctl.wire.records import BookingsRecord, decode_json, encode_json
+from dynamoctl.wire.records import BookingsRecord, Component, decode_json, encode_json
 from dynamoctl.wire.router import (
     Booked,
     BookingMessage,
@@ -49,7 +49,7 @@ from dynamoctl.wire.router import (
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "router"
+COMPONENT = Component.ROUTER
 TOPIC = b"bookings"
 
 RouterLookup = Callable[[str, BookingPool], "KvRouter | None"]

@@ -22,10 +22,11 @@ from dynamoctl.router.standalone.http import build_app
 from dynamoctl.router.standalone.server import ROUTE, RouteServer
 from dynamoctl.settings import RouterOptions
 from dynamoctl.util.http import BoundServer
+from dynamoctl.wire.records import Component
 
 log = logging.getLogger(__name__)
 
-COMPONENT = "router"
+COMPONENT = Component.ROUTER
 
 
 async def run_router(opts: RouterOptions) -> None:

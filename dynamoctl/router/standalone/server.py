@@ -29,6 +29,7 @@ from dynamoctl.router.standalone.bookings import BookingSync
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
 from dynamoctl.wire.engine import ModelCard
+from dynamoctl.wire.records import Endpoint
 from dynamoctl.wire.router import (
     BookingPool,
     RefusalReason,
@@ -41,7 +42,7 @@ from dynamoctl.wire.router import (
 
 log = logging.getLogger(__name__)
 
-ROUTE = "route"
+ROUTE = Endpoint.ROUTE
 
 
 class RouteServer(AsyncService):
