@@ -7,13 +7,8 @@ streams finish for ``drain_grace`` seconds, then closes.
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import os
-import signal
-import socket
 
-from dynamoctl import wire
 from dynamoctl.discovery import keys
 from dynamoctl.frontend.app import build_app
 from dynamoctl.frontend.disagg import Prefiller
@@ -23,73 +18,48 @@ from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import create_routing
 from dynamoctl.planes.request import RequestClient
 from dynamoctl.settings import FrontendOptions
-from dynamoctl.util.http import BoundServer
+from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component, Endpoint
 
 log = logging.getLogger(__name__)
 
 
 async def run_frontend(opts: FrontendOptions) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    discovery = opts.open_discovery()
+    runtime = ComponentRuntime(Component.FRONTEND, opts)
     metrics = FrontendMetrics()
     client = RequestClient()
-    settings = opts.router
-    routing = create_routing(opts.routing, discovery, opts.namespace, settings, opts.route_timeout)
-    routing.register_metrics(metrics.registry)
-    registry = ModelRegistry(discovery, opts.namespace, routing.make_picker)
-    http = BoundServer(
-        build_app(
-            registry,
-            Generator(
-                client,
-                metrics,
-                admission=Admission(opts.admission),
-                prefiller=Prefiller(client, metrics, opts.disagg),
-            ),
-            metrics,
-        ),
-        opts.host,
-        opts.port,
-        timeout_graceful_shutdown=opts.drain_grace,
+    routing = create_routing(
+        opts.routing, runtime.discovery, opts.namespace, opts.router, opts.route_timeout
     )
-    instance_id = f"{socket.gethostname()}-{os.getpid()}"
-    key = keys.instance_key(opts.namespace, Component.FRONTEND, Endpoint.HTTP, instance_id)
-    serving = asyncio.create_task(http.run_bound(), name="frontend-http")
-    try:
-        await discovery.start()
+    routing.register_metrics(metrics.registry)
+    registry = ModelRegistry(runtime.discovery, opts.namespace, routing.make_picker)
+    generator = Generator(
+        client,
+        metrics,
+        admission=Admission(opts.admission),
+        prefiller=Prefiller(client, metrics, opts.disagg),
+    )
+    http = runtime.serve_http(
+        build_app(registry, generator, metrics),
+        opts.port,
+        timeout_graceful_shutdown=opts.drain_grace,  # open streams finish on the way out
+    )
+    for closer in (client.close, routing.close, registry.close):
+        runtime.on_close(closer)  # closed after HTTP, in reverse: registry first
+    async with runtime:
         await routing.start()
         await registry.start()
-        record = wire.InstanceRecord(
-            instance_id=instance_id,
-            component="frontend",
-            endpoint="http",
-            address=f"http://{opts.host}:{http.port}",
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            metrics_url=f"http://{opts.host}:{http.port}/metrics",
-            label=opts.label,
+        base = f"http://{opts.host}:{http.port}"
+        key = keys.instance_key(
+            opts.namespace, Component.FRONTEND, Endpoint.HTTP, runtime.instance_id
         )
-        await discovery.register(key, wire.encode_json(record))
+        await runtime.register(key, runtime.record(Endpoint.HTTP, base))
         log.info(
-            "OpenAI API on http://%s:%d/v1 (namespace %s, router %s)",
-            opts.host,
-            http.port,
+            "OpenAI API on %s/v1 (namespace %s, router %s)",
+            base,
             opts.namespace,
-            settings.mode if opts.routing == "embedded" else opts.routing,
+            opts.router.mode if opts.routing == "embedded" else opts.routing,
         )
-        await stop.wait()
+        await runtime.stop.wait()
         log.info("stopping: leaving discovery, finishing open streams")
-        await discovery.unregister(key)
-    finally:
-        http.should_exit = True
-        await serving
-        await registry.close()
-        await routing.close()
-        await client.close()
-        await discovery.close()
-        log.info("frontend stopped")
+        await runtime.leave()

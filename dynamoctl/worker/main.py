@@ -10,15 +10,12 @@ its supervisor to restart it).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
-import socket
 
 from dynamoctl.engines.registry import create_engine
 from dynamoctl.settings import WorkerOptions
-from dynamoctl.util.http import BoundServer
+from dynamoctl.util.runtime import ComponentRuntime
+from dynamoctl.wire.records import Component
 from dynamoctl.worker.http import build_app
 from dynamoctl.worker.instance import WorkerInstance
 
@@ -26,58 +23,49 @@ log = logging.getLogger(__name__)
 
 
 async def run_worker(opts: WorkerOptions) -> None:
-    stop = asyncio.Event()
-    signals = 0
+    runtime = ComponentRuntime(Component.WORKER, opts)
+    draining: list[asyncio.Task[int]] = []
+    instances: list[WorkerInstance] = []
+    started: list[WorkerInstance] = []
 
-    def on_signal() -> None:
-        nonlocal signals
-        signals += 1
-        stop.set()
+    def on_signal(count: int) -> None:
         for inst in instances:  # before any engine process the signal reached can die
             inst.stopping = True
-        if signals > 1:
+        if count > 1:
             log.warning("second signal: skipping the rest of the drain")
             for task in draining:
                 task.cancel()
 
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, on_signal)
-
-    draining: list[asyncio.Task[int]] = []
-    instances: list[WorkerInstance] = []
+    runtime.on_signal = on_signal
     ready = [False]
-    http = BoundServer(build_app(instances, ready), opts.host, opts.http_port)
-    discovery = opts.open_discovery()
+    runtime.serve_http(build_app(instances, ready), opts.http_port)
     instances += [
         WorkerInstance(
             create_engine(opts.engine, opts.engine_options),
-            discovery,
+            runtime.discovery,
             namespace=opts.namespace,
             role=opts.role,
             host=opts.host,
-            instance_id=f"{socket.gethostname()}-{os.getpid()}-{i}",
-            metrics_url=f"http://{opts.host}:{http.port}/metrics",
+            instance_id=f"{runtime.instance_id}-{i}",
+            metrics_url=runtime.metrics_url,
             label=opts.label,
         )
         for i in range(opts.num_workers)
     ]
-    http_task = asyncio.create_task(http.run_bound(), name="worker-http")
-    started: list[WorkerInstance] = []
-    try:
-        await discovery.start()
+
+    async def close_instances() -> None:
+        for inst in started:
+            await inst.close()
+
+    runtime.on_close(close_instances)
+    async with runtime:
         for inst in instances:
             await inst.start()
             started.append(inst)
         ready[0] = True
-        log.info(
-            "%d instance(s) ready; metrics on http://%s:%d/metrics",
-            len(instances),
-            opts.host,
-            http.port,
-        )
+        log.info("%d instance(s) ready; metrics on %s", len(instances), runtime.metrics_url)
         watches = [asyncio.create_task(inst.watch_engine()) for inst in started]
-        stopping = asyncio.create_task(stop.wait())
+        stopping = asyncio.create_task(runtime.stop.wait())
         await asyncio.wait([stopping, *watches], return_when=asyncio.FIRST_COMPLETED)
         for task in [stopping, *watches]:
             task.cancel()
@@ -87,11 +75,3 @@ async def run_worker(opts: WorkerOptions) -> None:
         await asyncio.gather(*draining, return_exceptions=True)
         if dead := [inst.death for inst in started if inst.death is not None]:
             raise dead[0]  # the CLI prints it as one line and exits 1
-    finally:
-        for inst in started:
-            await inst.close()
-        http.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await http_task
-        await discovery.close()  # revokes the lease: anything left vanishes now
-        log.info("worker stopped")

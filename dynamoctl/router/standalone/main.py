@@ -10,18 +10,13 @@ then everything closes and the lease is revoked (the other replicas drop our boo
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import os
-import signal
-import socket
 
-from dynamoctl import wire
 from dynamoctl.discovery import keys
 from dynamoctl.router.standalone.http import build_app
 from dynamoctl.router.standalone.server import ROUTE, RouteServer
 from dynamoctl.settings import RouterOptions
-from dynamoctl.util.http import BoundServer
+from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component
 
 log = logging.getLogger(__name__)
@@ -30,62 +25,36 @@ COMPONENT = Component.ROUTER
 
 
 async def run_router(opts: RouterOptions) -> None:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-
-    settings = opts.router
-    discovery = opts.open_discovery()
-    instance_id = f"{socket.gethostname()}-{os.getpid()}"
+    runtime = ComponentRuntime(COMPONENT, opts)
     server = RouteServer(
-        discovery,
+        runtime.discovery,
         opts.namespace,
-        instance_id,
-        settings,
+        runtime.instance_id,
+        opts.router,
         host=opts.host,
         booking_ttl=opts.booking_ttl,
     )
     ready = [False]
-    http = BoundServer(build_app(server, ready), opts.host, opts.http_port)
-    http_task = asyncio.create_task(http.run_bound(), name="router-http")
-    key = keys.instance_key(opts.namespace, COMPONENT, ROUTE, instance_id)
-    try:
-        await discovery.start()
+    http = runtime.serve_http(build_app(server, ready), opts.http_port)
+    runtime.on_close(server.close)
+    async with runtime:
         await server.start()
         await server.bookings.register()
         if not await server.warm_up(opts.warm_up):
             log.warning("serving before every model had a worker and every peer its state")
-        record = wire.InstanceRecord(
-            instance_id=instance_id,
-            component=COMPONENT,
-            endpoint=ROUTE,
-            address=server.server.address,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            metrics_url=f"http://{opts.host}:{http.port}/metrics",
-            label=opts.label,
-        )
-        await discovery.register(key, wire.encode_json(record))
+        key = keys.instance_key(opts.namespace, COMPONENT, ROUTE, runtime.instance_id)
+        await runtime.register(key, runtime.record(ROUTE, server.server.address))
         ready[0] = True
         log.info(
             "routing (%s) on %s, metrics on http://%s:%d/metrics, namespace %s",
-            settings.mode,
+            opts.router.mode,
             server.server.address,
             opts.host,
             http.port,
             opts.namespace,
         )
-        await stop.wait()
+        await runtime.stop.wait()
         log.info("stopping: leaving discovery")
-        with contextlib.suppress(Exception):  # discovery down: the lease expiry does it
-            await discovery.unregister(key)
+        await runtime.leave()
         # Frontends see the record go within milliseconds; calls in flight take less.
         await asyncio.sleep(opts.drain_grace)
-    finally:
-        await server.close()
-        http.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await http_task
-        await discovery.close()
-        log.info("router stopped")

@@ -1,0 +1,132 @@
+"""One life for every long-running component (worker, frontend, router), so that their
+start-up and shutdown cannot drift apart:
+
+1. SIGTERM/SIGINT set :attr:`ComponentRuntime.stop` and call ``on_signal`` with how many
+   came (the worker marks its instances stopping at once, and skips the rest of its drain
+   on a second one);
+2. the HTTP server (``/metrics``, ``/health``, or the OpenAI API) listens first, so the
+   port is known for the records; discovery starts;
+3. the component starts its own parts, then :meth:`~ComponentRuntime.register` s its
+   records, the last one meaning "ready";
+4. on stop, :meth:`~ComponentRuntime.leave` deletes the records (an unreachable discovery
+   is logged, not raised: the lease's expiry removes them), the component drains;
+5. :meth:`~ComponentRuntime.close` stops the HTTP server (letting open streams finish
+   within its graceful-shutdown time), runs the component's closers in reverse order of
+   registration, and closes discovery last, which revokes the lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from types import TracebackType
+from typing import Any
+
+from dynamoctl.discovery import Discovery
+from dynamoctl.settings import ComponentSettings
+from dynamoctl.util.http import BoundServer
+from dynamoctl.wire.records import Component, InstanceRecord, encode_json
+
+log = logging.getLogger(__name__)
+
+
+class ComponentRuntime:
+    """The process-level parts of a component; use as ``async with``."""
+
+    def __init__(self, component: Component, options: ComponentSettings) -> None:
+        self.component = component
+        self.options = options
+        self.discovery: Discovery = options.open_discovery()
+        self.stop = asyncio.Event()
+        self.signals = 0
+        self.on_signal: Callable[[int], None] = lambda count: None
+        self.instance_id = f"{socket.gethostname()}-{os.getpid()}"
+        self.http: BoundServer | None = None
+        self._http_task: asyncio.Task[None] | None = None
+        self._keys: list[str] = []
+        self._closers: list[Callable[[], Awaitable[Any]]] = []
+
+    def serve_http(self, app: Any, port: int, **config: Any) -> BoundServer:
+        """Listen on ``options.host``:``port`` (0: any) now; serve once started."""
+        self.http = BoundServer(app, self.options.host, port, **config)
+        return self.http
+
+    @property
+    def metrics_url(self) -> str | None:
+        if self.http is None:
+            return None
+        return f"http://{self.options.host}:{self.http.port}/metrics"
+
+    def on_close(self, closer: Callable[[], Awaitable[Any]]) -> None:
+        """Run ``closer`` on the way out (closers run in reverse order, after HTTP stops)."""
+        self._closers.append(closer)
+
+    def record(self, endpoint: str, address: str, **fields: Any) -> InstanceRecord:
+        """This process's instance record, with what every component puts in it."""
+        return InstanceRecord(
+            instance_id=fields.pop("instance_id", self.instance_id),
+            component=self.component,
+            endpoint=endpoint,
+            address=address,
+            host=socket.gethostname(),
+            pid=os.getpid(),
+            metrics_url=fields.pop("metrics_url", self.metrics_url),
+            label=self.options.label,
+            **fields,
+        )
+
+    async def register(self, key: str, record: InstanceRecord) -> None:
+        await self.discovery.register(key, encode_json(record))
+        self._keys.append(key)
+
+    async def leave(self) -> None:
+        """Delete this process's records: routers and frontends stop sending to it."""
+        for key in self._keys:
+            try:
+                await self.discovery.unregister(key)
+            except Exception as exc:  # discovery down: the lease's expiry removes it
+                log.warning("could not leave discovery (%s): its lease will expire", exc)
+        self._keys.clear()
+
+    def _on_signal(self) -> None:
+        self.signals += 1
+        self.stop.set()
+        self.on_signal(self.signals)
+
+    async def __aenter__(self) -> ComponentRuntime:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._on_signal)
+        if self.http is not None:
+            self._http_task = asyncio.create_task(
+                self.http.run_bound(), name=f"{self.component}-http"
+            )
+        await self.discovery.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        if self.http is not None:
+            self.http.should_exit = True
+        if self._http_task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._http_task
+        for closer in reversed(self._closers):
+            await closer()
+        await self.discovery.close()  # revokes the lease: anything left vanishes now
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
+        log.info("%s stopped", self.component)
