@@ -26,11 +26,11 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol, runtime_checkable
+from typing import Any, NamedTuple
 
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
-from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
+from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice, WorkerPicker
 from dynamoctl.planes.request import RequestClient, RequestPlaneError
 from dynamoctl.settings.frontend import DisaggSettings
 from dynamoctl.wire import engine as wire_engine
@@ -38,48 +38,6 @@ from dynamoctl.wire.engine import GenerateRequest
 from dynamoctl.wire.records import Endpoint
 
 log = logging.getLogger(__name__)
-
-
-class PoolSurvey(NamedTuple):
-    """What the decision needs to know about a request's pools."""
-
-    prefill_workers: int
-    """Prefill workers alive now."""
-    decode_cached_tokens: int
-    """Most leading prompt tokens cached on one decode (or agg) worker."""
-
-
-@runtime_checkable
-class PrefillPool(Protocol):
-    """What a model's picker offers for disaggregation (embedded and standalone)."""
-
-    def disaggregated(self) -> bool:
-        """Whether the model has prefill or decode workers (else it is aggregated); a
-        picker that does not know yet answers True, and :meth:`survey` finds out."""
-        ...
-
-    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
-        """The pools as they stand for this prompt. The standalone picker asks its
-        router with the request's ordinary pick and keeps that pick for ``pick``, so a
-        request prefilled locally costs one round trip, as an aggregated one does."""
-        ...
-
-    async def pick_prefill(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
-    ) -> WorkerChoice:
-        """A prefill worker, KV-aware; raises ``NoWorkerAvailable`` (``busy``: all
-        saturated)."""
-        ...
-
-    def prefill_finished(self, request_id: str) -> None:
-        """Release what :meth:`pick_prefill` booked."""
-        ...
-
-    async def pick_decode(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
-    ) -> WorkerChoice:
-        """A decode worker for a remotely prefilled prompt: no overlap credit."""
-        ...
 
 
 class Handoff(NamedTuple):
@@ -103,7 +61,7 @@ class Prefiller:
     metrics: FrontendMetrics
     settings: DisaggSettings
 
-    def applies(self, pool: PrefillPool) -> bool:
+    def applies(self, pool: WorkerPicker) -> bool:
         """Whether :meth:`prefill` has anything to decide for this pool: not with mode
         ``off``, nor in ``auto`` for a model that has only aggregated workers (the common
         case, kept off the per-request path)."""
@@ -111,7 +69,7 @@ class Prefiller:
         return mode == "required" or (mode == "auto" and pool.disaggregated())
 
     async def prefill(
-        self, request: GenerateRequest, model: str, pool: PrefillPool
+        self, request: GenerateRequest, model: str, pool: WorkerPicker
     ) -> Handoff | None:
         """The hand-off of a remote prefill of ``request``, or None: prefill it on the
         decode worker. Raises :class:`OpenAIError` (503) when ``required`` cannot be met."""

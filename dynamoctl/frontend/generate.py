@@ -22,12 +22,11 @@ import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TypeGuard
 
-from dynamoctl.frontend.disagg import Handoff, Prefiller, PrefillPool
+from dynamoctl.frontend.disagg import Handoff, Prefiller
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
-from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
+from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice, WorkerPicker
 from dynamoctl.planes.request import (
     ClientClosedError,
     Overloaded,
@@ -39,7 +38,7 @@ from dynamoctl.planes.request import (
 from dynamoctl.settings.frontend import AdmissionSettings
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 from dynamoctl.wire import engine as wire_engine
-from dynamoctl.wire.engine import GenerateRequest
+from dynamoctl.wire.engine import GenerateChunk, GenerateRequest
 from dynamoctl.wire.records import Endpoint
 
 log = logging.getLogger(__name__)
@@ -83,27 +82,6 @@ class Admission:
                         raise
         finally:
             self.waiting -= 1
-
-
-class WorkerPicker(Protocol):
-    """What the frontend needs from a router (embedded or standalone).
-
-    ``pick`` is a coroutine because a standalone router is asked over the network; the
-    two notifications are not: they must never hold up the token stream (a standalone
-    router gets them batched, in the background).
-    """
-
-    async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
-        """Choose a worker; raises :class:`NoWorkerAvailable`."""
-        ...
-
-    def first_token(self, request_id: str) -> None:
-        """The request's prefill is done: release its booked prefill load."""
-        ...
-
-    def finished(self, request_id: str) -> None:
-        """The request ended (any way): release everything booked for it."""
-        ...
 
 
 @dataclass
@@ -153,137 +131,179 @@ class Generator:
     async def run(
         self, job: Job, tokenizer: Tokenizer, picker: WorkerPicker, outcome: Outcome
     ) -> AsyncIterator[str]:
-        """Yield text deltas; ``outcome`` holds the finish reason and counts at the end."""
-        started = time.monotonic()
-        last_token_at: float | None = None
-        generated: list[int] = []
-        detok = IncrementalDetokenizer(tokenizer)
-        stops = StopStringMatcher(job.stop)
+        """Yield text deltas; ``outcome`` holds the finish reason and counts at the end.
+
+        The loop: prefill remotely (or decide not to), then pick a worker, stream from it,
+        and on a broken stream pick another and resume with the tokens so far."""
+        tokens = _TokenStream(job, tokenizer, picker, self.metrics, outcome)
         exclude: set[str] = set()
-        stop_ids = [] if job.ignore_eos else sorted(tokenizer.eos_token_ids)
         attempt = 0
-        metrics_model = self.metrics.ttft.labels(job.model)
-        itl = self.metrics.itl.labels(job.model)
-        pool = picker if _is_prefill_pool(picker) else None
-        handoff: Handoff | None = None
         try:
-            if pool is not None and self.prefiller is not None and self.prefiller.applies(pool):
-                prompt = GenerateRequest(
-                    job.request_id, job.prompt_ids, job.max_tokens, stop_ids,
-                    job.ignore_eos, job.seed, job.temperature,
-                )  # fmt: skip
-                handoff = await self.prefiller.prefill(prompt, job.model, pool)
-                if handoff is not None:
-                    outcome.cached_tokens = handoff.cached_tokens
+            handoff = await self._prefill(job, tokens.stop_ids, picker, outcome)
             while outcome.finish_reason is None:
                 remote = handoff is not None
-                pick = pool.pick_decode if pool is not None and remote else picker.pick
-                try:
-                    choice = await self.admission.pick(
-                        pick, job.prompt_ids + generated, job.request_id, exclude
-                    )
-                except NoWorkerAvailable as exc:
-                    if generated:
-                        raise OpenAIError(
-                            503, f"stream lost its worker and none can resume it: {exc}",
-                            type="service_unavailable",
-                        ) from exc  # fmt: skip
-                    self.metrics.rejections.labels(job.model).inc()
-                    raise overloaded(str(exc)) from exc
-                request = GenerateRequest(
-                    request_id=f"{job.request_id}-{attempt}",
-                    token_ids=job.prompt_ids + generated,
-                    max_tokens=job.max_tokens - len(generated),
-                    stop_token_ids=stop_ids,
-                    ignore_eos=job.ignore_eos,
-                    seed=job.seed,
-                    temperature=job.temperature,
-                    kv_transfer_params=handoff.params if handoff is not None else None,
-                )
+                choice = await self._pick(job, picker, remote, tokens.generated, exclude)
+                request = tokens.request(attempt, handoff)
                 # One decode request takes the hand-off; a re-issue after it started
                 # prefills locally (the KV may be gone), a refusal keeps it.
                 offered, handoff = handoff, None
                 attempt += 1
-                body = wire_engine.encode(request)
                 try:
-                    stream = self.client.stream(
-                        choice.address, Endpoint.GENERATE, body, probe=outcome.probe
-                    )
-                    async with contextlib.aclosing(stream):
-                        async for raw in stream:
-                            chunk = wire_engine.decode_chunk(raw)
-                            if chunk.cached_tokens is not None and not (remote or generated):
-                                # The attempt that computes the prompt: not a re-issue with
-                                # tokens already generated, nor a remote prefill's decode.
-                                outcome.cached_tokens = chunk.cached_tokens
-                            if chunk.finish_reason == "abort":
-                                yield ""  # writers flush what they hold before the re-pick
-                                raise _Migrate("worker aborted the stream")
-                            now = time.monotonic()
-                            if chunk.token_ids:
-                                if last_token_at is None:
-                                    metrics_model.observe(now - started)
-                                    picker.first_token(job.request_id)
-                                else:
-                                    itl.observe((now - last_token_at) / len(chunk.token_ids))
-                                last_token_at = now
-                                generated += chunk.token_ids
-                            text, stopped = stops.push(detok.push(chunk.token_ids))
-                            if stopped:
-                                outcome.finish_reason = "stop"
-                            elif chunk.finish_reason is not None:
-                                text += stops.flush(detok.flush())
-                                # A stop string can complete in the held-back tail.
-                                stopped = stops.stopped
-                                outcome.finish_reason = "stop" if stopped else chunk.finish_reason
-                            if text or not outcome.probe.buffered():
-                                yield text  # "" too when about to wait: writers may flush
-                            if outcome.finish_reason is not None:
-                                break  # aclosing cancels the worker's stream on a stop string
+                    async for text in self._attempt(choice, request, tokens, remote):
+                        yield text
                 except Overloaded:
                     exclude.add(choice.worker_id)  # refused before starting: nothing lost
                     handoff = offered
                 except (PeerDeadError, ClientClosedError, _Migrate) as exc:
                     exclude.add(choice.worker_id)
-                    if outcome.migrations >= self.max_migrations:
-                        raise OpenAIError(
-                            503, f"request failed after {outcome.migrations} migrations: {exc}",
-                            type="service_unavailable",
-                        ) from exc  # fmt: skip
-                    outcome.migrations += 1
-                    self.metrics.migrations.labels(job.model).inc()
-                    log.warning(
-                        "request %s: worker %s failed (%s); migrating with %d tokens",
-                        job.request_id,
-                        choice.name,
-                        exc,
-                        len(generated),
-                    )
+                    self._migrating(job, choice, exc, outcome, len(tokens.generated))
                 except RemoteError as exc:
-                    if not (remote and not generated):
-                        raise OpenAIError(
-                            500, f"worker error: {exc}", type="internal_error"
-                        ) from exc
-                    # The decode worker could not take the prefill's KV (pull failed):
-                    # the same worker, or another, prefills it locally.
-                    self.metrics.prefill_fallbacks.labels(job.model, "handoff_failed").inc()
-                    log.warning("request %s: KV hand-off failed (%s); prefilling locally",
-                                job.request_id, exc)  # fmt: skip
+                    self._handoff_failed(job, exc, remote and not tokens.generated)
         finally:
             picker.finished(job.request_id)
-            outcome.completion_tokens = len(generated)
+            outcome.completion_tokens = len(tokens.generated)
             if outcome.finish_reason is not None:
-                self.metrics.duration.labels(job.model).observe(time.monotonic() - started)
+                self.metrics.duration.labels(job.model).observe(tokens.elapsed())
+
+    async def _prefill(
+        self, job: Job, stop_ids: list[int], picker: WorkerPicker, outcome: Outcome
+    ) -> Handoff | None:
+        """The remote prefill's hand-off, or None: prefill on the decode worker."""
+        if self.prefiller is None or not self.prefiller.applies(picker):
+            return None
+        prompt = GenerateRequest(
+            job.request_id, job.prompt_ids, job.max_tokens, stop_ids,
+            job.ignore_eos, job.seed, job.temperature,
+        )  # fmt: skip
+        handoff = await self.prefiller.prefill(prompt, job.model, picker)
+        if handoff is not None:
+            outcome.cached_tokens = handoff.cached_tokens
+        return handoff
+
+    async def _pick(
+        self, job: Job, picker: WorkerPicker, remote: bool, generated: list[int], exclude: set[str]
+    ) -> WorkerChoice:
+        """A worker for the next attempt, through the admission queue; none is a 503."""
+        pick = picker.pick_decode if remote else picker.pick
+        try:
+            return await self.admission.pick(
+                pick, job.prompt_ids + generated, job.request_id, exclude
+            )
+        except NoWorkerAvailable as exc:
+            if generated:
+                raise OpenAIError(
+                    503, f"stream lost its worker and none can resume it: {exc}",
+                    type="service_unavailable",
+                ) from exc  # fmt: skip
+            self.metrics.rejections.labels(job.model).inc()
+            raise overloaded(str(exc)) from exc
+
+    async def _attempt(
+        self, choice: WorkerChoice, request: GenerateRequest, tokens: _TokenStream, remote: bool
+    ) -> AsyncIterator[str]:
+        """Stream one request from one worker; an aborted stream raises :class:`_Migrate`."""
+        outcome = tokens.outcome
+        body = wire_engine.encode(request)
+        stream = self.client.stream(choice.address, Endpoint.GENERATE, body, probe=outcome.probe)
+        async with contextlib.aclosing(stream):
+            async for raw in stream:
+                chunk = wire_engine.decode_chunk(raw)
+                if chunk.cached_tokens is not None and not (remote or tokens.generated):
+                    # The attempt that computes the prompt: not a re-issue with tokens
+                    # already generated, nor a remote prefill's decode.
+                    outcome.cached_tokens = chunk.cached_tokens
+                if chunk.finish_reason == "abort":
+                    yield ""  # writers flush what they hold before the re-pick
+                    raise _Migrate("worker aborted the stream")
+                text = tokens.push(chunk)
+                if text or not outcome.probe.buffered():
+                    yield text  # "" too when about to wait: writers may flush
+                if outcome.finish_reason is not None:
+                    break  # aclosing cancels the worker's stream on a stop string
+
+    def _migrating(
+        self, job: Job, choice: WorkerChoice, exc: Exception, outcome: Outcome, tokens: int
+    ) -> None:
+        """Count a migration, or fail the request past :attr:`max_migrations`."""
+        if outcome.migrations >= self.max_migrations:
+            raise OpenAIError(
+                503, f"request failed after {outcome.migrations} migrations: {exc}",
+                type="service_unavailable",
+            ) from exc  # fmt: skip
+        outcome.migrations += 1
+        self.metrics.migrations.labels(job.model).inc()
+        log.warning(
+            "request %s: worker %s failed (%s); migrating with %d tokens",
+            job.request_id, choice.name, exc, tokens,
+        )  # fmt: skip
+
+    def _handoff_failed(self, job: Job, exc: RemoteError, before_first_token: bool) -> None:
+        """A worker's error: the decode worker could not take the prefill's KV (the pull
+        failed) before its first token, so it (or another) prefills locally; any other
+        is the request's 500."""
+        if not before_first_token:
+            raise OpenAIError(500, f"worker error: {exc}", type="internal_error") from exc
+        self.metrics.prefill_fallbacks.labels(job.model, "handoff_failed").inc()
+        log.warning("request %s: KV hand-off failed (%s); prefilling locally",
+                    job.request_id, exc)  # fmt: skip
 
 
-_POOL_TYPES: dict[type, bool] = {}
+class _TokenStream:
+    """A request's tokens as they arrive from one worker after another: what was
+    generated, its text (detokenised, stop strings applied), TTFT and inter-token
+    latency."""
 
+    def __init__(
+        self,
+        job: Job,
+        tokenizer: Tokenizer,
+        picker: WorkerPicker,
+        metrics: FrontendMetrics,
+        outcome: Outcome,
+    ) -> None:
+        self.job, self.picker, self.outcome = job, picker, outcome
+        self.started = time.monotonic()
+        self.last_token_at: float | None = None
+        self.generated: list[int] = []
+        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = StopStringMatcher(job.stop)
+        self.stop_ids = [] if job.ignore_eos else sorted(tokenizer.eos_token_ids)
+        self.ttft = metrics.ttft.labels(job.model)
+        self.itl = metrics.itl.labels(job.model)
 
-def _is_prefill_pool(picker: WorkerPicker) -> TypeGuard[PrefillPool]:
-    """``isinstance(picker, PrefillPool)``, answered once per picker class: a runtime
-    protocol check walks every member and would cost more than the routing decision."""
-    kind = type(picker)
-    known = _POOL_TYPES.get(kind)
-    if known is None:
-        known = _POOL_TYPES[kind] = isinstance(picker, PrefillPool)
-    return known
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def request(self, attempt: int, handoff: Handoff | None) -> GenerateRequest:
+        """The next attempt: the prompt plus what was generated, for what is left."""
+        job = self.job
+        return GenerateRequest(
+            request_id=f"{job.request_id}-{attempt}",
+            token_ids=job.prompt_ids + self.generated,
+            max_tokens=job.max_tokens - len(self.generated),
+            stop_token_ids=self.stop_ids,
+            ignore_eos=job.ignore_eos,
+            seed=job.seed,
+            temperature=job.temperature,
+            kv_transfer_params=handoff.params if handoff is not None else None,
+        )
+
+    def push(self, chunk: GenerateChunk) -> str:
+        """The text ``chunk`` adds; sets the outcome's finish reason when it ends."""
+        now = time.monotonic()
+        if chunk.token_ids:
+            if self.last_token_at is None:
+                self.ttft.observe(now - self.started)
+                self.picker.first_token(self.job.request_id)
+            else:
+                self.itl.observe((now - self.last_token_at) / len(chunk.token_ids))
+            self.last_token_at = now
+            self.generated += chunk.token_ids
+        text, stopped = self.stops.push(self.detok.push(chunk.token_ids))
+        if stopped:
+            self.outcome.finish_reason = "stop"
+        elif chunk.finish_reason is not None:
+            text += self.stops.flush(self.detok.flush())
+            # A stop string can complete in the held-back tail.
+            self.outcome.finish_reason = "stop" if self.stops.stopped else chunk.finish_reason
+        return text

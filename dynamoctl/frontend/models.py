@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dynamoctl.discovery import Discovery
-from dynamoctl.frontend.generate import WorkerPicker
+from dynamoctl.frontend.picking import WorkerPicker
 from dynamoctl.router.models import ModelFollower
 from dynamoctl.tokenizer import Tokenizer, load_tokenizer
 from dynamoctl.util.aio import AsyncService

@@ -1,9 +1,9 @@
-"""What a router answers the frontend: a worker, or why there is none (shared by the
-request pipeline, the routings and disaggregation)."""
+"""What the frontend asks a router and what it answers: one picker protocol, shared by
+the request pipeline, disaggregation and both routings (embedded and standalone)."""
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import NamedTuple, Protocol
 
 
 class WorkerChoice(NamedTuple):
@@ -25,3 +25,62 @@ class NoWorkerAvailable(Exception):
         super().__init__(message)
         self.busy = busy
         """Workers exist but all are over their busy thresholds: waiting may help."""
+
+
+class PoolSurvey(NamedTuple):
+    """What the disaggregation decision needs to know about a request's pools."""
+
+    prefill_workers: int
+    """Prefill workers alive now."""
+    decode_cached_tokens: int
+    """Most leading prompt tokens cached on one decode (or agg) worker."""
+
+
+class WorkerPicker(Protocol):
+    """A model's router, as the frontend uses it (embedded or standalone).
+
+    The picks are coroutines because a standalone router is asked over the network; the
+    notifications are not: they must never hold up the token stream (a standalone router
+    gets them batched, in the background).
+    """
+
+    async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
+        """Choose a worker (agg or decode) for the whole request; raises
+        :class:`NoWorkerAvailable`."""
+        ...
+
+    def first_token(self, request_id: str) -> None:
+        """The request's prefill is done: release its booked prefill load."""
+        ...
+
+    def finished(self, request_id: str) -> None:
+        """The request ended (any way): release everything booked for it."""
+        ...
+
+    def disaggregated(self) -> bool:
+        """Whether the model has prefill or decode workers (else it is aggregated); a
+        picker that does not know yet answers True, and :meth:`survey` finds out."""
+        ...
+
+    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
+        """The pools as they stand for this prompt. The standalone picker asks its
+        router with the request's ordinary pick and keeps that pick for ``pick``, so a
+        request prefilled locally costs one round trip, as an aggregated one does."""
+        ...
+
+    async def pick_prefill(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        """A prefill worker, KV-aware; raises :class:`NoWorkerAvailable` (``busy``: all
+        saturated)."""
+        ...
+
+    def prefill_finished(self, request_id: str) -> None:
+        """Release what :meth:`pick_prefill` booked."""
+        ...
+
+    async def pick_decode(
+        self, token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        """A decode worker for a remotely prefilled prompt: no overlap credit."""
+        ...

@@ -32,8 +32,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dynamoctl.discovery import Discovery, EventKind, keys
-from dynamoctl.frontend.disagg import PoolSurvey
 from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
+from dynamoctl.frontend.picking import PoolSurvey
 from dynamoctl.planes.request import RemoteError, RequestClient, RequestPlaneError
 from dynamoctl.router.pools import booking_pool
 from dynamoctl.util.aio import AsyncService
@@ -215,9 +215,9 @@ class RouterReplicas(AsyncService):
 
 
 class RemotePicker:
-    """Picks workers for one model by asking the router replicas; a
-    :class:`~dynamoctl.frontend.disagg.PrefillPool` too (the replicas keep a model's
-    prefill workers apart and name the pool's facts in every reply)."""
+    """A :class:`~dynamoctl.frontend.picking.WorkerPicker` for one model that asks the
+    router replicas (they keep a model's prefill workers apart and name the pool's facts
+    in every reply)."""
 
     def __init__(self, model: str, replicas: RouterReplicas) -> None:
         self.model = model
@@ -249,7 +249,7 @@ class RemotePicker:
     async def close(self) -> None:
         """Nothing of its own: the replicas are shared by every model."""
 
-    # -- PrefillPool (disaggregation) -------------------------------------------------
+    # -- disaggregation -------------------------------------------------
 
     def disaggregated(self) -> bool:
         return True if self._disaggregated is None else self._disaggregated

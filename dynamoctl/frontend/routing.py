@@ -6,7 +6,7 @@
 
 Either way a model gets a :class:`~dynamoctl.frontend.models.ModelPicker`, so the
 request pipeline (admission, migration) is the same, and either picker is a
-:class:`~dynamoctl.frontend.disagg.PrefillPool` (disaggregation): both keep a model's
+:class:`~dynamoctl.frontend.picking.WorkerPicker`, disaggregation included: both keep a model's
 prefill workers apart (:class:`~dynamoctl.router.pools.ModelPools`).
 """
 
@@ -18,9 +18,8 @@ from typing import Protocol
 from prometheus_client import CollectorRegistry
 
 from dynamoctl.discovery import Discovery
-from dynamoctl.frontend.disagg import PoolSurvey
 from dynamoctl.frontend.models import ModelPicker
-from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice
+from dynamoctl.frontend.picking import NoWorkerAvailable, PoolSurvey, WorkerChoice
 from dynamoctl.frontend.remote import StandaloneRouting
 from dynamoctl.router import AllWorkersBusy, KvRouter, RouterError
 from dynamoctl.router.pools import ModelPools
@@ -63,7 +62,7 @@ class EmbeddedPicker:
     async def close(self) -> None:
         await self.pools.close()
 
-    # -- PrefillPool (disaggregation) -------------------------------------------------
+    # -- disaggregation -------------------------------------------------
 
     def disaggregated(self) -> bool:
         return self.pools.disaggregated()
