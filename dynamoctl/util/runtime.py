@@ -24,18 +24,18 @@ import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
-from types import TracebackType
 from typing import Any
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.settings import ComponentSettings
+from dynamoctl.util.aio import AsyncService
 from dynamoctl.util.http import BoundServer
 from dynamoctl.wire.records import Component, InstanceRecord, encode_json
 
 log = logging.getLogger(__name__)
 
 
-class ComponentRuntime:
+class ComponentRuntime(AsyncService):
     """The process-level parts of a component; use as ``async with``."""
 
     def __init__(self, component: Component, options: ComponentSettings) -> None:
@@ -98,7 +98,7 @@ class ComponentRuntime:
         self.stop.set()
         self.on_signal(self.signals)
 
-    async def __aenter__(self) -> ComponentRuntime:
+    async def start(self) -> None:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._on_signal)
@@ -107,15 +107,6 @@ class ComponentRuntime:
                 self.http.run_bound(), name=f"{self.component}-http"
             )
         await self.discovery.start()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.close()
 
     async def close(self) -> None:
         if self.http is not None:
