@@ -15,6 +15,7 @@ from dynamoctl.cli.locate import find_deployment, recipe_of
 from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.models import Recipe, SlurmTarget
 from dynamoctl.supervisor.rundir import RunDir
+from dynamoctl.supervisor.states import Phase
 
 
 def register(app: typer.Typer) -> None:
@@ -126,7 +127,7 @@ def _detach(recipe: Recipe, recipe_path: Path, run_dir: RunDir) -> None:
         time.sleep(0.1)
         state = run_dir.read_state()
         mine = state is not None and state.supervisor_pid == proc.pid
-        if mine and state is not None and state.phase == "serving":
+        if mine and state is not None and state.phase is Phase.SERVING:
             assert state.plan is not None
             typer.echo(f"{recipe.name}: serving {state.plan.model} at {state.plan.endpoint}")
             typer.echo(f"supervisor pid {proc.pid}; log {run_dir.path / 'supervisor.log'}")

@@ -16,6 +16,7 @@ from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import RunDir, RunState, deployments, home
+from dynamoctl.supervisor.states import Phase
 
 
 def find_deployment(name: str | None, running_only: bool = True) -> RunDir:
@@ -48,33 +49,33 @@ def recipe_of(state: RunState) -> Recipe:
         raise typer.Exit(1) from exc
 
 
-def not_running(run_dir: RunDir, state: RunState | None) -> tuple[str, str] | None:
+def not_running(run_dir: RunDir, state: RunState | None) -> tuple[Phase, str] | None:
     """None when the supervisor should answer; else (phase, one line saying why not)."""
     job = run_dir.slurm_job(state)
     if job is not None:
         slurm = _job_state(job)
         if slurm and slurm.queued:
-            return "queued", (
+            return Phase.QUEUED, (
                 f"Slurm job {job} is {slurm.value.lower()} in the queue; its supervisor has "
                 f"not started (squeue --jobs={job})"
             )
         if slurm and slurm.active and slurm is not JobState.COMPLETING:
             if state is None or state.slurm_job != job or not state.control:
-                return "starting", (
+                return Phase.STARTING, (
                     f"Slurm job {job} is {slurm.lower()}, its supervisor has not opened its "
                     "control endpoint yet: try again in a moment"
                 )
-            if state.phase in ("stopped", "failed"):
+            if state.phase in (Phase.STOPPED, Phase.FAILED):
                 error = f": {state.error}" if state.error else ""
                 return state.phase, f"not running (last phase {state.phase}{error})"
             return None
         elif slurm is not None:  # None: squeue failed, so judge by the lock, below
             ended = f"is {slurm.value.lower()}" if slurm else "is no longer known to Slurm"
-            phase = state.phase if state else "unknown"
+            phase = state.phase if state else Phase.UNKNOWN
             return phase, f"not running (Slurm job {job} {ended}; last phase {phase})"
     if state is not None and run_dir.is_locked():
         return None
-    phase = state.phase if state else "unknown"
+    phase = state.phase if state else Phase.UNKNOWN
     error = f": {state.error}" if state and state.error else ""
     return phase, f"not running (last phase {phase}{error})"
 

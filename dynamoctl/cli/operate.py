@@ -11,6 +11,7 @@ import typer
 from dynamoctl.cli.locate import find_deployment, not_running
 from dynamoctl.supervisor.control import ControlClient, ControlError, Unreachable
 from dynamoctl.supervisor.rundir import RunDir
+from dynamoctl.supervisor.states import Phase, State
 
 
 def register(app: typer.Typer) -> None:
@@ -54,7 +55,7 @@ def status(
     state = run_dir.read_state()
     why = not_running(run_dir, state)
     if why is not None or state is None:
-        phase, message = ("unknown", "not running") if why is None else why
+        phase, message = (Phase.UNKNOWN, "not running") if why is None else why
         if json:
             out = {"name": run_dir.name, "phase": phase, "message": message}
             typer.echo(msgspec.json.encode(out).decode())
@@ -92,11 +93,12 @@ def drain(
         deadline = time.monotonic() + timeout
         while wait:
             states = {i.name: i.state for i in client.status().instances if i.name in names}
-            if all(s in ("STOPPED", "FAILED") for s in states.values()):
+            if all(s in (State.STOPPED, State.FAILED) for s in states.values()):
                 typer.echo(f"stopped {', '.join(names)}")
                 break
             if time.monotonic() > deadline:
-                raise _fail(ControlError(f"still draining after {timeout:.0f} s: {states}"))
+                left = {n: str(s) for n, s in states.items()}
+                raise _fail(ControlError(f"still draining after {timeout:.0f} s: {left}"))
             time.sleep(0.2)
     except ControlError as exc:
         raise _fail(exc, run_dir) from exc
@@ -127,8 +129,8 @@ def scale(
             if names:
                 typer.echo(f"{pool}={count}: {verb} {', '.join(names)}")
         if wait:
-            _wait_for_states(client, reply.started, ("READY",), timeout)
-            _wait_for_states(client, reply.drained, ("STOPPED", "FAILED"), timeout)
+            _wait_for_states(client, reply.started, (State.READY,), timeout)
+            _wait_for_states(client, reply.drained, (State.STOPPED, State.FAILED), timeout)
     except ControlError as exc:
         raise _fail(exc, run_dir) from exc
     finally:
@@ -136,7 +138,7 @@ def scale(
 
 
 def _wait_for_states(
-    client: ControlClient, names: list[str], wanted: tuple[str, ...], timeout: float
+    client: ControlClient, names: list[str], wanted: tuple[State, ...], timeout: float
 ) -> None:
     """Poll ``status`` until every one of ``names`` is in a ``wanted`` state; say so."""
     deadline = time.monotonic() + timeout
@@ -146,11 +148,11 @@ def _wait_for_states(
             for row in rows.values():
                 typer.echo(f"{row.name}: {row.state} on {row.host}")
             return
-        if any(row.state == "FAILED" for row in rows.values()) and "FAILED" not in wanted:
-            failed = [f"{r.name} ({r.message})" for r in rows.values() if r.state == "FAILED"]
+        failed = [f"{r.name} ({r.message})" for r in rows.values() if r.state is State.FAILED]
+        if failed and State.FAILED not in wanted:
             raise ControlError(f"failed to start: {', '.join(failed)}")
         if time.monotonic() > deadline:
-            states = {n: r.state for n, r in rows.items()}
+            states = {n: str(r.state) for n, r in rows.items()}
             raise ControlError(f"not there after {timeout:.0f} s: {states}")
         time.sleep(0.3)
 

@@ -17,6 +17,7 @@ import typer
 
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import JOB_FILE, RunDir
+from dynamoctl.supervisor.states import Phase
 from dynamoctl.util import aio
 
 
@@ -31,7 +32,7 @@ def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeou
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         state = run_dir.read_state()
-        if state is not None and state.phase == "serving" and state.plan is not None:
+        if state is not None and state.phase is Phase.SERVING and state.plan is not None:
             typer.echo(f"{recipe.name}: serving {state.plan.model} at {state.plan.endpoint}")
             return
         slurm_state = aio.run(job_state(job))

@@ -13,19 +13,20 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
+from dynamoctl.supervisor.states import State
 from dynamoctl.wire.control import StatusReport
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor
 
 STATE_STYLE = {
-    "READY": "green",
-    "STARTING": "yellow",
-    "PENDING": "dim",
-    "DRAINING": "cyan",
-    "STOPPED": "dim",
-    "BACKOFF": "magenta",
-    "FAILED": "bold red",
+    State.READY: "green",
+    State.STARTING: "yellow",
+    State.PENDING: "dim",
+    State.DRAINING: "cyan",
+    State.STOPPED: "dim",
+    State.BACKOFF: "magenta",
+    State.FAILED: "bold red",
 }
 
 
@@ -74,7 +75,7 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
     failures = [
         f"{row.name}: {row.message}"
         for row in report.instances
-        if row.message and row.state in ("FAILED", "BACKOFF")
+        if row.message and row.state in (State.FAILED, State.BACKOFF)
     ]
     if failures:  # below the table, where a long message does not squeeze the columns
         table.caption = "\n".join(failures)
@@ -88,7 +89,7 @@ _HEADERS = ("instance", "state", "host", "pid", "restarts", "uptime", "reqs", "K
 class LiveView:
     """``up``'s live table when on a terminal, redrawn on every change and every
     :data:`TICK_S` (uptime, in-flight, KV usage move without a state change), with log
-    lines printed above it; otherwise one log line per state change."""
+    lines printed above it; otherwise nothing: the supervisor logs every state change."""
 
     TICK_S = 1.0
 
@@ -97,7 +98,6 @@ class LiveView:
         self._console = console
         self._live: Live | None = None
         self._supervisor: Supervisor | None = None
-        self._last: dict[str, str] = {}
         self._ticker: asyncio.Task[None] | None = None
         self._switched: list[logging.StreamHandler[Any]] = []
 
@@ -114,19 +114,9 @@ class LiveView:
             self.refresh()
 
     def refresh(self) -> None:
-        if self._supervisor is None:
-            return
-        report = self._supervisor.status()
-        if self._live is not None:
+        if self._supervisor is not None and self._live is not None:
+            report = self._supervisor.status()
             self._live.update(status_table(report, self._live.console.width))
-            return
-        for row in report.instances:
-            if self._last.get(row.name) != row.state:
-                self._last[row.name] = row.state
-                extra = f" ({row.message})" if row.message else ""
-                logging.getLogger("dynamoctl.supervisor").info(
-                    "%s on %s: %s%s", row.name, row.host, row.state, extra
-                )
 
     def __enter__(self) -> LiveView:
         if self.enabled:

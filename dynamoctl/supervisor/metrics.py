@@ -1,9 +1,9 @@
 """The supervisor's own Prometheus series, served on the control endpoint's ``/metrics``.
 
 Read from the supervisor at scrape time, like the worker's: nothing on the supervision
-path updates a gauge. Restarts are counted by the supervisor, not by the instance, so a
-name that a scale-down and scale-up re-create keeps a monotonic counter. Names and labels
-are in docs/metrics.md.
+path updates a gauge. Restarts and state changes are counted by the supervisor, not by the
+instance, so a name that a scale-down and scale-up re-create keeps monotonic counters.
+Names and labels are in docs/metrics.md.
 """
 
 from __future__ import annotations
@@ -11,29 +11,22 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dynamoctl.supervisor.states import State
+from dynamoctl.supervisor.states import SUPERVISOR_PHASES, RestartReason, State
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor
 
-RestartReason = Literal["exit", "hang", "probe", "start_timeout", "launch"]
-"""Why an instance was restarted: ``exit`` (its process exited on its own, a crash or a
-kill), ``hang`` (a worker with requests in flight generated no token for
-``hang_timeout``), ``probe`` (it stopped answering probes for ``hang_timeout``),
-``start_timeout`` (not ready within ``start_timeout``), ``launch`` (the launcher could not
-start it)."""
-
-PHASES = ("starting", "serving", "stopping", "stopped", "failed")
 _INSTANCE = ["deployment", "instance", "component", "role"]
 
-
-RestartKey = tuple[str, str, str, str]
+RestartKey = tuple[str, str, str, RestartReason]
 """(instance, component, role, reason) of :attr:`Supervisor.restart_counts`."""
+TransitionKey = tuple[str, str, str, State, State]
+"""(instance, component, role, from, to) of :attr:`Supervisor.transition_counts`."""
 
 
 class SupervisorCollector(Collector):
@@ -68,6 +61,11 @@ class SupervisorCollector(Collector):
             "Seconds since the instance's current process started (0 when none runs).",
             labels=_INSTANCE,
         )
+        transitions = CounterMetricFamily(
+            "dynamoctl_supervisor_transitions",
+            "Instance state changes, by the state left and the state entered.",
+            labels=[*_INSTANCE, "from_state", "to_state"],
+        )
         phase = GaugeMetricFamily(
             "dynamoctl_supervisor_phase",
             "1 for the deployment's current phase, 0 for the others.",
@@ -82,16 +80,19 @@ class SupervisorCollector(Collector):
                 labels = [name, inst.spec.name, inst.spec.component, inst.spec.pool]
                 counted[inst.state] += 1
                 for each in State:
-                    state.add_metric([*labels, each.value], float(inst.state is each))
+                    state.add_metric([*labels, str(each)], float(inst.state is each))
                 recent = sum(1 for t in inst.failures if t >= now - settings.budget_window)
                 budget.add_metric(labels, float(max(0, settings.restart_budget - recent)))
                 running = inst.proc is not None and inst.proc.returncode is None
                 up = now - inst.started_at if running and inst.started_at else 0.0
                 uptime.add_metric(labels, up)
             for each in State:
-                by_state.add_metric([name, each.value], float(counted[each]))
+                by_state.add_metric([name, str(each)], float(counted[each]))
             for (instance, component, role, reason), n in sorted(sup.restart_counts.items()):
-                restarts.add_metric([name, instance, component, role, reason], float(n))
-            for each_phase in PHASES:
-                phase.add_metric([name, each_phase], float(sup.phase == each_phase))
-        yield from (restarts, state, by_state, budget, uptime, phase)
+                restarts.add_metric([name, instance, component, role, str(reason)], float(n))
+            for (instance, component, role, old, new), n in sorted(sup.transition_counts.items()):
+                labels = [name, instance, component, role, str(old), str(new)]
+                transitions.add_metric(labels, float(n))
+            for each_phase in SUPERVISOR_PHASES:
+                phase.add_metric([name, str(each_phase)], float(sup.phase is each_phase))
+        yield from (restarts, state, by_state, budget, uptime, transitions, phase)

@@ -24,6 +24,7 @@ import msgspec
 
 from dynamoctl.launch.api import ProcessRecord
 from dynamoctl.supervisor.plan import Plan
+from dynamoctl.supervisor.states import Phase
 
 JOB_FILE = "slurm-job"
 
@@ -35,8 +36,8 @@ class RunState(msgspec.Struct, kw_only=True):
     recipe: str
     """Absolute path of the recipe file."""
     supervisor_pid: int
-    phase: str
-    """``starting``, ``serving``, ``stopping``, ``stopped`` or ``failed``."""
+    phase: Phase
+    """The phase the supervisor last recorded (its value: ``serving``)."""
     control: str = ""
     """Base URL of the control endpoint."""
     token: str = ""

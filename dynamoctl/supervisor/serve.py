@@ -95,9 +95,7 @@ async def serve(
             on_start(sup)
         try:
             await sup.run()
-        except (LaunchError, StartupFailed) as exc:
-            sup.phase, sup.error = "failed", str(exc)
-            sup.save()
+        except (LaunchError, StartupFailed) as exc:  # run() recorded the phase and error
             raise UpError(f"{exc}\nrolled back: nothing of {recipe.name!r} is running") from exc
         finally:
             for sig in (signal.SIGINT, signal.SIGTERM):

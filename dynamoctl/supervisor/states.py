@@ -1,23 +1,135 @@
-"""Instance states: the one vocabulary the supervisor, ``status`` and the docs share."""
+"""The supervisor's vocabularies, each declared once: instance states, deployment phases,
+restart reasons. ``status``, ``/metrics``, ``state.json`` and docs/operations.md use these
+members' values; each member's docstring is its spec, and each state machine's table of
+allowed transitions is the only place that says which change is legal (the supervisor's
+``_transition`` checks it).
+
+Defined here rather than in :mod:`dynamoctl.wire.control` (which carries them) because they
+are the supervisor's policy; this module imports nothing of the project, so the wire types
+and the CLI can import it cheaply.
+"""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
+from typing import TypeVar
 
 
-class State(str, enum.Enum):
+class _Word(str, enum.Enum):
+    """A ``str`` whose ``str()``, ``%s`` and f-string form is its value (``READY``, not
+    ``State.READY``), so log lines and tables show what the wire carries."""
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+class IllegalTransition(Exception):
+    """A change the transition table does not allow: a bug in the supervisor."""
+
+
+class State(_Word):
+    """An instance's state, as ``dynamoctl status`` shows it. Allowed changes:
+    :data:`STATE_TRANSITIONS`."""
+
     PENDING = "PENDING"
-    """Planned; not started yet (waiting for the instances it depends on)."""
+    """Planned; not started yet (waiting for the group before it in the start order)."""
     STARTING = "STARTING"
-    """Process started; not ready yet (no discovery record, or not answering)."""
+    """Process started; not ready yet (no discovery record, or not answering). It fails
+    if it exits, or is not ready within ``supervision.start_timeout``."""
     READY = "READY"
-    """Serving: registered in discovery and answering probes."""
+    """Serving: registered in discovery and answering probes. It fails if its process
+    exits, stops answering probes, or (a worker with requests in flight) generates no token
+    for ``supervision.hang_timeout``; after ``budget_window`` READY, its next failure
+    restarts with the shortest backoff again."""
     DRAINING = "DRAINING"
-    """Asked to stop: out of routing, finishing in-flight work."""
+    """Asked to stop (drain, scale-down, ``down``): SIGTERM sent, out of routing, finishing
+    in-flight work within ``supervision.drain_timeout``, then SIGKILL."""
     STOPPED = "STOPPED"
-    """Ended on purpose (drain, scale-down, down); never restarted."""
+    """Ended on purpose (drain, scale-down, ``down``); never restarted, spends no budget."""
     FAILED = "FAILED"
-    """Exited or hung unexpectedly; restarted after BACKOFF unless the restart budget is
-    spent, in which case it stays FAILED."""
+    """Exited or hung unexpectedly; restarted after BACKOFF unless ``up`` is still starting
+    (it rolls back instead) or the restart budget is spent (more than ``restart_budget``
+    failures within ``budget_window``): then it stays FAILED."""
     BACKOFF = "BACKOFF"
-    """Waiting out the restart delay after a failure."""
+    """Waiting out the restart delay after a failure: ``backoff_base`` doubling per
+    consecutive failure up to ``backoff_cap``, with jitter."""
+
+
+STATE_TRANSITIONS: Mapping[State, frozenset[State]] = {
+    State.PENDING: frozenset({State.STARTING, State.STOPPED}),
+    # STOPPED from STARTING or READY: stopped before launch returned, or its process ended
+    # by itself just as it was asked to stop (no SIGTERM was needed: never DRAINING).
+    State.STARTING: frozenset({State.READY, State.FAILED, State.DRAINING, State.STOPPED}),
+    State.READY: frozenset({State.FAILED, State.DRAINING, State.STOPPED}),
+    State.DRAINING: frozenset({State.STOPPED}),
+    State.FAILED: frozenset({State.BACKOFF}),
+    State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
+    State.STOPPED: frozenset(),
+}
+"""Every allowed change of an instance's state; STOPPED is final, and so is FAILED when it
+is not followed by BACKOFF (``scale`` makes a new instance under the same name)."""
+
+
+class Phase(_Word):
+    """A deployment's phase (``status``, ``state.json``, ``/metrics``). A supervisor moves
+    through the first five (:data:`PHASE_TRANSITIONS`); the last two are what commands
+    report when there is no supervisor to ask."""
+
+    STARTING = "starting"
+    """Preflight, then starting the groups in order; a failure now rolls everything back."""
+    SERVING = "serving"
+    """Every group started and READY once; instances are supervised and restarted."""
+    STOPPING = "stopping"
+    """``down``, SIGTERM or Ctrl-C: stopping everything in reverse start order."""
+    STOPPED = "stopped"
+    """Everything stopped on purpose; the supervisor has exited or is exiting."""
+    FAILED = "failed"
+    """``up`` could not start (``state.json`` has the ``error``) or the supervisor itself
+    failed; it stopped what it had started."""
+    QUEUED = "queued"
+    """Not a supervisor's: the deployment's Slurm job waits in the queue, no supervisor yet."""
+    UNKNOWN = "unknown"
+    """Not a supervisor's: nothing recorded says what became of the deployment."""
+
+
+PHASE_TRANSITIONS: Mapping[Phase, frozenset[Phase]] = {
+    Phase.STARTING: frozenset({Phase.SERVING, Phase.STOPPING, Phase.FAILED}),
+    Phase.SERVING: frozenset({Phase.STOPPING, Phase.FAILED}),
+    Phase.STOPPING: frozenset({Phase.STOPPED, Phase.FAILED}),
+    Phase.STOPPED: frozenset(),
+    Phase.FAILED: frozenset(),
+    Phase.QUEUED: frozenset(),
+    Phase.UNKNOWN: frozenset(),
+}
+"""Every change of phase a supervisor makes; it starts in STARTING."""
+
+SUPERVISOR_PHASES = tuple(p for p in Phase if p not in (Phase.QUEUED, Phase.UNKNOWN))
+"""The phases a running supervisor can be in (its ``/metrics`` gauge has one series each)."""
+
+
+class RestartReason(_Word):
+    """Why an instance failed and was restarted (the restart counter's ``reason``)."""
+
+    EXIT = "exit"
+    """Its process exited on its own: a crash, or a kill from outside."""
+    HANG = "hang"
+    """A worker with requests in flight generated no token for ``hang_timeout``: killed."""
+    PROBE = "probe"
+    """It stopped answering probes for ``hang_timeout`` (frozen, lease lost): killed."""
+    START_TIMEOUT = "start_timeout"
+    """Not READY within ``start_timeout``: killed."""
+    LAUNCH = "launch"
+    """The launcher could not start it."""
+
+
+StateT = TypeVar("StateT", State, Phase)
+
+
+def check_transition(
+    table: Mapping[StateT, frozenset[StateT]], old: StateT, new: StateT, what: str
+) -> None:
+    """Raise :class:`IllegalTransition` unless ``table`` allows ``old -> new``."""
+    if new not in table[old]:
+        allowed = ", ".join(sorted(str(s) for s in table[old])) or "none: it is final"
+        raise IllegalTransition(f"{what}: {old} -> {new} is not allowed (from {old}: {allowed})")

@@ -1,72 +1,77 @@
-"""The supervisor loop: start a plan in order, keep it alive, tear it down in order.
+"""The supervision policy: start a plan in order, keep it alive, tear it down in order.
 
 Each instance has a life task: start → wait until ready → monitor → on an unexpected exit
 or a hang, FAILED → BACKOFF → start again, within a restart budget. Drains, scale-downs
-and ``down`` clear the instance's ``wanted`` flag first, so its exit is STOPPED and spends
-no budget. Start order is discovery (a managed etcd), workers, then the frontend; ``down``
-goes the other way. While ``up`` is still starting, a failure is not retried: ``up`` rolls
-back and reports the instance and its log tail, because a typo in engine arguments would
-otherwise crash-loop.
+and ``down`` ask the instance to stop first, so its exit is STOPPED and spends no budget.
+Start order is discovery (a managed etcd), routers, workers, then the frontend; ``down``
+goes the other way, in ``finally`` on every exit path. While ``up`` is still starting, a
+failure is not retried: ``up`` rolls back and reports the instance and its log tail,
+because a typo in engine arguments would otherwise crash-loop.
+
+Every change of state goes through :meth:`Supervisor._transition` (the phase's through
+:meth:`Supervisor._set_phase`), checked against the tables in
+:mod:`dynamoctl.supervisor.states`. The mechanics live beside this module: probes per
+component (``probes.py``), names and per-instance records (``instance.py``), what is
+reported (``report.py``), placement (``plan.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import os
-import socket
 import time
-from collections import Counter, deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections import Counter
+from collections.abc import Callable, Mapping
 
-import msgspec
-
-from dynamoctl import wire
-from dynamoctl.discovery import Discovery, keys, store_from_url
+from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
-from dynamoctl.recipe.models import Recipe, Role, Supervision
-from dynamoctl.supervisor.health import Probes, WorkerSample
-from dynamoctl.supervisor.metrics import RestartKey, RestartReason
+from dynamoctl.recipe.models import Recipe, Supervision
+from dynamoctl.supervisor.instance import Instance, InstanceName, free_indices
+from dynamoctl.supervisor.metrics import RestartKey, TransitionKey
 from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, worker_spec
-from dynamoctl.supervisor.rundir import RunDir, RunState
-from dynamoctl.supervisor.states import State
+from dynamoctl.supervisor.probes import DeploymentProber, Prober
+from dynamoctl.supervisor.report import (
+    register_control,
+    run_state,
+    startup_failure,
+    status_report,
+)
+from dynamoctl.supervisor.rundir import RunDir
+from dynamoctl.supervisor.states import (
+    PHASE_TRANSITIONS,
+    STATE_TRANSITIONS,
+    IllegalTransition,
+    Phase,
+    RestartReason,
+    State,
+    StateT,
+    check_transition,
+)
 from dynamoctl.util.backoff import Backoff
-from dynamoctl.wire.control import InstanceStatus, ScaleReply, StatusReport
+from dynamoctl.wire.control import ScaleReply, StatusReport
 
 log = logging.getLogger(__name__)
 
 START_ORDER = ("etcd", "router", "worker", "frontend")
 NOW_TIMEOUT = 3.0
 """Seconds ``down --now`` gives each instance between SIGTERM and SIGKILL."""
+HUNG_GRACE = 5.0
+"""Seconds a hung instance gets between SIGTERM and SIGKILL."""
+
+Failure = tuple[RestartReason, str]
+"""Why a process ended while it was wanted, and that in words."""
 
 
 class StartupFailed(Exception):
     """An instance failed while ``up`` was starting the deployment."""
 
 
-@dataclass
-class Instance:
-    spec: InstanceSpec
-    state: State = State.PENDING
-    proc: Launched | None = None
-    wanted: bool = True
-    restarts: int = 0
-    failures: deque[float] = field(default_factory=deque)
-    reason: RestartReason = "exit"
-    """Why the last process ended unexpectedly (the restart counter's label)."""
-    started_at: float | None = None
-    last_exit: int | None = None
-    message: str = ""
-    sample: WorkerSample | None = None
-    released: bool = False
-    """Its GPUs went back to the map (it was stopped on purpose)."""
-    task: asyncio.Task[None] | None = None
-    ready: asyncio.Event = field(default_factory=asyncio.Event)
-    ended: asyncio.Event = field(default_factory=asyncio.Event)
-
-
 class Supervisor:
+    strict = False
+    """Raise :class:`IllegalTransition` on a change the tables do not allow (tests set it);
+    otherwise it is logged as an error and applied (:meth:`_check` says why)."""
+
     def __init__(
         self,
         recipe: Recipe,
@@ -75,6 +80,7 @@ class Supervisor:
         gpu_map: GpuMap,
         launcher: Launcher,
         run_dir: RunDir,
+        prober: Prober | None = None,
     ) -> None:
         self.recipe = recipe
         self.recipe_path = recipe_path
@@ -83,8 +89,11 @@ class Supervisor:
         self.launcher = launcher
         self.run_dir = run_dir
         self.settings: Supervision = recipe.supervision
-        self.instances = {spec.name: Instance(spec) for spec in plan.instances}
-        self.phase = "starting"
+        self.prober: Prober = prober or DeploymentProber(
+            plan.discovery_url, plan.namespace, plan.model, self.settings.probe_interval / 2
+        )
+        self.instances = {spec.name: self._new(spec) for spec in plan.instances}
+        self.phase = Phase.STARTING
         self.error = ""
         self.control_url = ""
         self.token = ""
@@ -93,78 +102,58 @@ class Supervisor:
         self._starting = True
         self._down = asyncio.Event()
         self._down_now = False
-        self._probes: Probes | None = None
         self._background: set[asyncio.Task[None]] = set()
         self.restart_counts: Counter[RestartKey] = Counter()
         """Restarts since this supervisor started, for ``/metrics``."""
+        self.transition_counts: Counter[TransitionKey] = Counter()
+        """Instance state changes since this supervisor started, for ``/metrics``."""
         self._discovery: Discovery | None = None
+
+    def _new(self, spec: InstanceSpec) -> Instance:
+        return Instance(spec, Backoff(self.settings.backoff_base, self.settings.backoff_cap))
 
     # -- the whole deployment ------------------------------------------------------------
 
     async def run(self) -> None:
         """Start everything, serve until :meth:`request_down`, then tear down."""
-        await self.launcher.preflight(self.plan.instances)  # nothing started on failure
+        try:
+            await self.launcher.preflight(self.plan.instances)  # nothing started on failure
+        except BaseException as exc:
+            self._fail(exc)
+            raise
         try:
             for component in START_ORDER:
                 group = [i for i in self.instances.values() if i.spec.component == component]
                 if group:
                     await self._start_group(group)
-                    if component == "etcd" and self._probes is not None:
-                        await self._probes.close()  # re-opened against the now running etcd
-                        self._probes = None
+                    if component == "etcd":
+                        await self.prober.reset()  # re-opened against the now running etcd
             self._starting = False
-            self.phase = "serving"
-            self.save()
-            await self._register()
+            self._set_phase(Phase.SERVING)
+            if self.control_url:
+                lease_ttl = self.recipe.discovery.lease_ttl
+                self._discovery = await register_control(self.plan, self.control_url, lease_ttl)
             log.info("serving %s at %s", self.plan.model, self.plan.endpoint)
             await self._down.wait()
         except BaseException as exc:
-            self.phase, self.error = "failed", str(exc)
+            self._fail(exc)
             raise
         finally:
-            if self.phase != "failed":
-                self.phase = "stopping"
-            self.save()
+            if self.phase is not Phase.FAILED:
+                self._set_phase(Phase.STOPPING, "down")
             if self._discovery is not None:  # before teardown stops a managed etcd
                 await self._discovery.close()
                 self._discovery = None
             await self._teardown(now=self._down_now)
-            if self.phase != "failed":
-                self.phase = "stopped"
-            self.save()
-            if self._probes is not None:
-                await self._probes.close()
+            if self.phase is Phase.FAILED:
+                self.save()  # without the records of what the teardown stopped
+            else:
+                self._set_phase(Phase.STOPPED)
+            await self.prober.close()
 
-    async def _register(self) -> None:
-        """Put the control endpoint in discovery as ``{ns}/instances/supervisor/control/NAME``
-        so that Prometheus targets generated from discovery include its ``/metrics``. Best
-        effort: the deployment serves without it."""
-        if not self.control_url:
-            return
-        record = wire.InstanceRecord(
-            instance_id=self.plan.name,
-            component="supervisor",
-            endpoint="control",
-            address=self.control_url,
-            host=socket.gethostname(),
-            pid=os.getpid(),
-            model=self.plan.model,
-            metrics_url=f"{self.control_url}/metrics",
-        )
-        key = keys.instance_key(self.plan.namespace, "supervisor", "control", self.plan.name)
-        disc = Discovery(
-            store_from_url(self.plan.discovery_url),
-            lease_ttl=self.recipe.discovery.lease_ttl,
-            connect_timeout=10.0,
-        )
-        try:
-            await disc.start()
-            await disc.register(key, wire.encode_json(record))
-        except Exception as exc:
-            log.warning("could not register the control endpoint in discovery: %s", exc)
-            await disc.close()
-            return
-        self._discovery = disc
+    def _fail(self, exc: BaseException) -> None:
+        self.error = str(exc) or type(exc).__name__
+        self._set_phase(Phase.FAILED, self.error.splitlines()[0])
 
     def request_down(self, now: bool = False) -> None:
         self._down_now = self._down_now or now
@@ -193,47 +182,46 @@ class Supervisor:
             return
         if self._down.is_set():
             raise StartupFailed("stopped while starting")
-        tail = self.log_tail(inst.spec.name)
-        raise StartupFailed(
-            f"{inst.spec.name} ({inst.spec.component} on {inst.spec.host}) failed to start: "
-            f"{inst.message or 'exited'}\n--- last lines of {self.run_dir.log_of(inst.spec.name)}"
-            f" ---\n{tail}"
-        )
-
-    def log_tail(self, name: str, lines: int = 15) -> str:
-        try:
-            text = self.run_dir.log_of(name).read_text(errors="replace")
-        except OSError:
-            return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        raise StartupFailed(startup_failure(inst, self.run_dir.log_of(inst.spec.name)))
 
     async def _teardown(self, now: bool) -> None:
         """Stop everything, the reverse of the start order, each group in parallel."""
+        why = "rollback" if self.phase is Phase.FAILED else "down"
         for component in reversed(START_ORDER):
             group = [i for i in self.instances.values() if i.spec.component == component]
-            await asyncio.gather(*(self._stop_instance(i, now) for i in group))
+            await asyncio.gather(*(self._stop_instance(i, now, why) for i in group))
         for inst in self.instances.values():
             if inst.task is not None:
                 inst.task.cancel()
                 await asyncio.gather(inst.task, return_exceptions=True)
 
-    async def _stop_instance(self, inst: Instance, now: bool) -> None:
-        inst.wanted = False
-        proc = inst.proc
-        if proc is None or proc.returncode is not None:
-            if inst.state not in (State.FAILED,):
-                inst.state = State.STOPPED
-            self._release(inst)
-            return
-        inst.state = State.DRAINING
-        self.changed()
-        grace = NOW_TIMEOUT if now else self.settings.drain_timeout
-        await stop(proc, grace)
-        if inst.task is not None and not inst.task.done():
-            await inst.ended.wait()
-        inst.state = State.STOPPED
+    async def _stop_instance(self, inst: Instance, now: bool, why: str) -> None:
+        """Stop ``inst`` on purpose: it ends STOPPED (FAILED if it had failed for good),
+        spends no budget, and its GPUs go back to the map."""
+        inst.stop_why = inst.stop_why or why
+        inst.stop_asked.set()
+        task = inst.task
+        if task is None or task.done():  # never started, or its life is over
+            if inst.state is State.PENDING:
+                self._stopped(inst, f"{why}: never started")
+        else:
+            if inst.proc is not None and inst.running:
+                await self._drain(inst, inst.proc, NOW_TIMEOUT if now else None, why)
+            await asyncio.wait({task})  # its life task records STOPPED
+        self._release(inst)  # also when it had failed for good
+
+    async def _drain(self, inst: Instance, proc: Launched, grace: float | None, why: str) -> None:
+        """SIGTERM, ``grace`` (default ``drain_timeout``), SIGKILL. Asking again (``down
+        --now`` during a drain) shortens the grace."""
+        if inst.state is not State.DRAINING:
+            self._transition(inst, State.DRAINING, why)
+        await stop(proc, self.settings.drain_timeout if grace is None else grace)
+
+    def _stopped(self, inst: Instance, why: str) -> None:
+        """STOPPED, and its GPUs back to the map at once: a scale-up may follow as soon as
+        ``status`` shows it."""
+        self._transition(inst, State.STOPPED, why)
         self._release(inst)
-        self.changed()
 
     def _release(self, inst: Instance) -> None:
         """Give a stopped instance's GPUs back for ``scale`` (once: the map may have handed
@@ -245,136 +233,145 @@ class Supervisor:
     # -- one instance ---------------------------------------------------------------------
 
     async def _life(self, inst: Instance) -> None:
-        backoff = Backoff(self.settings.backoff_base, self.settings.backoff_cap)
+        """Run ``inst`` until it is stopped on purpose, or fails for good."""
         try:
             while inst.wanted:
-                inst.ready.clear()
-                inst.ended.clear()
-                inst.state, inst.started_at, inst.sample = State.STARTING, time.monotonic(), None
-                self.changed()
-                reason, hung = await self._run_once(inst)
+                failure = await self._run_once(inst)
                 inst.ended.set()
-                if not inst.wanted:
-                    inst.state = State.STOPPED
-                    self.changed()
-                    return
-                inst.state, inst.reason = State.FAILED, reason
-                now = time.monotonic()
-                inst.failures.append(now)
-                while inst.failures and inst.failures[0] < now - self.settings.budget_window:
-                    inst.failures.popleft()
-                if hung:
-                    inst.message = hung
-                elif inst.proc is not None:
-                    inst.message = f"exited with status {inst.last_exit}"
-                log.warning("%s failed: %s", inst.spec.name, inst.message)
-                self.changed()
-                if self._starting:
-                    return  # up rolls back instead of crash-looping on a bad configuration
-                if len(inst.failures) > self.settings.restart_budget:
-                    inst.message += (
-                        f"; restart budget spent ({self.settings.restart_budget} restarts in "
-                        f"{self.settings.budget_window:.0f} s): not restarting"
-                    )
-                    self.changed()
-                    return
-                inst.state = State.BACKOFF
-                self.changed()
-                await asyncio.sleep(backoff.next())
-                inst.restarts += 1
-                spec = inst.spec
-                self.restart_counts[(spec.name, spec.component, spec.pool, inst.reason)] += 1
+                if inst.wanted and not await self._after_failure(inst, failure):
+                    return  # stays FAILED
+            self._stopped(inst, inst.stop_why)
         finally:
             inst.ended.set()
 
-    async def _run_once(self, inst: Instance) -> tuple[RestartReason, str]:
-        """Run one process of ``inst`` to its end: why it ended, and, when it was killed
-        as hung, a message that says why (empty for an exit of its own)."""
+    async def _run_once(self, inst: Instance) -> Failure:
+        """Start one process of ``inst`` and follow it to its end: why it ended, were it
+        wanted (the caller ignores that when it was stopped on purpose)."""
+        inst.ready.clear()
+        inst.ended.clear()
+        inst.started_at, inst.ready_since, inst.sample = time.monotonic(), None, None
+        self._transition(inst, State.STARTING, "restart" if inst.restarts else "start")
         try:
             proc = await self.launcher.start(inst.spec, self.run_dir.log_of(inst.spec.name))
         except LaunchError as exc:
-            inst.proc, inst.message = None, str(exc)
-            return "launch", ""
+            inst.proc = None
+            return RestartReason.LAUNCH, str(exc)
         inst.proc = proc
         self.save()
-        hung = ""
-        reason: RestartReason = "exit"
+        if not inst.wanted:  # asked to stop while it was being launched
+            await self._drain(inst, proc, NOW_TIMEOUT if self._down_now else None, inst.stop_why)
+        failure = await self._watch(inst, proc)
+        if failure is not None:
+            log.warning("%s %s: killing it", inst.spec.name, failure[1])
+            await stop(proc, HUNG_GRACE)
+        inst.last_exit = await proc.wait()
+        return failure or (RestartReason.EXIT, f"exited with status {inst.last_exit}")
+
+    async def _watch(self, inst: Instance, proc: Launched) -> Failure | None:
+        """Probe ``proc`` every ``probe_interval`` until it exits (None), or must be killed
+        (why). Health is *alive + answering + progress*: a worker with requests in flight
+        whose token counter stops is hung even though it answers."""
+        s = self.settings
         unhealthy_since: float | None = None
-        last_tokens = -1.0
-        while proc.returncode is None and not hung:
-            try:
-                await asyncio.wait_for(asyncio.shield(proc.wait()), self.settings.probe_interval)
-                break
-            except asyncio.TimeoutError:
-                pass
+        last_tokens: float | None = None
+        while True:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(proc.wait()), s.probe_interval)
+                return None
             if not inst.wanted:
                 continue  # being stopped: only wait for the exit
-            now = time.monotonic()
-            if inst.state == State.STARTING:
-                if await self._is_ready(inst):
-                    inst.state = State.READY  # message keeps the last failure
+            if inst.state is State.STARTING:
+                ready = await self.prober.ready(inst.spec)
+                if not inst.wanted or proc.returncode is not None:
+                    continue  # stopped or ended while probing: that decides
+                took = time.monotonic() - (inst.started_at or 0.0)
+                if ready:
+                    inst.ready_since = time.monotonic()
+                    self._transition(inst, State.READY, f"ready after {took:.1f} s")
                     inst.ready.set()
-                    self.changed()
-                elif now - (inst.started_at or now) > self.settings.start_timeout:
-                    reason, hung = (
-                        "start_timeout",
-                        f"not ready after {self.settings.start_timeout:.0f} s",
-                    )
+                elif took > s.start_timeout:
+                    return RestartReason.START_TIMEOUT, f"not ready after {s.start_timeout:g} s"
                 continue
-            healthy, tokens = await self._is_healthy(inst)
-            progressing = tokens is None or tokens != last_tokens
-            last_tokens = tokens if tokens is not None else last_tokens
-            if healthy and progressing:
+            health = await self.prober.health(inst.spec)
+            if not inst.wanted or proc.returncode is not None:
+                continue
+            inst.sample = health.sample
+            progressing = health.tokens is None or health.tokens != last_tokens
+            last_tokens = health.tokens if health.tokens is not None else last_tokens
+            now = time.monotonic()
+            if health.answering and progressing:
                 unhealthy_since = None
             elif unhealthy_since is None:
                 unhealthy_since = now
-            elif now - unhealthy_since > self.settings.hang_timeout:
-                what = "no token generated" if healthy else "not answering probes"
-                reason = "hang" if healthy else "probe"
-                hung = f"hung: {what} for {self.settings.hang_timeout:.0f} s"
-        if hung:
-            log.warning("%s %s: killing it", inst.spec.name, hung)
-            await stop(proc, 5.0)
-        inst.last_exit = await proc.wait()
-        return reason, hung
+            elif now - unhealthy_since > s.hang_timeout:
+                what = "no token generated" if health.answering else "not answering probes"
+                reason = RestartReason.HANG if health.answering else RestartReason.PROBE
+                return reason, f"hung: {what} for {s.hang_timeout:g} s"
 
-    def probes(self) -> Probes:
-        if self._probes is None:
-            store = store_from_url(self.plan.discovery_url)
-            self._probes = Probes(store, self.plan.namespace, self.settings.probe_interval / 2)
-        return self._probes
-
-    async def _is_ready(self, inst: Instance) -> bool:
-        probes = self.probes()
-        component = inst.spec.component
-        if component == "etcd":
-            return await probes.ok(f"{_base_url(inst.spec, 'client')}/health")
-        if component == "frontend":
-            return await probes.frontend_ready(
-                _base_url(inst.spec, "http") + "/v1", self.plan.model
+    async def _after_failure(self, inst: Instance, failure: Failure) -> bool:
+        """Record the failure (FAILED), then wait out the backoff (BACKOFF): True to start
+        again (or to stop, if asked meanwhile), False when it stays FAILED."""
+        s = self.settings
+        now = time.monotonic()
+        if inst.ready_since is not None and now - inst.ready_since >= s.budget_window:
+            # READY for a whole budget window: not a crash loop, so the delays start over,
+            # as the budget does (failures older than the window no longer count).
+            inst.backoff.reset()
+        inst.failures.append(now)
+        while inst.failures and inst.failures[0] < now - s.budget_window:
+            inst.failures.popleft()
+        inst.reason, inst.message = failure
+        spent = not self._starting and len(inst.failures) > s.restart_budget
+        if spent:
+            inst.message += (
+                f"; restart budget spent ({s.restart_budget} restarts in "
+                f"{s.budget_window:g} s): not restarting"
             )
-        await probes.refresh_records()
-        return inst.spec.name in probes.records
+        log.warning("%s failed: %s", inst.spec.name, inst.message)
+        self._transition(inst, State.FAILED, inst.message)
+        if self._starting or spent:
+            return False  # while starting, up rolls back instead of crash-looping
+        delay = inst.backoff.next()
+        self._transition(inst, State.BACKOFF, f"restart in {delay:.2f} s")
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(inst.stop_asked.wait(), delay)
+        if inst.wanted:
+            inst.restarts += 1
+            spec = inst.spec
+            self.restart_counts[(spec.name, spec.component, spec.pool, inst.reason)] += 1
+        return True
 
-    async def _is_healthy(self, inst: Instance) -> tuple[bool, float | None]:
-        """Answering probes; and for workers with requests in flight, the token counter
-        (None when progress is not in question)."""
-        probes = self.probes()
-        component = inst.spec.component
-        if component == "etcd":
-            return await self._is_ready(inst), None
-        if component == "frontend":
-            return await probes.ok(f"{_base_url(inst.spec, 'http')}/health"), None
-        await probes.refresh_records()
-        record = probes.records.get(inst.spec.name)
-        if record is None or record.metrics_url is None:
-            return False, None
-        if component == "router":  # registered, and its /health answers
-            return await probes.ok(record.metrics_url.removesuffix("/metrics") + "/health"), None
-        inst.sample = await probes.scrape_worker(record.metrics_url)
-        if inst.sample is None:
-            return False, None
-        return True, inst.sample.output_tokens if inst.sample.inflight > 0 else None
+    # -- state changes --------------------------------------------------------------------
+
+    def _transition(self, inst: Instance, new: State, why: str) -> None:
+        """The one place an instance's state changes: checked, logged, counted, notified."""
+        spec, old = inst.spec, inst.state
+        self._check(STATE_TRANSITIONS, old, new, f"{spec.name} on {spec.host}")
+        inst.state = new
+        log.info("%s on %s: %s -> %s (%s)", spec.name, spec.host, old, new, why)
+        self.transition_counts[(spec.name, spec.component, spec.pool, old, new)] += 1
+        self.changed()
+
+    def _set_phase(self, new: Phase, why: str = "") -> None:
+        """The one place the deployment's phase changes: checked, logged, saved."""
+        old = self.phase
+        self._check(PHASE_TRANSITIONS, old, new, f"deployment {self.plan.name}")
+        self.phase = new
+        log.info("%s: %s -> %s%s", self.plan.name, old, new, f" ({why})" if why else "")
+        self.save()
+
+    def _check(
+        self, table: Mapping[StateT, frozenset[StateT]], old: StateT, new: StateT, what: str
+    ) -> None:
+        try:
+            check_transition(table, old, new, what)
+        except IllegalTransition as exc:
+            if self.strict:
+                raise
+            # Applied anyway: the new state is what happened to a process (it exited, it
+            # was stopped). Refusing would leave status showing something false, and the
+            # loop, which reads the state, could wait forever on a change already made.
+            log.error("%s; applied anyway (a supervisor bug)", exc, stack_info=True)
 
     # -- commands -----------------------------------------------------------------------
 
@@ -384,114 +381,69 @@ class Supervisor:
             return [self.instances[target]]
         return [i for i in self.instances.values() if i.spec.pool == target]
 
-    async def drain(self, target: str) -> list[str]:
+    async def drain(self, target: str, why: str = "drain") -> list[str]:
         chosen = [i for i in self.select(target) if i.wanted]
         if not chosen:
             raise KeyError(f"no running instance or pool named {target!r}")
         for inst in chosen:
-            task = asyncio.create_task(self._stop_instance(inst, now=False))
+            task = asyncio.create_task(self._stop_instance(inst, False, why))
             self._background.add(task)
             task.add_done_callback(self._background.discard)
         await asyncio.sleep(0)
         return [i.spec.name for i in chosen]
 
     async def scale(self, pool: str, replicas: int) -> ScaleReply:
+        """Drain the highest-numbered replicas of ``pool``, or add replicas at the lowest
+        free indices, placed (GPUs included) as the plan places them."""
         pools = self.recipe.workers.pools()
-        if pool not in pools:
+        role = next((r for r in pools if r == pool), None)
+        if role is None:
             raise KeyError(f"no worker pool {pool!r} (pools: {', '.join(pools)})")
-        role: Role = pool
-        active = [i for i in self.instances.values() if i.spec.pool == pool and i.wanted]
-        touched: list[str] = []
+        active = sorted(
+            (i for i in self.instances.values() if i.spec.pool == pool and i.wanted),
+            key=lambda i: i.name,
+        )
         if replicas < len(active):
-            for inst in sorted(active, key=lambda i: int(i.spec.name.rsplit("-", 1)[1]))[replicas:]:
-                touched += await self.drain(inst.spec.name)
-            return ScaleReply(drained=touched)
-        taken = {
-            int(i.spec.name.rsplit("-", 1)[1])
-            for i in self.instances.values()
-            if i.spec.pool == pool and i.wanted
-        }
-        index = 0
-        for _ in range(replicas - len(active)):
-            while index in taken:
-                index += 1
-            taken.add(index)
+            drained: list[str] = []
+            for inst in active[replicas:]:
+                drained += await self.drain(inst.spec.name, "scale-down")
+            return ScaleReply(drained=drained)
+        started: list[str] = []
+        for index in free_indices((i.name.index for i in active), replicas - len(active)):
+            old = self.instances.get(str(InstanceName(pool, index)))
+            if old is not None and old.task is not None and not old.task.done():
+                raise PlanError(f"{old.spec.name} is still stopping; try again when it is STOPPED")
             placed = self.gpu_map.take(pools[role].gpus_per_replica)
             if placed is None:
                 raise PlanError(f"no free GPUs left for another {pool} replica")
             spec = worker_spec(
                 self.recipe, role, index, placed[0], placed[1], self.plan.discovery_url
             )
-            old = self.instances.get(spec.name)
-            if old is not None and old.task is not None and not old.task.done():
-                raise PlanError(f"{spec.name} is still stopping; try again when it is STOPPED")
-            inst = self.instances[spec.name] = Instance(spec)
+            inst = self.instances[spec.name] = self._new(spec)
             inst.task = asyncio.create_task(self._life(inst), name=f"life-{spec.name}")
-            touched.append(spec.name)
+            started.append(spec.name)
         self.save()
-        return ScaleReply(started=touched)
+        return ScaleReply(started=started)
 
     # -- reporting ------------------------------------------------------------------------
 
     def status(self) -> StatusReport:
-        now = time.monotonic()
-        rows = []
-        for inst in self.instances.values():
-            running = inst.proc is not None and inst.proc.returncode is None
-            rows.append(
-                InstanceStatus(
-                    name=inst.spec.name,
-                    pool=inst.spec.pool,
-                    component=inst.spec.component,
-                    host=inst.spec.host,
-                    pid=inst.proc.record.pid if inst.proc is not None and running else None,
-                    state=inst.state.value,
-                    restarts=inst.restarts,
-                    uptime_s=now - inst.started_at if running and inst.started_at else None,
-                    inflight=inst.sample.inflight if running and inst.sample else None,
-                    kv_usage=inst.sample.kv_usage if running and inst.sample else None,
-                    last_exit=inst.last_exit,
-                    message=inst.message,
-                )
-            )
-        return StatusReport(
-            name=self.plan.name,
-            phase=self.phase,
-            endpoint=self.plan.endpoint,
-            model=self.plan.model,
-            target=self.plan.target,
-            instances=rows,
-        )
+        return status_report(self.plan, self.phase, self.instances.values())
 
     def changed(self) -> None:
         self.on_change()
 
     def save(self) -> None:
-        records = {
-            name: inst.proc.record
-            for name, inst in self.instances.items()
-            if inst.proc is not None and inst.proc.returncode is None
-        }
         self.run_dir.write_state(
-            RunState(
-                name=self.plan.name,
-                recipe=self.recipe_path,
-                supervisor_pid=os.getpid(),
-                phase=self.phase,
+            run_state(
+                self.plan,
+                self.recipe_path,
+                self.phase,
+                self.instances.values(),
                 control=self.control_url,
                 token=self.token,
                 slurm_job=self.slurm_job,
                 error=self.error,
-                plan=msgspec.structs.replace(
-                    self.plan, instances=[inst.spec for inst in self.instances.values()]
-                ),
-                records=records,
             )
         )
         self.changed()
-
-
-def _base_url(spec: InstanceSpec, port: str) -> str:
-    """Where the supervisor reaches an instance's declared port (its address, not the
-    name people use: a head node may resolve its own name to loopback)."""
-    return f"http://{spec.address}:{spec.ports[port]}"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from dynamoctl.supervisor.states import Phase, State
+
 
 class InstanceStatus(msgspec.Struct, kw_only=True):
     """One row of ``dynamoctl status``."""
@@ -14,8 +16,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     host: str
     pid: int | None
     """Process-group leader on ``host`` (the keeper; under Slurm the local ``srun``)."""
-    state: str
-    """One of :class:`dynamoctl.supervisor.states.State`."""
+    state: State
+    """Its state; on the wire, the member's value (``READY``)."""
     restarts: int
     uptime_s: float | None
     """Seconds since the current process started; None when none runs."""
@@ -31,8 +33,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
 
 class StatusReport(msgspec.Struct, kw_only=True):
     name: str
-    phase: str
-    """``starting``, ``serving``, ``stopping``, ``stopped`` or ``failed``."""
+    phase: Phase
+    """The deployment's phase; on the wire, the member's value (``serving``)."""
     endpoint: str
     model: str
     target: str

@@ -1,0 +1,88 @@
+"""One supervised instance: its name (pool + index) and what the supervisor knows of it."""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from dynamoctl.launch.api import InstanceSpec, Launched
+from dynamoctl.supervisor.health import WorkerSample
+from dynamoctl.supervisor.states import RestartReason, State
+from dynamoctl.util.backoff import Backoff
+
+
+@dataclass(frozen=True, order=True)
+class InstanceName:
+    """An instance's name: its pool and its index there (``agg-1``, ``frontend-0``), what
+    ``drain`` and ``scale`` address. Orders by pool, then index (``agg-2`` < ``agg-10``)."""
+
+    pool: str
+    index: int
+
+    @classmethod
+    def of(cls, spec: InstanceSpec) -> InstanceName:
+        """The name the plan gave ``spec``: ``{spec.pool}-{index}``."""
+        index = spec.name.removeprefix(f"{spec.pool}-")
+        if index == spec.name or not index.isdigit():
+            raise ValueError(f"instance {spec.name!r} is not named {spec.pool}-INDEX")
+        return cls(spec.pool, int(index))
+
+    def __str__(self) -> str:
+        return f"{self.pool}-{self.index}"
+
+
+def free_indices(taken: Iterable[int], count: int) -> list[int]:
+    """The ``count`` lowest indices not in ``taken`` (a scale-up fills gaps first)."""
+    used, found, index = set(taken), list[int](), 0
+    while len(found) < count:
+        if index not in used:
+            found.append(index)
+        index += 1
+    return found
+
+
+@dataclass
+class Instance:
+    """A planned instance and its current process, as the supervision loop sees it."""
+
+    spec: InstanceSpec
+    backoff: Backoff
+    """Restart delays; reset after ``budget_window`` READY (see ``Supervisor._after_failure``)."""
+    state: State = State.PENDING
+    proc: Launched | None = None
+    restarts: int = 0
+    failures: deque[float] = field(default_factory=deque)
+    """Monotonic times of its failures within ``budget_window``."""
+    reason: RestartReason = RestartReason.EXIT
+    """Why the last process ended unexpectedly (the restart counter's label)."""
+    started_at: float | None = None
+    ready_since: float | None = None
+    """When the current process became READY; None while it is not."""
+    last_exit: int | None = None
+    message: str = ""
+    """The last failure, in words (kept after a successful restart)."""
+    sample: WorkerSample | None = None
+    released: bool = False
+    """Its GPUs went back to the map (it was stopped on purpose)."""
+    task: asyncio.Task[None] | None = None
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set when its current process has ended."""
+    stop_asked: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set by drain, scale-down or ``down``: never restarted again."""
+    stop_why: str = ""
+    """Who asked it to stop (``drain``, ``scale-down``, ``down``), for the log."""
+
+    @property
+    def name(self) -> InstanceName:
+        return InstanceName.of(self.spec)
+
+    @property
+    def wanted(self) -> bool:
+        return not self.stop_asked.is_set()
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None

@@ -1,0 +1,166 @@
+"""Probes per component kind: when an instance is ready, and whether it is healthy.
+
+A registry by component name (``etcd``, ``router``, ``worker``, ``frontend``): a new kind
+of component is a new :class:`ComponentProbe` subclass, not another branch. The HTTP and
+discovery mechanics they share are :class:`dynamoctl.supervisor.health.Probes`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+from dynamoctl.discovery import store_from_url
+from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.supervisor.health import Probes, WorkerSample
+
+
+@dataclass(frozen=True)
+class Health:
+    """One health probe of a running instance."""
+
+    answering: bool
+    """Registered in discovery (where that applies) and answering its probe."""
+    tokens: float | None = None
+    """A worker with requests in flight: its generated-token counter, which must keep
+    moving; None when progress is not in question."""
+    sample: WorkerSample | None = None
+    """What a worker's ``/metrics`` said (``status`` shows it)."""
+
+
+class Prober(Protocol):
+    """What the supervision loop asks about an instance's current process."""
+
+    async def ready(self, spec: InstanceSpec) -> bool:
+        """Whether a STARTING instance is ready to serve."""
+
+    async def health(self, spec: InstanceSpec) -> Health:
+        """How a READY instance is doing."""
+
+    async def reset(self) -> None:
+        """Drop connections: discovery (a managed etcd) has just come up."""
+
+    async def close(self) -> None: ...
+
+
+def base_url(spec: InstanceSpec, port: str) -> str:
+    """Where the supervisor reaches an instance's declared port (its address, not the
+    name people use: a head node may resolve its own name to loopback)."""
+    return f"http://{spec.address}:{spec.ports[port]}"
+
+
+class ComponentProbe:
+    """How one kind of component is probed. Subclasses register under their component's
+    name: ``class EtcdProbe(ComponentProbe, component="etcd")``."""
+
+    kinds: ClassVar[dict[str, type[ComponentProbe]]] = {}
+
+    def __init_subclass__(cls, component: str, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        ComponentProbe.kinds[component] = cls
+
+    def __init__(self, probes: Probes, model: str) -> None:
+        self.probes = probes
+        self.model = model
+
+    async def ready(self, spec: InstanceSpec) -> bool:
+        raise NotImplementedError
+
+    async def health(self, spec: InstanceSpec) -> Health:
+        """Default: healthy while it would still pass its readiness probe."""
+        return Health(await self.ready(spec))
+
+
+class EtcdProbe(ComponentProbe, component="etcd"):
+    async def ready(self, spec: InstanceSpec) -> bool:
+        return await self.probes.ok(f"{base_url(spec, 'client')}/health")
+
+
+class FrontendProbe(ComponentProbe, component="frontend"):
+    async def ready(self, spec: InstanceSpec) -> bool:
+        """It lists the model and completes a one-token request: it can reach workers."""
+        return await self.probes.frontend_ready(base_url(spec, "http") + "/v1", self.model)
+
+    async def health(self, spec: InstanceSpec) -> Health:
+        # Not a completion a second: /health says the process serves; workers' own
+        # probes say whether what it routes to is alive.
+        return Health(await self.probes.ok(f"{base_url(spec, 'http')}/health"))
+
+
+class RouterProbe(ComponentProbe, component="router"):
+    """Ready once registered under its label; healthy while registered and ``/health``
+    answers (its HTTP port is chosen at run time: the record says where)."""
+
+    async def ready(self, spec: InstanceSpec) -> bool:
+        await self.probes.refresh_records()
+        return spec.name in self.probes.records
+
+    async def health(self, spec: InstanceSpec) -> Health:
+        await self.probes.refresh_records()
+        record = self.probes.records.get(spec.name)
+        if record is None or record.metrics_url is None:
+            return Health(False)
+        return Health(await self.probes.ok(record.metrics_url.removesuffix("/metrics") + "/health"))
+
+
+class WorkerProbe(RouterProbe, component="worker"):
+    """Ready once registered (the instance record means ready); healthy while registered
+    and its ``/metrics`` answers, with its token counter when requests are in flight."""
+
+    async def health(self, spec: InstanceSpec) -> Health:
+        await self.probes.refresh_records()
+        record = self.probes.records.get(spec.name)
+        if record is None or record.metrics_url is None:
+            return Health(False)
+        sample = await self.probes.scrape_worker(record.metrics_url)
+        if sample is None:
+            return Health(False)
+        return Health(True, sample.output_tokens if sample.inflight > 0 else None, sample)
+
+
+def probe_kind(component: str) -> type[ComponentProbe]:
+    """The probe of ``component``; a name no probe knows fails, listing those it knows."""
+    try:
+        return ComponentProbe.kinds[component]
+    except KeyError:
+        known = ", ".join(sorted(ComponentProbe.kinds))
+        raise KeyError(f"no probe for component {component!r} (known: {known})") from None
+
+
+class DeploymentProber:
+    """The production :class:`Prober`: one HTTP client and one discovery listing shared
+    by every instance's probe, opened on first use."""
+
+    def __init__(self, discovery_url: str, namespace: str, model: str, max_age: float) -> None:
+        self.discovery_url = discovery_url
+        self.namespace = namespace
+        self.model = model
+        self.max_age = max_age
+        """Seconds one discovery listing serves every instance's probe."""
+        self._probes: Probes | None = None
+        self._by_component: dict[str, ComponentProbe] = {}
+
+    def _for(self, spec: InstanceSpec) -> ComponentProbe:
+        if self._probes is None:
+            store = store_from_url(self.discovery_url)
+            self._probes = Probes(store, self.namespace, self.max_age)
+        probe = self._by_component.get(spec.component)
+        if probe is None:
+            probe = probe_kind(spec.component)(self._probes, self.model)
+            self._by_component[spec.component] = probe
+        return probe
+
+    async def ready(self, spec: InstanceSpec) -> bool:
+        return await self._for(spec).ready(spec)
+
+    async def health(self, spec: InstanceSpec) -> Health:
+        return await self._for(spec).health(spec)
+
+    async def reset(self) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        probes, self._probes = self._probes, None
+        self._by_component.clear()
+        if probes is not None:
+            await probes.close()
