@@ -9,6 +9,9 @@ import pytest
 
 from dynamoctl.discovery.etcd_server import ManagedEtcd
 
+# The Slurm clusters: one of each kind for the whole session, whichever directory asks.
+pytest_plugins = ["tests.infra.fixtures"]
+
 
 @pytest.fixture(scope="session")
 def etcd_server() -> Iterator[ManagedEtcd]:

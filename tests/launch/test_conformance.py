@@ -36,7 +36,6 @@ from dynamoctl.launch.api import InstanceSpec, Launcher, ProcessRecord, stop
 from dynamoctl.launch.local import LocalLauncher
 from dynamoctl.launch.slurm import STEP_PREFIX, SlurmLauncher, list_steps
 from tests.launch.test_ssh_launcher import launcher_for as ssh_launcher
-from tests.slurm.conftest import allocation, slurm  # noqa: F401 - fixtures used below
 
 # The instance: a child that reports SIGTERM, then itself; both ignore SIGTERM if "deaf".
 CHILD = textwrap.dedent("""
