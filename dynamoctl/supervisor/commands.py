@@ -67,13 +67,13 @@ def router_argv(recipe: Recipe, label: str, address: str, url: str) -> list[str]
     return ["router", *to_argv(options, explicit=True)]
 
 
-def frontend_argv(recipe: Recipe, listen: str, url: str) -> list[str]:
+def frontend_argv(recipe: Recipe, label: str, listen: str, url: str) -> list[str]:
     router, workers = recipe.frontend.router, recipe.workers
     extra: dict[str, Any] = {}
     if workers.prefill is not None or workers.decode is not None:
         extra["disagg"] = _part(DisaggSettings, router)  # the knobs matter only then
     options = FrontendOptions(
-        **_component(recipe, url, "frontend-0", listen),
+        **_component(recipe, url, label, listen),
         drain_grace=drain_grace(recipe),
         port=recipe.frontend.port,
         routing="standalone" if router.replicas else "embedded",

@@ -36,6 +36,7 @@ from dynamoctl.recipe.models import (
 )
 from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
+from dynamoctl.supervisor.instance import InstanceName
 from dynamoctl.supervisor.transfer import TransferError, transfer_channel
 
 ETCD_CLIENT_PORT = 2379
@@ -191,7 +192,7 @@ def _etcd_spec(recipe: Recipe, head: Host, data_dir: str) -> InstanceSpec:
         f"--initial-cluster={member}={peer}",
     ]
     return InstanceSpec(
-        name="etcd-0",
+        name=str(InstanceName("etcd", 0)),
         pool="etcd",
         component="etcd",
         host=head.name,
@@ -209,7 +210,7 @@ def worker_spec(
     from dynamoctl.worker.options import render_engine_args
 
     pool = recipe.workers.pools()[role]
-    name = f"{role}-{index}"
+    name = str(InstanceName(role, index))
     argv = [
         python_for(recipe),
         "-m",
@@ -240,7 +241,7 @@ def worker_spec(
 
 def _router_spec(recipe: Recipe, index: int, host: Host, url: str) -> InstanceSpec:
     """A standalone router replica (``frontend.router.replicas > 0``)."""
-    name = f"router-{index}"
+    name = str(InstanceName("router", index))
     argv = [python_for(recipe), "-m", "dynamoctl", *router_argv(recipe, name, host.address, url)]
     return InstanceSpec(
         name=name,
@@ -260,9 +261,10 @@ def _frontend_spec(recipe: Recipe, head: Host, url: str) -> InstanceSpec:
     """The frontend listens on ``frontend.host``, by default the head's address (loopback on
     a local target); ``address`` is where the supervisor reaches it."""
     listen = recipe.frontend.host or head.address
-    argv = [python_for(recipe), "-m", "dynamoctl", *frontend_argv(recipe, listen, url)]
+    name = str(InstanceName("frontend", 0))
+    argv = [python_for(recipe), "-m", "dynamoctl", *frontend_argv(recipe, name, listen, url)]
     return InstanceSpec(
-        name="frontend-0",
+        name=name,
         pool="frontend",
         component="frontend",
         host=head.name,
