@@ -71,20 +71,14 @@ def endpoint_of(target: str) -> tuple[Endpoint, str | None]:
     """The endpoint and, for a recipe, its model name. A URL may end in ``/v1``."""
     if Path(target).is_file():
         from dynamoctl.recipe.loader import load_recipe
-        from dynamoctl.recipe.models import LocalTarget, SshTarget
+        from dynamoctl.supervisor.plan import PlanError, client_endpoint
 
         recipe = load_recipe(target)
-        host = recipe.frontend.host
-        if host in ("0.0.0.0", "::"):
-            host = "127.0.0.1"
-        if not isinstance(recipe.target, LocalTarget) and host == "127.0.0.1":
-            if not isinstance(recipe.target, SshTarget):
-                raise ValueError(
-                    f"{target}: the frontend's host is only known inside the Slurm allocation; "
-                    "pass its URL instead"
-                )
-            host = recipe.target.hosts[0]
-        return Endpoint(f"http://{host}:{recipe.frontend.port}"), recipe.model.name
+        try:
+            url = client_endpoint(recipe)
+        except PlanError as exc:
+            raise ValueError(f"{target}: {exc}; pass the endpoint's URL instead") from exc
+        return Endpoint(url.removesuffix("/v1")), recipe.model.name
     url = target.rstrip("/")
     return Endpoint(url.removesuffix("/v1")), None
 

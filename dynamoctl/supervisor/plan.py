@@ -275,6 +275,18 @@ def _frontend_spec(recipe: Recipe, head: Host, url: str) -> InstanceSpec:
     )
 
 
+def client_endpoint(recipe: Recipe) -> str:
+    """The OpenAI base URL a client on this machine uses (what ``up`` prints), without
+    placing anything. A Slurm target's head is known only inside its allocation."""
+    if isinstance(recipe.target, SlurmTarget):
+        raise PlanError(
+            "the frontend's host of a slurm target is known only inside its allocation "
+            "(`dynamoctl status` shows it once the job runs)"
+        )
+    hosts, _ = target_hosts(recipe)
+    return _endpoint(recipe, hosts[0])
+
+
 def _endpoint(recipe: Recipe, head: Host) -> str:
     """The OpenAI base URL people use: the head's name unless the recipe binds one address."""
     host = recipe.frontend.host

@@ -1,0 +1,43 @@
+"""``dynamoctl bench RECIPE`` reaches the recipe's frontend where ``up`` says it serves."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dynamoctl.bench.runner import endpoint_of
+
+
+def _recipe(tmp_path: Path, frontend: str, target: str = "{kind: local}") -> Path:
+    path = tmp_path / "r.yaml"
+    path.write_text(f"""\
+schema: 1
+name: r
+target: {target}
+discovery: {{backend: etcd, managed: true}}
+model: {{name: m, path: m}}
+frontend: {frontend}
+workers:
+  agg: {{engine: mocker, gpus_per_replica: 0}}
+""")
+    return path
+
+
+def test_a_recipe_without_a_frontend_host_is_benched_where_up_serves(tmp_path: Path) -> None:
+    endpoint, model = endpoint_of(str(_recipe(tmp_path, "{port: 8123}")))
+    assert (endpoint.base_url, model) == ("http://127.0.0.1:8123", "m")
+    wildcard, _ = endpoint_of(str(_recipe(tmp_path, "{host: 0.0.0.0, port: 8124}")))
+    assert wildcard.base_url == "http://127.0.0.1:8124"
+    remote = _recipe(
+        tmp_path,
+        "{port: 8125}",
+        "{kind: ssh, hosts: [gpu-a, gpu-b], addresses: {gpu-a: 192.0.2.1, gpu-b: 192.0.2.2}}",
+    )
+    assert endpoint_of(str(remote))[0].base_url == "http://gpu-a:8125"
+
+
+def test_a_slurm_recipe_asks_for_the_url(tmp_path: Path) -> None:
+    slurm = _recipe(tmp_path, "{port: 8126}", "{kind: slurm, partition: p, gpus_per_node: 0}")
+    with pytest.raises(ValueError, match=r"known only inside its allocation.*pass the endpoint"):
+        endpoint_of(str(slurm))
