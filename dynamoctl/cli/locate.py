@@ -21,7 +21,8 @@ from dynamoctl.supervisor.states import Phase
 
 def find_deployment(name: str | None, running_only: bool = True) -> RunDir:
     """``name``'s run directory; without a name, the single running deployment (or the one
-    whose Slurm job is queued)."""
+    whose Slurm job is queued), or (``running_only=False``: ``status``, ``logs``, ``down``)
+    the only one known, so that a command answers the same with its name and without."""
     if name is not None:
         run_dir = RunDir(name)
         if not run_dir.known():
@@ -33,6 +34,8 @@ def find_deployment(name: str | None, running_only: bool = True) -> RunDir:
         return running[0]
     if not running:
         known = [d.name for d in deployments()]
+        if len(known) == 1 and not running_only:
+            return RunDir(known[0])  # answered as if named: `status` says it is not running
         hint = f"; known: {', '.join(known)}" if known and not running_only else ""
         typer.echo(f"no deployment is running{hint}", err=True)
         raise typer.Exit(1)

@@ -98,6 +98,8 @@ def test_up_serve_drain_restart_down(cli: Cli) -> None:
         psutil.Process(supervisor).status() == psutil.STATUS_ZOMBIE
     )
     assert cli("status", "life").returncode == 3  # known, not running
+    unnamed, named = cli("status"), cli("status", "life")  # the only one: the same answer
+    assert (unnamed.returncode, unnamed.stdout) == (named.returncode, named.stdout)
     # Probes (several a second) are not logged at INFO; the supervisor's own lines are.
     log = (cli.home / "runs" / "life" / "supervisor.log").read_text()
     assert "serving mock-llama" in log and "HTTP Request" not in log
