@@ -10,24 +10,14 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 
 import httpx
 import msgspec
-from prometheus_client.parser import text_string_to_metric_families
 
 from dynamoctl.discovery.api import Store
 from dynamoctl.discovery.keys import instances_prefix
+from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.records import InstanceRecord
-
-
-@dataclass(frozen=True)
-class WorkerSample:
-    """What one scrape of a worker's ``/metrics`` says."""
-
-    inflight: int
-    kv_usage: float
-    output_tokens: float
 
 
 class Probes:
@@ -83,22 +73,14 @@ class Probes:
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
 
-    async def scrape_worker(self, metrics_url: str) -> WorkerSample | None:
+    async def worker_health(self, health_url: str) -> WorkerHealth | None:
+        """A worker process's ``/health`` (a typed contract, whatever its status code);
+        None when it does not answer or answers something else."""
         try:
-            text = (await self.http.get(metrics_url)).text
-        except httpx.HTTPError:
+            body = (await self.http.get(health_url)).content
+            return msgspec.json.decode(body, type=WorkerHealth)
+        except (httpx.HTTPError, msgspec.DecodeError):
             return None
-        values: dict[str, float] = {}
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                values[sample.name] = values.get(sample.name, 0.0) + sample.value
-        if "dynamoctl_worker_inflight_requests" not in values:
-            return None
-        return WorkerSample(
-            inflight=int(values["dynamoctl_worker_inflight_requests"]),
-            kv_usage=values.get("dynamoctl_worker_kv_usage", 0.0),
-            output_tokens=values.get("dynamoctl_worker_output_tokens_total", 0.0),
-        )
 
     async def close(self) -> None:
         await self.http.aclose()

@@ -8,9 +8,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dynamoctl.launch.api import InstanceSpec, Launched
-from dynamoctl.supervisor.health import WorkerSample
 from dynamoctl.supervisor.states import RestartReason, State
 from dynamoctl.util.backoff import Backoff
+from dynamoctl.wire.health import WorkerHealth
 
 
 @dataclass(frozen=True, order=True)
@@ -63,7 +63,7 @@ class Instance:
     last_exit: int | None = None
     message: str = ""
     """The last failure, in words (kept after a successful restart)."""
-    sample: WorkerSample | None = None
+    sample: WorkerHealth | None = None
     released: bool = False
     """Its GPUs went back to the map (it was stopped on purpose)."""
     task: asyncio.Task[None] | None = None

@@ -12,7 +12,8 @@ from typing import ClassVar, Protocol
 
 from dynamoctl.discovery import store_from_url
 from dynamoctl.launch.api import InstanceSpec
-from dynamoctl.supervisor.health import Probes, WorkerSample
+from dynamoctl.supervisor.health import Probes
+from dynamoctl.wire.health import WorkerHealth
 
 
 @dataclass(frozen=True)
@@ -24,8 +25,8 @@ class Health:
     tokens: float | None = None
     """A worker with requests in flight: its generated-token counter, which must keep
     moving; None when progress is not in question."""
-    sample: WorkerSample | None = None
-    """What a worker's ``/metrics`` said (``status`` shows it)."""
+    sample: WorkerHealth | None = None
+    """What a worker's ``/health`` said (``status`` shows it)."""
 
 
 class Prober(Protocol):
@@ -98,22 +99,22 @@ class RouterProbe(ComponentProbe, component="router"):
     async def health(self, spec: InstanceSpec) -> Health:
         await self.probes.refresh_records()
         record = self.probes.records.get(spec.name)
-        if record is None or record.metrics_url is None:
+        if record is None or record.health_url is None:
             return Health(False)
-        return Health(await self.probes.ok(record.metrics_url.removesuffix("/metrics") + "/health"))
+        return Health(await self.probes.ok(record.health_url))
 
 
 class WorkerProbe(RouterProbe, component="worker"):
     """Ready once registered (the instance record means ready); healthy while registered
-    and its ``/metrics`` answers, with its token counter when requests are in flight."""
+    and its ``/health`` says ready, with its token counter when requests are in flight."""
 
     async def health(self, spec: InstanceSpec) -> Health:
         await self.probes.refresh_records()
         record = self.probes.records.get(spec.name)
-        if record is None or record.metrics_url is None:
+        if record is None or record.health_url is None:
             return Health(False)
-        sample = await self.probes.scrape_worker(record.metrics_url)
-        if sample is None:
+        sample = await self.probes.worker_health(record.health_url)
+        if sample is None or sample.status != "ready":
             return Health(False)
         return Health(True, sample.output_tokens if sample.inflight > 0 else None, sample)
 

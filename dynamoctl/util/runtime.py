@@ -58,9 +58,14 @@ class ComponentRuntime(AsyncService):
 
     @property
     def metrics_url(self) -> str | None:
-        if self.http is None:
-            return None
-        return f"http://{self.options.host}:{self.http.port}/metrics"
+        return self._url("/metrics")
+
+    @property
+    def health_url(self) -> str | None:
+        return self._url("/health")
+
+    def _url(self, path: str) -> str | None:
+        return None if self.http is None else f"http://{self.options.host}:{self.http.port}{path}"
 
     def on_close(self, closer: Callable[[], Awaitable[Any]]) -> None:
         """Run ``closer`` on the way out (closers run in reverse order, after HTTP stops)."""
@@ -76,6 +81,7 @@ class ComponentRuntime(AsyncService):
             host=socket.gethostname(),
             pid=os.getpid(),
             metrics_url=fields.pop("metrics_url", self.metrics_url),
+            health_url=fields.pop("health_url", self.health_url),
             label=self.options.label,
             **fields,
         )

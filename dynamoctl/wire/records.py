@@ -70,6 +70,9 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Served model name."""
     metrics_url: str | None = None
     """Prometheus endpoint of the instance's process."""
+    health_url: str | None = None
+    """``/health`` of the instance's process: 200 while it serves (a worker's answers
+    :class:`dynamoctl.wire.health.WorkerHealth`)."""
     label: str = ""
     """The supervisor's name for the process (``agg-0``), empty when started by hand."""
 

@@ -9,14 +9,16 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from dynamoctl.wire.health import HealthStatus, WorkerHealth
 from dynamoctl.worker.instance import WorkerInstance
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -94,6 +96,21 @@ class WorkerCollector(Collector):
         yield from (requests, tokens, prompt, cached, remote)
 
 
+def worker_health(instances: Sequence[WorkerInstance], ready: bool) -> WorkerHealth:
+    """The process's ``/health``: its state, and what tells a hung engine from a busy one."""
+    status: HealthStatus = "ready" if ready else "starting"
+    if any(inst.draining for inst in instances):
+        status = "draining"
+    usage = [inst.engine.load_metrics().kv_usage for inst in instances]
+    return WorkerHealth(
+        status=status,
+        instances=[inst.instance_id for inst in instances],
+        inflight=sum(inst.inflight for inst in instances),
+        kv_usage=sum(usage) / len(usage) if usage else 0.0,
+        output_tokens=sum(inst.tokens_total for inst in instances),
+    )
+
+
 def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlette:
     """``ready[0]`` flips to True once every instance has registered."""
     registry = CollectorRegistry()
@@ -103,12 +120,9 @@ def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlet
         return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
     async def health(_: Request) -> Response:
-        draining = [i.instance_id for i in instances if i.draining]
-        if draining:
-            return JSONResponse({"status": "draining", "instances": draining}, status_code=503)
-        if not ready[0]:
-            return JSONResponse({"status": "starting"}, status_code=503)
-        return JSONResponse({"status": "ready", "instances": [i.instance_id for i in instances]})
+        report = worker_health(instances, ready[0])
+        status = 200 if report.status == "ready" else 503
+        return Response(msgspec.json.encode(report), status, media_type="application/json")
 
     async def live(_: Request) -> Response:
         return PlainTextResponse("ok")

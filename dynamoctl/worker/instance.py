@@ -85,6 +85,7 @@ class WorkerInstance:
         host: str = "127.0.0.1",
         instance_id: str | None = None,
         metrics_url: str | None = None,
+        health_url: str | None = None,
         label: str = "",
         load_interval: float = 0.05,
         load_heartbeat: float = 1.0,
@@ -96,6 +97,7 @@ class WorkerInstance:
         self.host = host
         self.instance_id = instance_id or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.metrics_url = metrics_url
+        self.health_url = health_url
         self.label = label
         self.load_interval = load_interval
         """Seconds between checks for changed load (published when it changed)."""
@@ -210,6 +212,7 @@ class WorkerInstance:
                     role=self.role,
                     model=card.model,
                     metrics_url=self.metrics_url,
+                    health_url=self.health_url,
                     label=self.label,
                 )
             ),

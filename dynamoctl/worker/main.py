@@ -48,6 +48,7 @@ async def run_worker(opts: WorkerOptions) -> None:
             host=opts.host,
             instance_id=f"{runtime.instance_id}-{i}",
             metrics_url=runtime.metrics_url,
+            health_url=runtime.health_url,
             label=opts.label,
         )
         for i in range(opts.num_workers)

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from dynamoctl.supervisor.health import WorkerSample
 from dynamoctl.supervisor.instance import InstanceName, free_indices
 from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.probes import Health
@@ -26,6 +25,7 @@ from dynamoctl.supervisor.states import (
 )
 from dynamoctl.supervisor.supervisor import StartupFailed
 from dynamoctl.util.backoff import Backoff
+from dynamoctl.wire.health import WorkerHealth
 from tests.supervisor.fakes import (
     FakeLauncher,
     FakeProber,
@@ -87,14 +87,18 @@ async def test_worker_whose_tokens_stop_is_killed_as_hung(tmp_path: Path) -> Non
 
         def moving() -> Health:
             count = float(next(tokens))
-            return Health(True, count, WorkerSample(inflight=2, kv_usage=0.5, output_tokens=count))
+            return Health(
+                True,
+                count,
+                WorkerHealth(status="ready", inflight=2, kv_usage=0.5, output_tokens=int(count)),
+            )
 
         h.prober.healths["agg-0"] = moving
         await asyncio.sleep(0.4)  # four hang timeouts of progress: left alone
         assert len(h.launcher.started["agg-0"]) == 1
         assert h.sup.status().instances[0].inflight == 2
 
-        stuck = WorkerSample(inflight=2, kv_usage=0.5, output_tokens=7.0)
+        stuck = WorkerHealth(status="ready", inflight=2, kv_usage=0.5, output_tokens=7)
         h.prober.healths["agg-0"] = lambda: Health(True, 7.0, stuck)
         first = h.launcher.current("agg-0")
         await until(lambda: first.returncode is not None, "the hung worker killed")

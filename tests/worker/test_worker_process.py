@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import msgspec
 import pytest
 
 from dynamoctl import wire
@@ -21,6 +22,7 @@ from dynamoctl.kv.hashing import sequence_hashes
 from dynamoctl.planes.events import Event, EventSubscriber, Snapshot
 from dynamoctl.planes.request import Overloaded, RequestClient
 from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, ModelCard
+from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.kv_events import BlockStored, decode_batch
 
 NS = "wtest"
@@ -159,6 +161,11 @@ async def test_load_stream_and_http_endpoints(worker: RunningWorker) -> None:
     assert f"dynamoctl_worker_kv_total_blocks{{{labels}}} {float(BLOCKS)}" in metrics
     assert "dynamoctl_worker_requests_total" in metrics
     assert health.status_code == 200 and health.json()["status"] == "ready"
+    # The supervisor reads /health as a typed contract (not Prometheus text by metric name).
+    report = msgspec.json.decode(health.content, type=WorkerHealth)
+    assert report.instances == [worker.record.instance_id]
+    assert (report.inflight, report.output_tokens) == (0, 0)
+    assert worker.record.health_url == f"{base}/health"
 
 
 async def test_sigterm_drains_in_flight_then_deregisters_then_exits(tmp_path: Path) -> None:
