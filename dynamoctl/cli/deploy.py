@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -103,6 +104,11 @@ def _foreground(
 
     logsetup.setup(f"supervisor/{recipe.name}")
     logsetup.also_to(run_dir.path / "supervisor.log")  # what `logs supervisor` reads
+    logging.getLogger(__name__).info(
+        "logs: supervisor %s, instances %s/ (`dynamoctl logs NAME` reads them)",
+        run_dir.path / "supervisor.log",
+        run_dir.logs,
+    )
     view = LiveView(live)
     try:
         with view:

@@ -217,6 +217,7 @@ def test_sbatch_launch_sh_serves_across_nodes(
         # output went elsewhere.
         supervisor = login.cli("logs", "supervisor", "--name", name, "--tail", "200")
         assert "decode-0 failed" in supervisor.stdout, supervisor.stdout
+        assert f"logs: supervisor {home / 'runs' / name / 'supervisor.log'}" in _tail(out, 400)
     finally:
         login.run("scancel", job)
     wait_job_state(cluster, job, {"", "CANCELLED", "COMPLETED", "FAILED"})
