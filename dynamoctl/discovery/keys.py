@@ -47,17 +47,14 @@ def model_key(ns: str, model: str, instance_id: str) -> str:
     return f"{models_prefix(ns, model)}{_check(instance_id, 'instance_id')}"
 
 
+def events_prefix(ns: str, component: str) -> str:
+    """Every events record of ``component`` in ``ns`` (what routers watch)."""
+    return f"{namespace_prefix(ns)}events/{_check(component, 'component')}/"
+
+
 def events_key(ns: str, component: str, instance_id: str) -> str:
     """PUB and replay addresses of one instance's event streams."""
-    return (
-        f"{namespace_prefix(ns)}events/{_check(component, 'component')}/"
-        f"{_check(instance_id, 'instance_id')}"
-    )
-
-
-def supervisor_key(ns: str, name: str) -> str:
-    """Supervisor state: drain marks, scale targets, the control endpoint."""
-    return f"{namespace_prefix(ns)}supervisor/{_check(name, 'name')}"
+    return f"{events_prefix(ns, component)}{_check(instance_id, 'instance_id')}"
 
 
 def split_instance_key(key: str) -> tuple[str, str, str, str]:

@@ -49,7 +49,8 @@ class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     address: str = ""
     """IPv4 address it listens on and advertises, on ``host`` (empty: none of its own)."""
     ports: dict[str, int] = {}
-    """Fixed TCP ports it listens on, by purpose (``http``, ``client``, ``side_channel``):
+    """Fixed TCP ports it listens on, by purpose (``http``, ``client``, ``peer``,
+    ``nixl_side_channel[_dpN]``, ``bootstrap``):
     preflight checks they are free on ``host``. Ports chosen at run time are not here."""
     argv: list[str]
     """The exact command, run on ``host``."""

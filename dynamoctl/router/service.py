@@ -120,7 +120,7 @@ class RouterService(AsyncService):
         ns, comp = self.namespace, self.component
         jobs = {
             "instances": self._watch(keys.instances_prefix(ns, comp), self._on_instance),
-            "events": self._watch(f"{keys.namespace_prefix(ns)}events/{comp}/", self._on_events),
+            "events": self._watch(keys.events_prefix(ns, comp), self._on_events),
             "kv": self._consume(self._kv, self._on_kv),
             "load": self._consume(self._load, self._on_load),
         }

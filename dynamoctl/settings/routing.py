@@ -34,7 +34,8 @@ class RouterSettings(Options):
     """Softmax temperature over worker costs; 0 always picks the cheapest worker."""
     busy_kv_usage: float | None = Field(default=0.95, ge=0, le=1)
     """A worker whose KV cache is fuller than this fraction is busy and skipped; when every
-    worker is busy, requests queue, then get 503. Unset: never busy by KV usage."""
+    worker is busy, requests queue, then get 503. 1 (or, in a recipe, null): never busy by
+    KV usage."""
     busy_waiting: int | None = Field(default=None, ge=0)
     """A worker with more requests waiting than this is busy and skipped. Unset: never busy
     by its queue."""

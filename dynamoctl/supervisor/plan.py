@@ -4,7 +4,8 @@ The plan is a pure function of the recipe, the hosts and the run directory, so
 ``dynamoctl up --dry-run`` prints the same text every time (golden-file tested), and the
 supervisor starts exactly what the dry run showed.
 
-Placement: the head host (first one) runs the managed etcd, the routers and the frontend;
+Placement: the head host (first one) runs the managed etcd and the frontend; router
+replicas are spread over the hosts;
 worker replicas go first-fit over hosts in pool order (prefill, decode, agg), each taking
 ``gpus_per_replica`` contiguous free GPUs (``CUDA_VISIBLE_DEVICES``). Replicas without
 GPUs are spread round-robin, so a CPU deployment still uses every host.

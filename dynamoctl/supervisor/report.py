@@ -20,6 +20,7 @@ from dynamoctl.supervisor.plan import Plan
 from dynamoctl.supervisor.rundir import RunState
 from dynamoctl.supervisor.states import Phase
 from dynamoctl.wire.control import InstanceStatus, StatusReport
+from dynamoctl.wire.records import Component, Endpoint
 
 log = logging.getLogger(__name__)
 
@@ -108,15 +109,15 @@ async def register_control(plan: Plan, control_url: str, lease_ttl: float) -> Di
     effort: the deployment serves without it (None)."""
     record = wire.InstanceRecord(
         instance_id=plan.name,
-        component="supervisor",
-        endpoint="control",
+        component=Component.SUPERVISOR,
+        endpoint=Endpoint.CONTROL,
         address=control_url,
         host=socket.gethostname(),
         pid=os.getpid(),
         model=plan.model,
         metrics_url=f"{control_url}/metrics",
     )
-    key = keys.instance_key(plan.namespace, "supervisor", "control", plan.name)
+    key = keys.instance_key(plan.namespace, Component.SUPERVISOR, Endpoint.CONTROL, plan.name)
     disc = Discovery(store_from_url(plan.discovery_url), lease_ttl=lease_ttl, connect_timeout=10.0)
     try:
         await disc.start()

@@ -10,7 +10,7 @@
 - ``slurm-job``: the id of the job ``dynamoctl up`` submitted from a login node, written
   before the job starts (so a queued deployment can be found, and cancelled);
 - ``logs/INSTANCE.log``: each instance's output, appended across restarts;
-  ``supervisor.log`` for a detached supervisor.
+  ``supervisor.log``: the supervisor's own log (foreground, detached or in a Slurm job).
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ def test_layout_matches_design() -> None:
     )
     assert keys.model_key("prod", "meta-llama/Llama-3", "a1") == "prod/models/meta-llama/Llama-3/a1"
     assert keys.events_key("prod", "worker", "a1") == "prod/events/worker/a1"
-    assert keys.supervisor_key("prod", "drain") == "prod/supervisor/drain"
+    assert keys.events_prefix("prod", "router") == "prod/events/router/"
     assert keys.split_instance_key("prod/instances/worker/generate/a1") == (
         "prod", "worker", "generate", "a1",
     )  # fmt: skip

@@ -225,7 +225,7 @@ class BookingSync(AsyncService):
     # ------------------------------------------------------------------ peers
 
     async def _watch(self) -> None:
-        prefix = f"{keys.namespace_prefix(self.namespace)}events/{COMPONENT}/"
+        prefix = keys.events_prefix(self.namespace, COMPONENT)
         async for event in self.discovery.watch(prefix):
             iid = event.key.rpartition("/")[2]
             if iid == self.instance_id:
