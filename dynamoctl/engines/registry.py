@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, cast
 
 from dynamoctl.engines.api import Engine, EngineError
+from dynamoctl.util.registry import Registry
 
 EngineFactory = Callable[..., Engine]
 """Builds an engine from keyword options (the recipe's engine arguments)."""
@@ -37,26 +38,24 @@ class EngineEntry:
     """The dynamoctl extra that installs the engine (``pip install 'dynamoctl[vllm]'``)."""
 
 
-_ENGINES: dict[str, EngineEntry] = {}
+ENGINES: Registry[EngineEntry] = Registry("engine", UnknownEngine)
 
 
 def register_engine(name: str, target: str, *, extra: str | None = None) -> None:
     """Register ``target`` (``"module:factory"``) as engine ``name``; nothing is imported."""
-    if name in _ENGINES and _ENGINES[name].target != target:
-        raise ValueError(f"engine {name!r} is already registered as {_ENGINES[name].target}")
-    _ENGINES[name] = EngineEntry(name, target, extra)
+    if name in ENGINES and ENGINES[name].target == target:
+        return
+    ENGINES.add(name, EngineEntry(name, target, extra))
 
 
 def engine_names() -> list[str]:
     """Registered engine names, sorted."""
-    return sorted(_ENGINES)
+    return sorted(ENGINES)
 
 
 def load_engine_factory(name: str) -> EngineFactory:
     """Import and return the factory of engine ``name``."""
-    entry = _ENGINES.get(name)
-    if entry is None:
-        raise UnknownEngine(f"unknown engine {name!r}; valid: {', '.join(engine_names())}")
+    entry = ENGINES[name]
     module_name, _, attr = entry.target.partition(":")
     try:
         obj: Any = importlib.import_module(module_name)

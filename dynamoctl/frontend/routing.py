@@ -25,6 +25,7 @@ from dynamoctl.router import AllWorkersBusy, KvRouter, RouterError
 from dynamoctl.router.pools import ModelPools
 from dynamoctl.router.settings import RouterSettings, check_mode
 from dynamoctl.util.aio import AsyncService
+from dynamoctl.util.registry import Registry
 from dynamoctl.wire.engine import ModelCard
 from dynamoctl.wire.router import RoutePool
 
@@ -119,14 +120,16 @@ class EmbeddedRouting(AsyncService):
 RoutingFactory = Callable[[Discovery, str, RouterSettings, float], Routing]
 """``(discovery, namespace, settings, route_timeout) -> Routing``."""
 
-_ROUTINGS: dict[str, RoutingFactory] = {
-    "embedded": lambda disc, ns, settings, _timeout: EmbeddedRouting(disc, ns, settings),
-    "standalone": lambda disc, ns, _settings, timeout: StandaloneRouting(disc, ns, timeout),
-}
+ROUTINGS: Registry[RoutingFactory] = Registry("router", ValueError)
+"""Where a frontend's routing decisions are made (``--router``)."""
+ROUTINGS.add("embedded", lambda disc, ns, settings, _timeout: EmbeddedRouting(disc, ns, settings))
+ROUTINGS.add(
+    "standalone", lambda disc, ns, _settings, timeout: StandaloneRouting(disc, ns, timeout)
+)
 
 
 def routing_names() -> list[str]:
-    return list(_ROUTINGS)
+    return ROUTINGS.names()
 
 
 def create_routing(
@@ -137,7 +140,4 @@ def create_routing(
     route_timeout: float = 1.0,
 ) -> Routing:
     """The routing called ``name``; ``ValueError`` naming the valid ones otherwise."""
-    factory = _ROUTINGS.get(name)
-    if factory is None:
-        raise ValueError(f"unknown router {name!r}; valid: {', '.join(_ROUTINGS)}")
-    return factory(discovery, namespace, settings, route_timeout)
+    return ROUTINGS[name](discovery, namespace, settings, route_timeout)

@@ -7,13 +7,13 @@ from collections.abc import Callable
 
 from dynamoctl.launch.api import Launcher
 from dynamoctl.recipe.models import Recipe
+from dynamoctl.util.registry import Registry
 
-# kind → "module:factory"; a factory takes the recipe and returns a Launcher.
-LAUNCHERS: dict[str, str] = {
-    "local": "dynamoctl.launch.local:from_recipe",
-    "ssh": "dynamoctl.launch.ssh:from_recipe",
-    "slurm": "dynamoctl.launch.slurm:from_recipe",
-}
+LAUNCHERS: Registry[str] = Registry("target kind")
+"""Target kind -> ``"module:factory"``; a factory takes the recipe and returns a Launcher."""
+LAUNCHERS.add("local", "dynamoctl.launch.local:from_recipe")
+LAUNCHERS.add("ssh", "dynamoctl.launch.ssh:from_recipe")
+LAUNCHERS.add("slurm", "dynamoctl.launch.slurm:from_recipe")
 
 
 def launcher_for(recipe: Recipe) -> Launcher:

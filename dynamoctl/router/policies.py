@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from dynamoctl.router.errors import UnknownMode
+from dynamoctl.util.registry import Registry
 from dynamoctl.wire.engine import LoadMetrics
 
 KvSource = Literal["none", "events", "approx"]
@@ -103,15 +104,12 @@ class Policy:
     """The mode's name (``--router-mode``)."""
     kv_source: ClassVar[KvSource] = "none"
     """Where the overlaps in :attr:`Candidate.overlap_blocks` come from."""
-    _registry: ClassVar[dict[str, type[Policy]]] = {}
 
     def __init_subclass__(cls, *, name: str | None = None, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
         if name is not None:
-            if name in Policy._registry:
-                raise ValueError(f"routing mode {name!r} is already registered")
             cls.name = name
-            Policy._registry[name] = cls
+            POLICIES.add(name, cls)
 
     def __init__(self, config: PolicyConfig, rng: random.Random) -> None:
         self.config = config
@@ -125,16 +123,17 @@ class Policy:
         raise NotImplementedError
 
 
+POLICIES: Registry[type[Policy]] = Registry("router mode", UnknownMode)
+"""Routing modes by name; a :class:`Policy` subclass registers itself with ``name=``."""
+
+
 def mode_names() -> list[str]:
     """Registered routing modes, sorted."""
-    return sorted(Policy._registry)
+    return sorted(POLICIES)
 
 
 def policy_class(name: str) -> type[Policy]:
-    cls = Policy._registry.get(name)
-    if cls is None:
-        raise UnknownMode(f"unknown router mode {name!r}; valid: {', '.join(mode_names())}")
-    return cls
+    return POLICIES[name]
 
 
 def create_policy(name: str, config: PolicyConfig, rng: random.Random) -> Policy:

@@ -39,6 +39,7 @@ from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_arg
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
 from dynamoctl.supervisor.transfer import TransferError, transfer_channel
+from dynamoctl.util.registry import Registry
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
@@ -88,12 +89,11 @@ def _vllm_like_args(model: ModelSpec) -> dict[str, Any]:
     }
 
 
-MODEL_ARGS: dict[str, Callable[[ModelSpec], dict[str, Any]]] = {
-    "mocker": _mocker_args,
-    "vllm": _vllm_like_args,
-    "sglang": _vllm_like_args,
-    "trtllm": _vllm_like_args,
-}
+MODEL_ARGS: Registry[Callable[[ModelSpec], dict[str, Any]]] = Registry("engine")
+"""The engine arguments each engine takes from the recipe's model section."""
+MODEL_ARGS.add("mocker", _mocker_args)
+for _engine in ("vllm", "sglang", "trtllm"):
+    MODEL_ARGS.add(_engine, _vllm_like_args)
 
 
 def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str, Any]:

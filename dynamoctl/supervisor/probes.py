@@ -8,11 +8,12 @@ discovery mechanics they share are :class:`dynamoctl.supervisor.health.Probes`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Protocol
+from typing import Protocol
 
 from dynamoctl.discovery import store_from_url
 from dynamoctl.launch.api import InstanceSpec
 from dynamoctl.supervisor.health import Probes
+from dynamoctl.util.registry import Registry
 from dynamoctl.wire.health import WorkerHealth
 
 
@@ -50,15 +51,17 @@ def base_url(spec: InstanceSpec, port: str) -> str:
     return f"http://{spec.address}:{spec.ports[port]}"
 
 
+PROBES: Registry[type[ComponentProbe]] = Registry("component probe")
+"""Probes by component name; a :class:`ComponentProbe` subclass registers itself."""
+
+
 class ComponentProbe:
     """How one kind of component is probed. Subclasses register under their component's
     name: ``class EtcdProbe(ComponentProbe, component="etcd")``."""
 
-    kinds: ClassVar[dict[str, type[ComponentProbe]]] = {}
-
     def __init_subclass__(cls, component: str, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        ComponentProbe.kinds[component] = cls
+        PROBES.add(component, cls)
 
     def __init__(self, probes: Probes, model: str) -> None:
         self.probes = probes
@@ -121,11 +124,7 @@ class WorkerProbe(RouterProbe, component="worker"):
 
 def probe_kind(component: str) -> type[ComponentProbe]:
     """The probe of ``component``; a name no probe knows fails, listing those it knows."""
-    try:
-        return ComponentProbe.kinds[component]
-    except KeyError:
-        known = ", ".join(sorted(ComponentProbe.kinds))
-        raise KeyError(f"no probe for component {component!r} (known: {known})") from None
+    return PROBES[component]
 
 
 class DeploymentProber:

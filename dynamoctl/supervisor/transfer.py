@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dynamoctl.supervisor.hosts import Host
+from dynamoctl.util.registry import Registry
 
 POOL_PORTS = 100
 """Ports each pool has for one kind of side channel (replicas times ports per replica)."""
@@ -92,13 +93,14 @@ def _none(role: str, index: int, host: Host, args: Mapping[str, Any]) -> Transfe
     return TransferChannel()
 
 
-CHANNELS: dict[str, Callable[[str, int, Host, Mapping[str, Any]], TransferChannel]] = {
-    "mocker": _none,
-    "vllm": _vllm,
-    "sglang": _sglang,
-    "trtllm": _none,
-}
+CHANNELS: Registry[Callable[[str, int, Host, Mapping[str, Any]], TransferChannel]] = Registry(
+    "engine"
+)
 """Side-channel settings by engine name (every engine the recipe accepts is here)."""
+CHANNELS.add("mocker", _none)
+CHANNELS.add("vllm", _vllm)
+CHANNELS.add("sglang", _sglang)
+CHANNELS.add("trtllm", _none)
 
 
 def transfer_channel(

@@ -28,7 +28,7 @@ def test_mocker_from_options_and_runtime_objects() -> None:
 
 
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))
+    monkeypatch.setattr(registry, "ENGINES", registry.ENGINES.copy())
     registry.register_engine("fancy", "no_such_module_xyz.engine:Engine", extra="fancy")
     assert "fancy" in registry.engine_names()
     with pytest.raises(registry.EngineUnavailable, match=r"pip install 'dynamoctl\[fancy\]'"):
@@ -43,7 +43,7 @@ def test_broken_install_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: P
         "raise OSError('libcuda.so.1: cannot open shared object file\\ndetails')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.setattr(registry, "_ENGINES", dict(registry._ENGINES))
+    monkeypatch.setattr(registry, "ENGINES", registry.ENGINES.copy())
     registry.register_engine("broken", "broken_engine_xyz:Engine", extra="broken")
     with pytest.raises(registry.EngineUnavailable) as err:
         registry.create_engine("broken")
