@@ -18,7 +18,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
-from dynamoctl.settings import AdmissionSettings, DisaggSettings, RouterSettings
+from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
 from dynamoctl.util.net import is_loopback
 
@@ -238,7 +238,7 @@ class ModelSpec(_Model):
     """Longest prompt plus completion, in tokens. Default: the model's own limit."""
 
 
-class Router(_Model, DisaggSettings, RouterSettings):
+class Router(_Model, ReplicaSettings, DisaggSettings, RouterSettings):
     """How the frontend picks a worker for each request. The routing and disaggregation
     fields are the components' own options (``dynamoctl frontend --help``), declared once
     in :mod:`dynamoctl.settings`."""

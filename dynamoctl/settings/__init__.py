@@ -5,7 +5,13 @@ renders for it, and the recipe's fields. Light to import: the recipe loads them.
 from dynamoctl.settings.base import Options, cli_parameters, flag, from_cli, to_argv, with_options
 from dynamoctl.settings.component import ComponentSettings, Role, WorkerOptions
 from dynamoctl.settings.frontend import AdmissionSettings, DisaggSettings, FrontendOptions
-from dynamoctl.settings.routing import ROUTER_MODES, RouterMode, RouterOptions, RouterSettings
+from dynamoctl.settings.routing import (
+    ROUTER_MODES,
+    ReplicaSettings,
+    RouterMode,
+    RouterOptions,
+    RouterSettings,
+)
 
 __all__ = [
     "ROUTER_MODES",
@@ -14,6 +20,7 @@ __all__ = [
     "DisaggSettings",
     "FrontendOptions",
     "Options",
+    "ReplicaSettings",
     "Role",
     "RouterMode",
     "RouterOptions",

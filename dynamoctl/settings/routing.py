@@ -54,17 +54,26 @@ class RouterSettings(Options):
         )
 
 
+class ReplicaSettings(Options):
+    """How a standalone router replica keeps its state (recipe ``frontend.router``)."""
+
+    booking_ttl: float = Field(default=600.0, ge=1.0)
+    """Seconds after which a booking whose release never came is dropped (a frontend that
+    died mid-request)."""
+    warm_up: float = Field(default=5.0, ge=0.0)
+    """Most seconds a replica waits for workers and the other replicas' bookings before
+    it serves."""
+
+
 class RouterOptions(ComponentSettings):
     """Everything ``dynamoctl router`` is told on its command line."""
 
     router: RouterSettings = Field(default_factory=RouterSettings)
     """Routing mode and weights."""
+    replica: ReplicaSettings = Field(default_factory=ReplicaSettings)
+    """Its bookings and warm-up."""
     http_port: int = Field(default=0, ge=0, le=65535)
     """Port of ``/metrics`` and ``/health``; 0 picks a free one (registered)."""
-    booking_ttl: float = Field(default=600.0, ge=1.0)
-    """Seconds after which a booking whose release never came is dropped."""
-    warm_up: float = Field(default=5.0, ge=0.0)
-    """Most seconds to wait for workers and the other replicas' bookings before serving."""
     drain_grace: float = Field(default=0.5, ge=0.0)
     """Seconds between leaving discovery and closing, for route calls in flight (they take
     milliseconds)."""

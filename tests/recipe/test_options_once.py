@@ -16,6 +16,7 @@ from dynamoctl.settings import (
     ROUTER_MODES,
     AdmissionSettings,
     DisaggSettings,
+    ReplicaSettings,
     RouterSettings,
     flag,
     to_argv,
@@ -24,7 +25,7 @@ from dynamoctl.supervisor.plan import build_plan
 
 GROUPS = {
     "frontend": (RouterSettings, DisaggSettings, AdmissionSettings),
-    "router": (RouterSettings,),
+    "router": (RouterSettings, ReplicaSettings),
 }
 
 
@@ -46,7 +47,7 @@ def test_every_field_is_a_flag_of_the_component(component: str) -> None:
 
 
 def test_recipe_sections_are_the_components_options() -> None:
-    for model in (RouterSettings, DisaggSettings):
+    for model in (RouterSettings, DisaggSettings, ReplicaSettings):
         assert issubclass(Router, model)
         for name, info in model.model_fields.items():  # same default, same docstring
             assert Router.model_fields[name].default == info.default
@@ -65,7 +66,7 @@ frontend:
   queue_timeout: 2.5
   max_queued: 7
   router: {mode: power-of-two, busy_kv_usage: 0.8, busy_waiting: 4, replicas: 1,
-           max_prefill_attempts: 3}
+           max_prefill_attempts: 3, booking_ttl: 120, warm_up: 2}
 workers:
   prefill: {engine: mocker, gpus_per_replica: 0}
   decode: {engine: mocker, gpus_per_replica: 0}

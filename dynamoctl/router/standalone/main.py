@@ -32,7 +32,7 @@ async def run_router(opts: RouterOptions) -> None:
         runtime.instance_id,
         opts.router,
         host=opts.host,
-        booking_ttl=opts.booking_ttl,
+        booking_ttl=opts.replica.booking_ttl,
     )
     ready = [False]
     http = runtime.serve_http(build_app(server, ready), opts.http_port)
@@ -40,7 +40,7 @@ async def run_router(opts: RouterOptions) -> None:
     async with runtime:
         await server.start()
         await server.bookings.register()
-        if not await server.warm_up(opts.warm_up):
+        if not await server.warm_up(opts.replica.warm_up):
             log.warning("serving before every model had a worker and every peer its state")
         key = keys.instance_key(opts.namespace, COMPONENT, ROUTE, runtime.instance_id)
         await runtime.register(key, runtime.record(ROUTE, server.server.address))

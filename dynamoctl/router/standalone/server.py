@@ -26,6 +26,7 @@ from dynamoctl.router.pools import ModelPools, booking_pool
 from dynamoctl.router.router import KvRouter
 from dynamoctl.router.settings import RouterSettings
 from dynamoctl.router.standalone.bookings import BookingSync
+from dynamoctl.settings import ReplicaSettings
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
 from dynamoctl.wire.engine import ModelCard
@@ -56,7 +57,7 @@ class RouteServer(AsyncService):
         settings: RouterSettings,
         *,
         host: str = "127.0.0.1",
-        booking_ttl: float = 600.0,
+        booking_ttl: float = ReplicaSettings.model_fields["booking_ttl"].default,
     ) -> None:
         self.discovery = discovery
         self.namespace = namespace
