@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import typer
 
+from dynamoctl.settings import RouterSettings, flag
 from dynamoctl.util import aio
 from dynamoctl.util import log as logsetup
-
-if TYPE_CHECKING:
-    from dynamoctl.router.settings import RouterSettings
 
 
 def run_component(component: str, namespace: str, main: Coroutine[Any, Any, None]) -> None:
@@ -32,4 +30,4 @@ def check_router_mode(settings: RouterSettings) -> None:
     try:
         check_mode(settings.mode)
     except ValueError as exc:
-        raise typer.BadParameter(str(exc), param_hint="--router-mode") from exc
+        raise typer.BadParameter(str(exc), param_hint=flag(RouterSettings, "mode")) from exc

@@ -8,7 +8,7 @@ import typer
 
 from dynamoctl.cli import common
 from dynamoctl.engines.registry import engine_names
-from dynamoctl.settings import WorkerOptions, with_options
+from dynamoctl.settings import WorkerOptions, flag, with_options
 from dynamoctl.worker.options import parse_engine_args
 
 
@@ -29,7 +29,7 @@ def worker(ctx: typer.Context, *, options: WorkerOptions) -> None:
     if options.engine not in engine_names():
         raise typer.BadParameter(
             f"unknown engine {options.engine!r}; valid: {', '.join(engine_names())}",
-            param_hint="--engine",
+            param_hint=flag(WorkerOptions, "engine"),
         )
     try:
         engine_options = parse_engine_args(ctx.args)
