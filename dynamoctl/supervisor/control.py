@@ -69,7 +69,10 @@ def _json(payload: msgspec.Struct, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status, media_type="application/json")
 
 
-def build_app(supervisor: Supervisor, token: str) -> Starlette:
+def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette:
+    """The control endpoint's routes; ``get_supervisor`` gives the supervisor they act on
+    (the endpoint is bound first, so that the supervisor is made knowing its URL)."""
+
     def allowed(request: Request) -> bool:
         given = request.headers.get("authorization", "").removeprefix("Bearer ")
         return hmac.compare_digest(given, token)
@@ -97,24 +100,24 @@ def build_app(supervisor: Supervisor, token: str) -> Starlette:
     async def status(request: Request) -> Response:
         if not allowed(request):
             return _json(ControlReply(ok=False, message="bad or missing token"), 401)
-        return _json(supervisor.status())
+        return _json(get_supervisor().status())
 
     registry = CollectorRegistry()
-    registry.register(SupervisorCollector(supervisor))
+    registry.register(SupervisorCollector(get_supervisor))
 
     async def metrics(_: Request) -> Response:  # unauthenticated on purpose: read-only
         return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
     async def drain(body: DrainRequest) -> ControlReply:
-        return ControlReply(ok=True, instances=await supervisor.drain(body.target))
+        return ControlReply(ok=True, instances=await get_supervisor().drain(body.target))
 
     async def scale(body: ScaleRequest) -> ScaleReply:
         if body.replicas < 0:
             raise ValueError("replicas must be >= 0")
-        return await supervisor.scale(body.pool, body.replicas)
+        return await get_supervisor().scale(body.pool, body.replicas)
 
     async def down(body: DownRequest) -> ControlReply:
-        supervisor.request_down(now=body.now)
+        get_supervisor().request_down(now=body.now)
         return ControlReply(ok=True, message="stopping")
 
     return Starlette(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -32,8 +32,9 @@ TransitionKey = tuple[str, str, str, State, State]
 class SupervisorCollector(Collector):
     """Series for every instance the supervisor knows, and the deployment's phase."""
 
-    def __init__(self, supervisor: Supervisor | None) -> None:
-        self.supervisor = supervisor  # None: describe the series only (docs test)
+    def __init__(self, supervisor: Callable[[], Supervisor] | None) -> None:
+        self.supervisor = supervisor
+        """Gives the supervisor at scrape time; None: describe the series only (docs test)."""
 
     def collect(self) -> Iterator[Metric]:
         restarts = CounterMetricFamily(
@@ -71,7 +72,7 @@ class SupervisorCollector(Collector):
             "1 for the deployment's current phase, 0 for the others.",
             labels=["deployment", "phase"],
         )
-        sup = self.supervisor
+        sup = self.supervisor() if self.supervisor is not None else None
         if sup is not None:
             name, now = sup.plan.name, time.monotonic()
             settings = sup.settings

@@ -18,7 +18,7 @@ from dynamoctl.recipe.models import Recipe, SlurmTarget
 from dynamoctl.supervisor.control import build_app, control_address
 from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.rundir import RunDir
-from dynamoctl.supervisor.supervisor import StartupFailed, Supervisor
+from dynamoctl.supervisor.supervisor import ControlAccess, StartupFailed, Supervisor
 from dynamoctl.util.http import BoundServer
 
 log = logging.getLogger(__name__)
@@ -69,16 +69,17 @@ async def serve(
             log.warning("stopped leftovers of an earlier supervisor: %s", ", ".join(reaped))
         plan, gpu_map = build_plan(recipe, run_dir.path, allocation)
         launcher = launcher_for(recipe)
-        sup = Supervisor(recipe, str(recipe_path), plan, gpu_map, launcher, run_dir)
-        sup.token = secrets.token_urlsafe(24)
+        token = secrets.token_urlsafe(24)
         bind, shown = control_address(recipe)
+        made: list[Supervisor] = []  # the routes act on it once it exists (below)
         try:
-            control = BoundServer(build_app(sup, sup.token), bind, 0)
+            control = BoundServer(build_app(lambda: made[0], token), bind, 0)
         except OSError as exc:
             raise UpError(f"supervision.control_host: cannot listen on {bind!r}: {exc}") from exc
-        sup.control_url = f"http://{shown}:{control.port}"
-        if isinstance(recipe.target, SlurmTarget):
-            sup.slurm_job = os.environ.get("SLURM_JOB_ID", "")
+        job = os.environ.get("SLURM_JOB_ID", "") if isinstance(recipe.target, SlurmTarget) else ""
+        access = ControlAccess(f"http://{shown}:{control.port}", token, job)
+        sup = Supervisor(recipe, str(recipe_path), plan, gpu_map, launcher, run_dir, access=access)
+        made.append(sup)
         control_task = asyncio.create_task(control.run_bound(), name="control")
         loop = asyncio.get_running_loop()
         signals = 0

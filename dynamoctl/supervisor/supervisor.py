@@ -23,6 +23,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
@@ -67,6 +68,19 @@ class StartupFailed(Exception):
     """An instance failed while ``up`` was starting the deployment."""
 
 
+@dataclass(frozen=True)
+class ControlAccess:
+    """Where the supervisor's control endpoint listens and what opens it: given at
+    construction (``serve`` binds the endpoint first), recorded in ``state.json``."""
+
+    url: str = ""
+    """Base URL of the control endpoint, as commands on other hosts reach it."""
+    token: str = ""
+    """Bearer token every route but ``/metrics`` requires."""
+    slurm_job: str = ""
+    """The Slurm job the supervisor runs in, under a slurm target."""
+
+
 class Supervisor:
     strict = False
     """Raise :class:`IllegalTransition` on a change the tables do not allow (tests set it);
@@ -81,6 +95,7 @@ class Supervisor:
         launcher: Launcher,
         run_dir: RunDir,
         prober: Prober | None = None,
+        access: ControlAccess | None = None,
     ) -> None:
         self.recipe = recipe
         self.recipe_path = recipe_path
@@ -95,9 +110,8 @@ class Supervisor:
         self.instances = {spec.name: self._new(spec) for spec in plan.instances}
         self.phase = Phase.STARTING
         self.error = ""
-        self.control_url = ""
-        self.token = ""
-        self.slurm_job = ""
+        self.access = access or ControlAccess()
+        """How commands reach it (written to ``state.json``)."""
         self.on_change: Callable[[], None] = lambda: None
         self._starting = True
         self._down = asyncio.Event()
@@ -130,9 +144,9 @@ class Supervisor:
                         await self.prober.reset()  # re-opened against the now running etcd
             self._starting = False
             self._set_phase(Phase.SERVING)
-            if self.control_url:
+            if self.access.url:
                 lease_ttl = self.recipe.discovery.lease_ttl
-                self._discovery = await register_control(self.plan, self.control_url, lease_ttl)
+                self._discovery = await register_control(self.plan, self.access.url, lease_ttl)
             log.info("serving %s at %s", self.plan.model, self.plan.endpoint)
             await self._down.wait()
         except BaseException as exc:
@@ -440,9 +454,9 @@ class Supervisor:
                 self.recipe_path,
                 self.phase,
                 self.instances.values(),
-                control=self.control_url,
-                token=self.token,
-                slurm_job=self.slurm_job,
+                control=self.access.url,
+                token=self.access.token,
+                slurm_job=self.access.slurm_job,
                 error=self.error,
             )
         )
