@@ -105,3 +105,16 @@ def test_dashboard_is_importable_json() -> None:
     assert len(ids) == len(set(ids))
     for expr in dashboard_exprs():
         assert expr.count("(") == expr.count(")") and expr.count("{") == expr.count("}"), expr
+
+
+def test_worker_legends_use_the_names_status_shows() -> None:
+    """A worker's series carry ``name`` (``agg-1``); legends show it, not instance ids."""
+    panels = json.loads(DASHBOARD.read_text())["panels"]
+    legends = [
+        target.get("legendFormat", "")
+        for panel in panels
+        for target in panel.get("targets", [])
+        if "dynamoctl_worker_" in target.get("expr", "")
+    ]
+    assert legends and all("{{instance}}" not in legend for legend in legends), legends
+    assert any("{{name}}" in legend for legend in legends)
