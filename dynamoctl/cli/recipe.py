@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 def validate(
     files: list[Path] = typer.Argument(..., help="Recipe files to check.", show_default=False),
 ) -> None:
-    """Check recipe files; print every problem as FILE:LINE field: message.
+    """Check recipe files; print every problem as FILE:LINE[:COLUMN] field: message.
 
     Exits 1 if any file is invalid.
     """

@@ -2,13 +2,18 @@
 
 YAML is parsed with ruamel's round-trip loader, which remembers the line of every key;
 pydantic's errors are then mapped back onto those lines, with their messages shortened to
-what a person editing the file needs (the knob, the rule, the value that broke it).
+what a person editing the file needs (the knob, the rule, the value that broke it). Before
+that, :mod:`.guard` refuses what would crash or stall the parser, and :func:`_plain` what
+YAML reads but no recipe field or command line can carry (dates, control characters,
+keys that are not strings), each with its line and column.
 """
 
 from __future__ import annotations
 
+import datetime
 import difflib
-from dataclasses import dataclass
+import re
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -17,61 +22,36 @@ from pydantic.fields import FieldInfo
 from pydantic_core import ErrorDetails
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap, CommentedSeq
-from ruamel.yaml.error import MarkedYAMLError, YAMLError
+from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, YAMLError
 
+from dynamoctl.recipe import guard
 from dynamoctl.recipe.introspect import choices, models_in, union_tag
+from dynamoctl.recipe.issues import FieldPath, Issue, RecipeError, dotted
 from dynamoctl.recipe.models import RULE_ERROR, SCHEMA_VERSION, Recipe
 
-FieldPath = tuple[str | int, ...]
-
-
-@dataclass(frozen=True)
-class Issue:
-    """One problem in a recipe file."""
-
-    file: str
-    """The file as the user named it."""
-    line: int | None
-    """1-based line, or None when the problem is not in the text (unreadable file)."""
-    path: str
-    """Dotted field path, e.g. ``workers.decode.replicas``; empty for file-level problems."""
-    message: str
-    column: int | None = None
-    """1-based column, only for YAML syntax errors."""
-
-    def __str__(self) -> str:
-        where = self.file
-        if self.line is not None:
-            where += f":{self.line}"
-            if self.column is not None:
-                where += f":{self.column}"
-        return f"{where} {self.path}: {self.message}" if self.path else f"{where}: {self.message}"
-
-
-class RecipeError(Exception):
-    """A recipe that cannot be used; ``issues`` lists every problem found, by line."""
-
-    def __init__(self, issues: list[Issue]) -> None:
-        self.issues = issues
-        super().__init__("\n".join(map(str, issues)))
+__all__ = ["Issue", "RecipeError", "load_recipe", "load_recipe_text"]
 
 
 def load_recipe(path: str | Path) -> Recipe:
     """Read, parse and validate a recipe file; raise :class:`RecipeError` if it is unusable."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) else str(exc)
-        raise RecipeError([Issue(str(path), None, "", f"cannot read: {reason}")]) from exc
-    return load_recipe_text(text, str(path))
+        with open(path, "rb") as file:
+            data = file.read(guard.MAX_BYTES + 1)  # bounded: a FIFO or /dev/zero ends too
+    except OSError as exc:
+        raise RecipeError([Issue(str(path), None, "", f"cannot read: {exc.strerror}")]) from exc
+    return load_recipe_text(guard.decode(data, str(path)), str(path))
 
 
 def load_recipe_text(text: str, filename: str) -> Recipe:
     """Parse and validate recipe ``text``; ``filename`` only labels the issues."""
     document = _parse_yaml(text, filename)
     _check_schema_version(document, filename)
+    problems: list[_Problem] = []
+    data = _plain(document, (), problems)
+    if problems:
+        raise RecipeError(sorted(_issues(problems, document, filename), key=_order))
     try:
-        return Recipe.model_validate(_plain(document))
+        return Recipe.model_validate(data)
     except ValidationError as exc:
         issues = {
             _to_issue(error, document, filename)
@@ -80,12 +60,22 @@ def load_recipe_text(text: str, filename: str) -> Recipe:
             # was skipped when the other is invalid; the other's own error says it all.
             if error["type"] != "default_factory_not_called"
         }
-        raise RecipeError(sorted(issues, key=lambda i: (i.line or 0, i.path))) from exc
+        raise RecipeError(sorted(issues, key=_order)) from exc
+
+
+def _order(issue: Issue) -> tuple[int, int, str]:
+    return issue.line or 0, issue.column or 0, issue.path
 
 
 def _parse_yaml(text: str, filename: str) -> CommentedMap:
+    guard.check_text(text, filename)
     try:
-        document = YAML(typ="rt").load(text)
+        guard.scan(text, filename)
+        with warnings.catch_warnings():
+            # A redefined anchor is valid YAML (aliases take the latest); not worth a
+            # multi-line warning on stderr.
+            warnings.simplefilter("ignore", ReusedAnchorWarning)
+            document = YAML(typ="rt").load(text)
     except MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark
         message = exc.problem or exc.context or "invalid YAML"
@@ -118,16 +108,67 @@ def _check_schema_version(document: CommentedMap, filename: str) -> None:
         raise RecipeError([Issue(filename, document.lc.key("schema")[0] + 1, "schema", message)])
 
 
-def _plain(node: Any) -> Any:
-    """ruamel's node types as plain Python values (pydantic is strict about subclasses)."""
+# --- ruamel's values → plain Python values ---------------------------------------------------
+
+_Problem = tuple[FieldPath, bool, str]
+"""Where a value is wrong (its path; whether the value rather than the key is at fault)
+and what is wrong with it."""
+_UNCARRIED = re.compile("[\x00-\x08\x0b-\x1f\x7f\ud800-\udfff]")
+"""Characters a quoted escape (``"\\0"``) can put in a string that no command line,
+environment variable or terminal carries: C0 controls but tab and newline, DEL, and
+unpaired surrogates."""
+
+
+def _plain(node: Any, path: FieldPath, problems: list[_Problem]) -> Any:
+    """ruamel's node types as plain Python values (pydantic is strict about subclasses);
+    what is not a core-schema value goes to ``problems`` instead."""
     if isinstance(node, dict):
-        return {_plain(key): _plain(value) for key, value in node.items()}
+        plain = {}
+        for key, value in node.items():
+            if not isinstance(key, str):
+                problems.append(((*path, key), False, _key_message(key)))
+            elif _is_carried(key, (*path, key), False, problems):
+                plain[str(key)] = _plain(value, (*path, key), problems)
+        return plain
     if isinstance(node, list):
-        return [_plain(item) for item in node]
+        return [_plain(item, (*path, index), problems) for index, item in enumerate(node)]
+    if node is None:
+        return None
     for scalar in (bool, int, float, str):  # bool first: it is an int
         if isinstance(node, scalar):
-            return scalar(node)
-    return node
+            return scalar(node) if _is_carried(node, path, True, problems) else None
+    problems.append((path, True, _not_plain_message(node)))
+    return None
+
+
+def _is_carried(value: Any, path: FieldPath, of_value: bool, problems: list[_Problem]) -> bool:
+    bad = _UNCARRIED.search(value) if isinstance(value, str) else None
+    if bad is not None:
+        message = f"contains the character {guard.char_name(bad[0])}; remove it"
+        problems.append((path, of_value, message))
+    return bad is None
+
+
+def _key_message(key: Any) -> str:
+    shown = _describe(key)
+    quoted = f": '{shown}'" if isinstance(key, (int, float, datetime.date)) else ""
+    return f"a key must be a string, got {shown}; quote it{quoted}"
+
+
+def _not_plain_message(value: Any) -> str:
+    if isinstance(value, datetime.date):  # YAML reads 2024-01-01 as a date
+        return f"{_describe(value)} is read as a date; quote it to make it a string"
+    return f"{_describe(value)} is not a plain YAML value; quote it to make it a string"
+
+
+def _issues(problems: list[_Problem], document: CommentedMap, filename: str) -> list[Issue]:
+    issues = []
+    for path, of_value, message in problems:
+        line, column = _locate(document, path, of_value)
+        # A bad key is quoted in the message, not put in the path: it may not even print.
+        shown = path if of_value else path[:-1]
+        issues.append(Issue(filename, line, dotted(shown), message, column))
+    return issues
 
 
 # --- pydantic error → Issue -----------------------------------------------------------------
@@ -141,7 +182,7 @@ def _to_issue(error: ErrorDetails, document: CommentedMap, filename: str) -> Iss
         path += tuple(ctx["at"].split("."))
     elif kind.startswith("union_tag_"):  # point at the tag key itself, e.g. target.kind
         path += (ctx["discriminator"].strip("'"),)
-    return Issue(filename, _line_of(document, path), _dotted(path), message)
+    return Issue(filename, _line_of(document, path), dotted(path), message)
 
 
 def _message(error: ErrorDetails, path: FieldPath, owner: type[BaseModel] | None) -> str:
@@ -223,24 +264,31 @@ def _choices(owner: type[BaseModel] | None, path: FieldPath) -> str:
 def _line_of(document: CommentedMap, path: FieldPath) -> int:
     """1-based line of the deepest key of ``path`` present in the file: the key itself,
     or for a missing field the key of the mapping that should hold it."""
-    line, node = _root_line(document), document
+    return _locate(document, path)[0]
+
+
+def _locate(
+    document: CommentedMap, path: FieldPath, of_value: bool = False
+) -> tuple[int, int | None]:
+    """Line and column of the deepest key of ``path`` present in the file (of its value,
+    with ``of_value``); the column only when the whole path is there."""
+    line, node, position = _root_line(document), document, None
     for step in path:
         position = None
         if isinstance(node, (CommentedMap, CommentedSeq)) and node.lc.data:
             # Keys merged in from an anchor (``<<: *x``) have no position of their own.
             position = node.lc.data.get(step)
         if position is None:
-            break
+            return line, None
         line, node = position[0] + 1, node[step]
-    return line
+    if position is None:
+        return line, None
+    at = 2 if of_value and len(position) == 4 else 0  # a mapping's: key line, col, value's
+    return position[at] + 1, position[at + 1] + 1
 
 
 def _root_line(document: CommentedMap) -> int:
     return int(document.lc.line) + 1
-
-
-def _dotted(path: FieldPath) -> str:
-    return "".join(f"[{step}]" if isinstance(step, int) else f".{step}" for step in path)[1:]
 
 
 def _describe(value: Any) -> str:
@@ -251,6 +299,8 @@ def _describe(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, (int, float, str)):
         return repr(value)
+    if isinstance(value, datetime.date):
+        return value.isoformat()
     if isinstance(value, dict):
         return "a mapping"
     if isinstance(value, list):

@@ -20,6 +20,7 @@ from pydantic_core import PydanticCustomError
 
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
+from dynamoctl.settings.frontend import ApiKeySettings, HttpLimitSettings
 from dynamoctl.util.net import is_loopback
 
 SCHEMA_VERSION = 1
@@ -90,9 +91,10 @@ class _Model(BaseModel):
 class _Discovery(_Model):
     backend: str
     """Discovery backend; every process registers itself there under a lease."""
-    lease_ttl: float = Field(default=10.0, ge=2)
+    lease_ttl: float = Field(default=10.0, ge=2, le=3600)
     """Seconds a registration outlives its process's last heartbeat. A process that loses its
-    lease re-acquires it and registers again; it does not exit."""
+    lease re-acquires it and registers again; it does not exit. At most an hour: requests
+    would go to a dead process for that long."""
 
 
 class EmbeddedDiscovery(_Discovery):
@@ -141,9 +143,9 @@ class LocalTarget(_Model):
 
     kind: Literal["local"]
     """``local``: child processes of the supervisor, each in its own process group."""
-    gpus: int | None = Field(default=None, ge=0)
+    gpus: int | None = Field(default=None, ge=0, le=64)
     """GPUs on this machine that replicas may use. Default: counted with ``nvidia-smi -L``
-    (0 without it)."""
+    (0 without it). At most 64, several times the GPUs of the largest machines."""
 
 
 class SshTarget(_Model):
@@ -168,8 +170,9 @@ class SshTarget(_Model):
     workdir: str | None = None
     """Remote working directory of components (a managed etcd keeps its data there).
     Default: the remote home."""
-    gpus_per_host: int = Field(default=0, ge=0)
-    """GPUs on each host that replicas may use; a replica must fit on one host."""
+    gpus_per_host: int = Field(default=0, ge=0, le=64)
+    """GPUs on each host that replicas may use; a replica must fit on one host. At most 64,
+    several times the GPUs of the largest machines."""
     addresses: dict[str, Annotated[str, AfterValidator(_check_ipv4)]] = Field(default_factory=dict)
     """IPv4 address each host's components bind and advertise, by host name, where the
     name does not resolve to it on the supervisor's machine (an ``~/.ssh/config`` alias) or
@@ -201,10 +204,12 @@ class SlurmTarget(_Model):
     """Partition to submit to (``--partition``)."""
     account: str | None = None
     """Account to charge (``--account``). Default: the user's default account."""
-    nodes: int = Field(default=1, ge=1)
-    """Nodes in the allocation (``--nodes``)."""
-    gpus_per_node: int = Field(ge=0)
-    """GPUs on each node (``--gpus-per-node``); a worker replica must fit on one node."""
+    nodes: int = Field(default=1, ge=1, le=1024)
+    """Nodes in the allocation (``--nodes``). At most 1024: one frontend and one etcd serve
+    the whole deployment; past that, run several."""
+    gpus_per_node: int = Field(ge=0, le=64)
+    """GPUs on each node (``--gpus-per-node``); a worker replica must fit on one node. At
+    most 64, several times the GPUs of the largest machines."""
     time_limit: Annotated[str, AfterValidator(_check_time_limit)] | None = None
     """Wall-clock limit, ``HH:MM:SS`` or ``D-HH:MM:SS`` (``--time``). Default: the partition's."""
     container: SlurmContainer | None = None
@@ -243,12 +248,12 @@ class Router(_Model, ReplicaSettings, DisaggSettings, RouterSettings):
     fields are the components' own options (``dynamoctl frontend --help``), declared once
     in :mod:`dynamoctl.settings`."""
 
-    replicas: int = Field(default=0, ge=0)
+    replicas: int = Field(default=0, ge=0, le=64)
     """Standalone router processes; 0 embeds the router in the frontend. Either routes
-    the prefill and decode pools alike."""
+    the prefill and decode pools alike. At most 64, far more than failover needs."""
 
 
-class Frontend(_Model, AdmissionSettings):
+class Frontend(_Model, HttpLimitSettings, ApiKeySettings, AdmissionSettings):
     """The OpenAI-compatible HTTP endpoint."""
 
     host: NonEmptyStr | None = None
@@ -267,11 +272,13 @@ class WorkerPool(_Model):
 
     engine: Engine
     """Engine adapter: ``mocker`` (simulated, no GPU), ``vllm``, ``sglang`` or ``trtllm``."""
-    replicas: int = Field(default=1, ge=0)
+    replicas: int = Field(default=1, ge=0, le=1024)
     """Number of replicas; 0 declares the pool with nothing running (``dynamoctl scale``
-    changes it later)."""
-    gpus_per_replica: int = Field(default=1, ge=0)
-    """GPUs each replica gets; 0 for the mocker or CPU engines."""
+    changes it later). At most 1024, each a process the supervisor probes every
+    ``probe_interval``."""
+    gpus_per_replica: int = Field(default=1, ge=0, le=64)
+    """GPUs each replica gets; 0 for the mocker or CPU engines. At most 64, as a replica
+    runs on one host."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Engine command-line arguments without the leading ``--``, passed untouched, e.g.
     ``{tensor-parallel-size: 8}``; ``true`` is a bare flag."""
@@ -317,24 +324,25 @@ class Workers(_Model):
 
 class Supervision(_Model):
     """How ``dynamoctl up`` keeps instances alive. The defaults suit real engines, which take
-    minutes to load weights."""
+    minutes to load weights. Every duration is at most a day (86400 s): longer is never
+    meant, and ``.inf`` would overflow the supervisor's arithmetic."""
 
-    start_timeout: float = Field(default=600.0, gt=0)
+    start_timeout: float = Field(default=600.0, gt=0, le=86400)
     """Seconds an instance may take to become READY before it counts as failed."""
     restart_budget: int = Field(default=5, ge=0)
     """Restarts allowed per instance within ``budget_window``; past it, it stays FAILED."""
-    budget_window: float = Field(default=600.0, gt=0)
+    budget_window: float = Field(default=600.0, gt=0, le=86400)
     """Seconds over which restarts are counted."""
-    backoff_base: float = Field(default=1.0, gt=0)
+    backoff_base: float = Field(default=1.0, gt=0, le=86400)
     """First restart delay in seconds; doubles per consecutive failure, with jitter."""
-    backoff_cap: float = Field(default=30.0, gt=0)
+    backoff_cap: float = Field(default=30.0, gt=0, le=86400)
     """Longest restart delay in seconds."""
-    hang_timeout: float = Field(default=60.0, gt=0)
+    hang_timeout: float = Field(default=60.0, gt=0, le=86400)
     """Seconds an instance may go without answering probes, or a worker with requests in
     flight without generating a token, before it counts as hung and is restarted."""
-    probe_interval: float = Field(default=1.0, gt=0)
+    probe_interval: float = Field(default=1.0, gt=0, le=86400)
     """Seconds between health probes of each instance."""
-    drain_timeout: float = Field(default=45.0, ge=0)
+    drain_timeout: float = Field(default=45.0, ge=0, le=86400)
     """Seconds a draining instance gets (finishing in-flight requests) before SIGKILL."""
     control_host: NonEmptyStr | None = None
     """IPv4 address or host name the supervisor's control endpoint (``status``, ``drain``,
