@@ -311,6 +311,8 @@ class GpuMap:
             self._next_cpu_host += 1
             return host, []
         for host in self.hosts:
+            if self.gpus_per_host - len(self.used[host.name]) < count:
+                continue  # full enough: no block fits (keeps big plans linear in hosts)
             for start in range(self.gpus_per_host - count + 1):
                 block = set(range(start, start + count))
                 if not block & self.used[host.name]:

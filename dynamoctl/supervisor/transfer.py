@@ -66,7 +66,12 @@ def _port_block(base: str, first: int, role: str, index: int, width: int) -> int
 def _vllm(role: str, index: int, host: Host, args: Mapping[str, Any]) -> TransferChannel:
     if "kv_transfer_config" not in args:
         return TransferChannel()
-    ranks = int(args.get("data_parallel_size", 1))
+    ranks = args.get("data_parallel_size", 1)
+    if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= POOL_PORTS:
+        raise TransferError(
+            f"workers.{role}.engine_args.data-parallel-size: {ranks!r} is not a whole number "
+            f"from 1 to {POOL_PORTS}"
+        )
     port = _port_block("NIXL side-channel", NIXL_SIDE_CHANNEL_BASE, role, index, ranks)
     ports = {"nixl_side_channel" + (f"_dp{r}" if r else ""): port + r for r in range(ranks)}
     env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": host.address, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}

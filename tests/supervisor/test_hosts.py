@@ -189,3 +189,18 @@ workers:
     text = str(err.value)
     assert text.startswith("target.nodes: the recipe needs 3 node(s) but this Slurm allocation")
     assert "sbatch --nodes=3 --gpus-per-node=2 --partition=gpu slurm/launch.sh RECIPE" in text
+
+
+@pytest.mark.parametrize("size", ["abc", "[1]", ".inf", "0", "true"])
+def test_a_bad_data_parallel_size_is_a_plan_error(size: str) -> None:
+    recipe = load_recipe_text(
+        _ssh(
+            "[gpu-a]",
+            f"  agg: {{engine: vllm, gpus_per_replica: 0,"
+            f" engine_args: {{{NIXL}, data-parallel-size: {size}}}}}",
+            ", addresses: {gpu-a: 192.0.2.1}",
+        ),
+        "r.yaml",
+    )
+    with pytest.raises(PlanError, match=r"workers.agg.engine_args.data-parallel-size: .* whole"):
+        build_plan(recipe, Path("/run"))
