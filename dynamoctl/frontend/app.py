@@ -10,12 +10,21 @@ straight to ``send()`` and watches ``receive()`` for the client going away, skip
 middleware stack and the per-response task group, which cost more CPU than the rest of a
 streamed request. FastAPI keeps everything else (``/v1/models``, ``/metrics``,
 ``/openapi.json``) and still routes the two paths to the same handler if reached directly.
+
+Hostile input: bodies are parsed and validated by pydantic's own JSON parser in strict
+mode (nesting past its depth limit, lone surrogates and non-UTF-8 are invalid JSON, not a
+``RecursionError`` or a tokenizer's crash), so every refusal is a 4xx; a bug is a 500
+with ``Connection: close`` (or, once a stream has started, an error event). Long texts
+are tokenised on a thread so that one huge prompt does not stall every other request.
+Limits on headers and slow clients are the HTTP server's (:mod:`dynamoctl.util.http`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
@@ -30,8 +39,16 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dynamoctl import __version__
-from dynamoctl.frontend.errors import OpenAIError, bad_request, model_not_found
+from dynamoctl.frontend.auth import ApiKeys
+from dynamoctl.frontend.errors import (
+    OpenAIError,
+    bad_request,
+    internal_error,
+    model_not_found,
+    too_large,
+)
 from dynamoctl.frontend.generate import Generator, Job, Outcome
+from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import (
@@ -40,6 +57,8 @@ from dynamoctl.frontend.protocol import (
     usage,
 )
 
+log = logging.getLogger(__name__)
+
 Body = TypeVar("Body", bound=BaseModel)
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -47,18 +66,31 @@ Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MAX_BODY_BYTES = 4 * 1024 * 1024
-"""Larger bodies get 413 before they are read in full."""
+"""Larger bodies get 413 before they are read in full (default of ``--max-body-bytes``)."""
+TRIM_AFTER_BYTES = 256 << 10
+"""A body this large (or refused as too large) asks for a heap trim (:class:`Trimmer`)."""
 
 
 def build_app(
-    registry: ModelRegistry, generator: Generator, metrics: FrontendMetrics
+    registry: ModelRegistry,
+    generator: Generator,
+    metrics: FrontendMetrics,
+    *,
+    api_keys: ApiKeys | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FrontendApp:
-    hot = _Completions(registry, generator, metrics)
+    """The frontend's ASGI app; with ``api_keys``, every path but the probes' needs one."""
+    hot = _Completions(registry, generator, metrics, max_body_bytes)
     app = FastAPI(title="dynamoctl", version=__version__, docs_url=None, redoc_url=None)
 
     @app.exception_handler(OpenAIError)
     async def _openai_error(_: Request, exc: OpenAIError) -> Response:
         return exc.response()
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception) -> Response:
+        # Starlette logs and re-raises after this response; it only shapes it.
+        return internal_error().response()
 
     @app.exception_handler(HTTPException)
     async def _http_error(_: Request, exc: HTTPException) -> Response:
@@ -104,18 +136,24 @@ def build_app(
     async def completions(request: Request) -> Response:
         return _Raw(hot.completions)
 
-    return FrontendApp(app, hot)
+    return FrontendApp(app, hot, api_keys)
 
 
 class FrontendApp:
-    """The frontend's ASGI application: the hot POST routes go straight to
-    :class:`_Completions`; everything else (and any other method) to FastAPI."""
+    """The frontend's ASGI application: API keys checked first (when configured), then
+    the hot POST routes go straight to :class:`_Completions`; everything else (and any
+    other method) to FastAPI."""
 
-    def __init__(self, api: FastAPI, hot: _Completions) -> None:
+    def __init__(self, api: FastAPI, hot: _Completions, api_keys: ApiKeys | None = None) -> None:
         self.api = api
         self.hot = hot
+        self.api_keys = api_keys
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.api_keys is not None and scope["type"] == "http":
+            refused = self.api_keys.check(scope["path"], scope["headers"])
+            if refused is not None:
+                return await refused.response()(scope, receive, send)
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             path = scope["path"]
             if path == "/v1/completions":
@@ -136,8 +174,6 @@ class _Raw(Response):
         await self.handler(scope, receive, send)
 
 
-_INTERNAL_ERROR = PlainTextResponse("Internal Server Error", status_code=500)
-"""What Starlette's ServerErrorMiddleware answers for an unhandled exception."""
 _SSE_START: Message = {
     "type": "http.response.start",
     "status": 200,
@@ -153,11 +189,18 @@ class _Completions:
     """``POST /v1/completions`` and ``/v1/chat/completions`` as raw ASGI handlers."""
 
     def __init__(
-        self, registry: ModelRegistry, generator: Generator, metrics: FrontendMetrics
+        self,
+        registry: ModelRegistry,
+        generator: Generator,
+        metrics: FrontendMetrics,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ) -> None:
         self.registry = registry
         self.generator = generator
         self.metrics = metrics
+        self.max_body_bytes = max_body_bytes
+        self._long = LongTextEncoder()
+        self._trim = Trimmer(self._long.pool)
 
     async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._serve(scope, receive, send, "chat")
@@ -166,17 +209,23 @@ class _Completions:
         await self._serve(scope, receive, send, "completions")
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
+        raw: bytes | None = None
         try:
-            raw = await _read_body(scope, receive)
+            raw = await _read_body(scope, receive, self.max_body_bytes)
             if raw is None:
                 return  # the client left before sending its whole body
-            model, body, job = self._chat(raw) if endpoint == "chat" else self._completion(raw)
+            prepare = self._chat if endpoint == "chat" else self._completion
+            model, body, job = await prepare(raw)
         except OpenAIError as exc:
             await exc.response()(scope, receive, send)
             return
         except Exception:
-            await _INTERNAL_ERROR(scope, receive, send)
-            raise
+            log.exception("%s request failed", endpoint)
+            await internal_error().response()(scope, receive, send)
+            return
+        finally:
+            if raw is None or len(raw) >= TRIM_AFTER_BYTES:  # None: left, or 413
+                self._trim.soon()
         self.metrics.input_tokens.labels(model.name).inc(len(job.prompt_ids))
         outcome = Outcome()
         deltas = self.generator.run(job, model.tokenizer, model.picker, outcome)
@@ -188,7 +237,7 @@ class _Completions:
         else:
             await self._whole(scope, receive, send, deltas, shape, outcome, len(job.prompt_ids))
 
-    def _chat(
+    async def _chat(
         self, raw: bytes
     ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
         body = _decode(raw, ChatCompletionRequest)
@@ -198,19 +247,30 @@ class _Completions:
             prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
-        ids = model.tokenizer.encode(prompt, add_special_tokens=False)
+        ids = await self._encode(model, prompt, False, "messages")
         return model, body, _job(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
 
-    def _completion(
+    async def _completion(
         self, raw: bytes
     ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
         body = _decode(raw, CompletionRequest)
         model = _model(self.registry, body.model)
         if isinstance(body.prompt, str):
-            ids = model.tokenizer.encode(body.prompt, add_special_tokens=True)
+            ids = await self._encode(model, body.prompt, True, "prompt")
         else:
             ids = list(body.prompt)
         return model, body, _job(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
+
+    async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:
+        """``text``'s ids: inline when short, else on a thread (:mod:`longtext`); a
+        prompt longer than the context is refused by its count alone."""
+        if len(text) <= INLINE_CHARS:
+            return model.tokenizer.encode(text, add_special_tokens=special)
+        context = model.card.context_length
+        ids = await self._long.encode(model, text, special, context)
+        if isinstance(ids, int):
+            raise _too_long(context, ids, param)
+        return ids
 
     async def _stream(
         self,
@@ -270,6 +330,9 @@ class _Completions:
                         tail.append(_data(final))
                 except OpenAIError as exc:  # headers are sent: report in-band, as OpenAI does
                     tail = [*held, _data(exc.body())]
+                except Exception:  # a bug: the stream still ends well-formed
+                    log.exception("stream of %s failed", shape.id)
+                    tail = [*held, _data(internal_error().body())]
                 tail.append(b"data: [DONE]\n\n")
             except asyncio.CancelledError:  # client went away: the worker stream is cancelled
                 metrics.cancellations.labels(name).inc()
@@ -319,7 +382,9 @@ class _Completions:
                 await error.response()(scope, receive, send)
                 return
             if isinstance(error, Exception):
-                await _INTERNAL_ERROR(scope, receive, send)
+                log.error("request %s failed", shape.id, exc_info=error)
+                await internal_error().response()(scope, receive, send)
+                return
             raise error
         _count(metrics, name, shape.endpoint, outcome, "200")
         await JSONResponse(shape.full(text, outcome, prompt_tokens))(scope, receive, send)
@@ -458,13 +523,14 @@ def _count(
     metrics.cached_tokens.labels(model).inc(outcome.cached_tokens)
 
 
-async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
-    """The request body, or None if the client disconnects first; 413 past the limit."""
+async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
+    """The request body, or None if the client disconnects first; 413 past ``limit``."""
     for name, value in scope["headers"]:
         if name == b"content-length":
             declared = value.decode("latin-1")
-            if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-                raise OpenAIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+            # Digits only (the HTTP parser checked), but maybe many: compare lengths first.
+            if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
+                raise too_large(limit)
             break
     parts: list[bytes] = []
     size = 0
@@ -475,8 +541,8 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
             if part:
                 parts.append(part)
                 size += len(part)
-                if size > MAX_BODY_BYTES:
-                    raise OpenAIError(413, f"request body exceeds {MAX_BODY_BYTES} bytes")
+                if size > limit:
+                    raise too_large(limit)
             if not message.get("more_body", False):
                 return b"".join(parts)
         elif message["type"] == "http.disconnect":
@@ -484,28 +550,48 @@ async def _read_body(scope: Scope, receive: Receive) -> bytes | None:
 
 
 def _decode(raw: bytes, model: type[Body]) -> Body:
+    """``raw`` parsed and validated in one pass by pydantic's JSON parser (strict: no
+    coercion; depth-limited; lone surrogates refused); any failure is a 400."""
     try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise bad_request(f"request body is not valid UTF-8: {exc}") from exc
-    except ValueError as exc:
-        raise bad_request(f"request body is not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise bad_request("request body must be a JSON object")
-    try:
-        return model.model_validate(data)
+        return model.model_validate_json(raw)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        param = ".".join(str(p) for p in first["loc"]) or None
-        kind = first["type"]
-        message = (
-            f"unknown or unsupported parameter '{param}'"
-            if kind == "extra_forbidden"
-            else f"{param}: {first['msg']}"
-            if param
-            else first["msg"]
-        )
-        raise bad_request(message, param) from exc
+        raise _invalid(raw, exc) from None
+
+
+_TYPE_TAG = re.compile(r"str|int|float|bool|.*\W.*")
+"""Parts of an error location that name a union member's type, not a parameter
+(``prompt.str``, ``prompt.list[int].0``)."""
+
+
+def _invalid(raw: bytes, exc: ValidationError) -> OpenAIError:
+    errors = exc.errors(include_url=False, include_input=False)
+    first = errors[0]
+    kind = first["type"]
+    if kind == "json_invalid":
+        try:
+            raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            return bad_request(f"request body is not valid UTF-8: {err}")
+        return bad_request(f"request body is not valid JSON: {first['msg']}")
+    if kind == "model_type" and not first["loc"]:
+        return bad_request("request body must be a JSON object")
+    if kind == "extra_forbidden":
+        name = ".".join(str(p) for p in first["loc"])[:200]  # a client's key: maybe huge
+        return bad_request(f"unknown or unsupported parameter '{name}'", name)
+    # Of a union's failures, the deepest says most ([1.0] as a prompt: not "a string").
+    top = first["loc"][:1]
+    first = max((e for e in errors if e["loc"][:1] == top), key=lambda e: len(e["loc"]))
+    parts = [p for p in first["loc"] if isinstance(p, int) or not _TYPE_TAG.fullmatch(p)]
+    param = ".".join(map(str, parts)) or None
+    return bad_request(f"{param}: {first['msg']}" if param else first["msg"], param)
+
+
+def _too_long(context: int, prompt_tokens: int, param: str) -> OpenAIError:
+    return bad_request(
+        f"This model's maximum context length is {context} tokens; the prompt has "
+        f"{prompt_tokens} tokens.",
+        param,
+    )
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:
@@ -520,11 +606,8 @@ def _job(
 ) -> Job:
     context = model.card.context_length
     if len(ids) >= context:
-        raise bad_request(
-            f"This model's maximum context length is {context} tokens; the prompt has "
-            f"{len(ids)} tokens.",
-            "messages" if isinstance(body, ChatCompletionRequest) else "prompt",
-        )
+        param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
+        raise _too_long(context, len(ids), param)
     limit = body.token_limit()
     if limit is not None and len(ids) + limit > context:
         raise bad_request(

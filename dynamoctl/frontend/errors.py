@@ -1,6 +1,7 @@
 """OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}`` with the
-status a client can act on (400 fix the request, 404 wrong model, 413 too big, 503 retry
-later with ``Retry-After``)."""
+status a client can act on (400 fix the request, 401 wrong API key, 404 wrong model, 413
+too big, 503 retry later with ``Retry-After``; 500 is a bug, and closes the
+connection)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ class OpenAIError(Exception):
         param: str | None = None,
         code: str | None = None,
         retry_after: float | None = None,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -27,6 +29,7 @@ class OpenAIError(Exception):
         self.param = param
         self.code = code
         self.retry_after = retry_after
+        self.headers = headers or {}
 
     def body(self) -> dict[str, object]:
         return {
@@ -39,7 +42,7 @@ class OpenAIError(Exception):
         }
 
     def response(self) -> JSONResponse:
-        headers = {}
+        headers = dict(self.headers)
         if self.retry_after is not None:
             headers["Retry-After"] = str(max(1, round(self.retry_after)))
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
@@ -63,4 +66,25 @@ def model_not_found(model: str, available: list[str]) -> OpenAIError:
 def overloaded(message: str, retry_after: float = 1.0) -> OpenAIError:
     return OpenAIError(
         503, message, type="service_unavailable", code="overloaded", retry_after=retry_after
+    )
+
+
+def too_large(limit: int) -> OpenAIError:
+    # Closes: the rest of the body is still coming, and reading it to keep the
+    # connection would cost as much as accepting it.
+    return OpenAIError(413, f"request body exceeds {limit} bytes", headers={"Connection": "close"})
+
+
+def invalid_api_key(message: str) -> OpenAIError:
+    return OpenAIError(401, message, code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+
+
+def internal_error() -> OpenAIError:
+    """A bug: no detail (it is logged), and the connection closes, since what state it
+    was left in is unknown."""
+    return OpenAIError(
+        500,
+        "The server had an error while processing your request.",
+        type="server_error",
+        headers={"Connection": "close"},
     )

@@ -3,6 +3,9 @@ or asking the standalone ``dynamoctl router`` replicas (``--router``).
 
 SIGTERM/SIGINT: the frontend leaves discovery, stops accepting connections, lets open
 streams finish for ``drain_grace`` seconds, then closes.
+
+API keys (``--api-keys-file``/``--api-keys-env``) are read once, before anything starts:
+a source that is named but holds no key stops the frontend rather than leave it open.
 """
 
 from __future__ import annotations
@@ -11,8 +14,10 @@ import logging
 
 from dynamoctl.discovery import keys
 from dynamoctl.frontend.app import build_app
+from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.disagg import Prefiller
 from dynamoctl.frontend.generate import Admission, Generator
+from dynamoctl.frontend.longtext import limit_malloc_arenas
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import create_routing
@@ -25,6 +30,9 @@ log = logging.getLogger(__name__)
 
 
 async def run_frontend(opts: FrontendOptions) -> None:
+    limit_malloc_arenas()  # before any thread: memory goes back after bursts
+    found = opts.api_keys.load_api_keys()
+    api_keys = ApiKeys(found) if found else None
     runtime = ComponentRuntime(Component.FRONTEND, opts)
     metrics = FrontendMetrics()
     client = RequestClient()
@@ -39,9 +47,13 @@ async def run_frontend(opts: FrontendOptions) -> None:
         admission=Admission(opts.admission),
         prefiller=Prefiller(client, metrics, opts.disagg),
     )
+    app = build_app(
+        registry, generator, metrics, api_keys=api_keys, max_body_bytes=opts.http.max_body_bytes
+    )
     http = runtime.serve_http(
-        build_app(registry, generator, metrics),
+        app,
         opts.port,
+        limits=opts.http,
         timeout_graceful_shutdown=opts.drain_grace,  # open streams finish on the way out
     )
     for closer in (client.close, routing.close, registry.close):
@@ -55,10 +67,11 @@ async def run_frontend(opts: FrontendOptions) -> None:
         )
         await runtime.register(key, runtime.record(Endpoint.HTTP, base))
         log.info(
-            "OpenAI API on %s/v1 (namespace %s, router %s)",
+            "OpenAI API on %s/v1 (namespace %s, router %s, %s)",
             base,
             opts.namespace,
             opts.router.mode if opts.routing == "embedded" else opts.routing,
+            "API keys required" if api_keys else "no API keys",
         )
         await runtime.stop.wait()
         log.info("stopping: leaving discovery, finishing open streams")

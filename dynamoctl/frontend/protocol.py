@@ -2,8 +2,9 @@
 
 Requests are validated strictly: an unknown field or a parameter we do not implement is a
 400 that names it, never silently ignored (a client that asks for ``n=3`` or ``logprobs``
-must learn it did not get them). Response shapes follow OpenAI's exactly, so the official
-client parses them unchanged.
+must learn it did not get them), and a value of the wrong JSON type is refused, not
+coerced (``"max_tokens": "5"``, ``"stream": 1``). Response shapes follow OpenAI's exactly,
+so the official client parses them unchanged.
 """
 
 from __future__ import annotations
@@ -17,8 +18,12 @@ MAX_TOKENS_LIMIT = 1 << 20
 overflow engines' int32 fields)."""
 
 
+INT64 = (-(2**63), 2**63 - 1)
+"""What engines and the request plane carry an integer in (msgpack, torch)."""
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
 class StreamOptions(_Strict):
@@ -35,12 +40,12 @@ class _Sampling(_Strict):
     """Most tokens to generate; default: the rest of the context."""
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
-    seed: int | None = None
+    seed: Annotated[int, Field(ge=INT64[0], le=INT64[1])] | None = None
     stop: str | list[str] | None = None
     """Up to 4 strings; generation ends before the first one, which is not returned."""
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: Literal[1] = 1
+    n: int = 1
     """Only one choice per request is supported."""
     ignore_eos: bool = False
     """Extension (as in vLLM): generate exactly ``max_tokens``, ignoring end-of-sequence."""
@@ -53,6 +58,14 @@ class _Sampling(_Strict):
         stops = [value] if isinstance(value, str) else value or []
         if len(stops) > 4 or any(not s for s in stops):
             raise ValueError("stop takes at most 4 non-empty strings")
+        return value
+
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, value: int) -> int:
+        # An int field, not Literal[1]: a literal also matches true and 1.0.
+        if value != 1:
+            raise ValueError("only n=1 (one choice per request) is supported")
         return value
 
     @model_validator(mode="after")
@@ -100,13 +113,21 @@ class ChatCompletionRequest(_Sampling):
 class CompletionRequest(_Sampling):
     prompt: str | list[int] = Field(min_length=1)
     """Text, or pre-tokenised ids. Lists of prompts (batches) are not supported."""
-    echo: Literal[False] = False
+    echo: bool = False
+    """Not supported: only ``false`` is accepted."""
 
     @field_validator("prompt")
     @classmethod
     def _token_ids_in_range(cls, value: str | list[int]) -> str | list[int]:
         if isinstance(value, list) and any(not 0 <= t < 2**31 for t in value):
             raise ValueError("token ids must be in [0, 2**31)")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported")
         return value
 
     def token_limit(self) -> int | None:

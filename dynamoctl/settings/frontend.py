@@ -1,10 +1,14 @@
-"""The frontend's knobs beyond routing: conditional disaggregation and admission."""
+"""The frontend's knobs beyond routing: conditional disaggregation, admission, API keys
+and HTTP limits."""
 
 from __future__ import annotations
 
+import os
+import re
+from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.component import ComponentSettings
@@ -38,6 +42,67 @@ class AdmissionSettings(Options):
     """Requests allowed to wait at once; beyond it, 503 at once."""
 
 
+class ApiKeySettings(Options):
+    """Who may call the OpenAI API: with neither field set, anyone who reaches the port.
+
+    Only where the keys are is declared, never a key: a command line is visible to every
+    user of the machine, and a recipe is shared."""
+
+    api_keys_file: str | None = None
+    """File of API keys, one per line (blank lines and ``#`` comments ignored); a client
+    sends one as ``Authorization: Bearer KEY``. Read when the frontend starts, on the
+    frontend's host. ``/health``, ``/live`` and ``/metrics`` stay open."""
+    api_keys_env: str | None = None
+    """Name of an environment variable of the frontend's process holding API keys,
+    separated by commas or whitespace (the variable's name, not the keys)."""
+
+    @field_validator("api_keys_env")
+    @classmethod
+    def _a_name(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", value):
+            raise ValueError("must be the name of an environment variable, not a key")
+        return value
+
+    def load_api_keys(self) -> list[str]:
+        """The keys from the file and the variable; [] when neither is set. A source that
+        is set but yields no key is an error: refusing to start beats serving open."""
+        keys: list[str] = []
+        if self.api_keys_file is not None:
+            try:
+                lines = Path(self.api_keys_file).read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ValueError(f"API key file {self.api_keys_file}: {exc}") from None
+            found = [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
+            if not found:
+                raise ValueError(f"API key file {self.api_keys_file} holds no key")
+            keys += found
+        if self.api_keys_env is not None:
+            found = os.environ.get(self.api_keys_env, "").replace(",", " ").split()
+            if not found:
+                raise ValueError(f"API key variable {self.api_keys_env} is unset or empty")
+            keys += found
+        return keys
+
+
+class HttpLimitSettings(Options):
+    """Bounds on what one client may make the HTTP server hold: a larger or slower
+    request is refused and its connection closed."""
+
+    max_body_bytes: int = Field(default=4 << 20, ge=1024)
+    """Largest request body; larger is 413 (before it is read, when declared)."""
+    max_header_bytes: int = Field(default=64 << 10, ge=1024)
+    """Largest request line plus headers; larger is 431."""
+    max_headers: int = Field(default=100, ge=8)
+    """Most header fields in a request; more is 431."""
+    header_timeout: float = Field(default=10.0, ge=0.1)
+    """Seconds a client has to send a request's headers, from when it connects (on a
+    kept-alive connection: from the request's first byte); a slower one is disconnected,
+    so that slow clients cannot hold connections open (slowloris)."""
+    body_timeout: float = Field(default=60.0, ge=0.1)
+    """Seconds from the end of a request's headers to the end of its body; a slower
+    client is disconnected."""
+
+
 class FrontendOptions(ComponentSettings):
     """Everything ``dynamoctl frontend`` is told on its command line."""
 
@@ -57,3 +122,7 @@ class FrontendOptions(ComponentSettings):
     """Conditional disaggregation (prefill workers)."""
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     """The queue in front of busy workers."""
+    api_keys: ApiKeySettings = Field(default_factory=ApiKeySettings)
+    """API keys of the OpenAI endpoint."""
+    http: HttpLimitSettings = Field(default_factory=HttpLimitSettings)
+    """Limits on requests and connections."""
