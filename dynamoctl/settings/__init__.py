@@ -4,7 +4,13 @@ renders for it, and the recipe's fields. Light to import: the recipe loads them.
 
 from dynamoctl.settings.base import Options, cli_parameters, flag, from_cli, to_argv, with_options
 from dynamoctl.settings.component import ComponentSettings, Role, WorkerOptions
-from dynamoctl.settings.frontend import AdmissionSettings, DisaggSettings, FrontendOptions
+from dynamoctl.settings.frontend import (
+    AdmissionSettings,
+    ApiKeySettings,
+    DisaggSettings,
+    FrontendOptions,
+    HttpLimitSettings,
+)
 from dynamoctl.settings.routing import (
     ROUTER_MODES,
     ReplicaSettings,
@@ -16,9 +22,11 @@ from dynamoctl.settings.routing import (
 __all__ = [
     "ROUTER_MODES",
     "AdmissionSettings",
+    "ApiKeySettings",
     "ComponentSettings",
     "DisaggSettings",
     "FrontendOptions",
+    "HttpLimitSettings",
     "Options",
     "ReplicaSettings",
     "Role",

@@ -9,8 +9,10 @@ from typing import Any, TypeVar
 from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.settings import (
     AdmissionSettings,
+    ApiKeySettings,
     DisaggSettings,
     FrontendOptions,
+    HttpLimitSettings,
     Options,
     RouterOptions,
     RouterSettings,
@@ -79,6 +81,8 @@ def frontend_argv(recipe: Recipe, label: str, listen: str, url: str) -> list[str
         routing="standalone" if router.replicas else "embedded",
         router=_part(RouterSettings, router),
         admission=_part(AdmissionSettings, recipe.frontend),
+        api_keys=_part(ApiKeySettings, recipe.frontend),  # names of the sources, not keys
+        http=_part(HttpLimitSettings, recipe.frontend),
         **extra,
     )
     return ["frontend", *to_argv(options, explicit=True)]

@@ -24,9 +24,16 @@ class Probes:
     """HTTP probes sharing one client, and the namespace's instance records by label."""
 
     def __init__(
-        self, store: Store | None, namespace: str, max_age: float = 0.0, timeout: float = 2.0
+        self,
+        store: Store | None,
+        namespace: str,
+        max_age: float = 0.0,
+        timeout: float = 2.0,
+        api_key: str | None = None,
     ) -> None:
         self.store = store
+        self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        """The frontend's API key, when it has keys (never logged)."""
         self.namespace = namespace
         self.max_age = max_age
         """Seconds a listing serves every instance's probe before discovery is asked again."""
@@ -65,11 +72,12 @@ class Probes:
     async def frontend_ready(self, base: str, model: str) -> bool:
         """The frontend lists ``model`` and completes a one-token request."""
         try:
-            models = (await self.http.get(f"{base}/models")).json()
+            models = (await self.http.get(f"{base}/models", headers=self._auth)).json()
             if model not in {m.get("id") for m in models.get("data", [])}:
                 return False
             body = {"model": model, "prompt": "ready?", "max_tokens": 1}
-            return (await self.http.post(f"{base}/completions", json=body)).status_code == 200
+            answer = await self.http.post(f"{base}/completions", json=body, headers=self._auth)
+            return answer.status_code == 200
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
 

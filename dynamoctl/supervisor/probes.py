@@ -131,7 +131,16 @@ class DeploymentProber:
     """The production :class:`Prober`: one HTTP client and one discovery listing shared
     by every instance's probe, opened on first use."""
 
-    def __init__(self, discovery_url: str, namespace: str, model: str, max_age: float) -> None:
+    def __init__(
+        self,
+        discovery_url: str,
+        namespace: str,
+        model: str,
+        max_age: float,
+        api_key: str | None = None,
+    ) -> None:
+        self.api_key = api_key
+        """A key of the frontend's (its readiness probe asks the API), when it has keys."""
         self.discovery_url = discovery_url
         self.namespace = namespace
         self.model = model
@@ -143,7 +152,7 @@ class DeploymentProber:
     def _for(self, spec: InstanceSpec) -> ComponentProbe:
         if self._probes is None:
             store = store_from_url(self.discovery_url)
-            self._probes = Probes(store, self.namespace, self.max_age)
+            self._probes = Probes(store, self.namespace, self.max_age, api_key=self.api_key)
         probe = self._by_component.get(spec.component)
         if probe is None:
             probe = probe_kind(spec.component)(self._probes, self.model)

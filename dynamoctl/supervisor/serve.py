@@ -78,7 +78,12 @@ async def serve(
             raise UpError(f"supervision.control_host: cannot listen on {bind!r}: {exc}") from exc
         job = os.environ.get("SLURM_JOB_ID", "") if isinstance(recipe.target, SlurmTarget) else ""
         access = ControlAccess(f"http://{shown}:{control.port}", token, job)
-        sup = Supervisor(recipe, str(recipe_path), plan, gpu_map, launcher, run_dir, access=access)
+        try:
+            sup = Supervisor(
+                recipe, str(recipe_path), plan, gpu_map, launcher, run_dir, access=access
+            )
+        except ValueError as exc:  # the frontend's API keys, which its probe needs too
+            raise UpError(f"frontend.api_keys_file/api_keys_env: {exc}") from exc
         made.append(sup)
         control_task = asyncio.create_task(control.run_bound(), name="control")
         loop = asyncio.get_running_loop()

@@ -104,8 +104,13 @@ class Supervisor:
         self.launcher = launcher
         self.run_dir = run_dir
         self.settings: Supervision = recipe.supervision
+        keys = recipe.frontend.load_api_keys()  # a named source without a key: ValueError
         self.prober: Prober = prober or DeploymentProber(
-            plan.discovery_url, plan.namespace, plan.model, self.settings.probe_interval / 2
+            plan.discovery_url,
+            plan.namespace,
+            plan.model,
+            self.settings.probe_interval / 2,
+            api_key=keys[0] if keys else None,
         )
         self.instances = {spec.name: self._new(spec) for spec in plan.instances}
         self.phase = Phase.STARTING

@@ -15,7 +15,9 @@ from dynamoctl.router.policies import mode_names
 from dynamoctl.settings import (
     ROUTER_MODES,
     AdmissionSettings,
+    ApiKeySettings,
     DisaggSettings,
+    HttpLimitSettings,
     ReplicaSettings,
     RouterSettings,
     flag,
@@ -24,7 +26,13 @@ from dynamoctl.settings import (
 from dynamoctl.supervisor.plan import build_plan
 
 GROUPS = {
-    "frontend": (RouterSettings, DisaggSettings, AdmissionSettings),
+    "frontend": (
+        RouterSettings,
+        DisaggSettings,
+        AdmissionSettings,
+        ApiKeySettings,
+        HttpLimitSettings,
+    ),
     "router": (RouterSettings, ReplicaSettings),
 }
 
@@ -52,7 +60,8 @@ def test_recipe_sections_are_the_components_options() -> None:
         for name, info in model.model_fields.items():  # same default, same docstring
             assert Router.model_fields[name].default == info.default
             assert Router.model_fields[name].description == info.description
-    assert issubclass(Frontend, AdmissionSettings)
+    for group in (AdmissionSettings, ApiKeySettings, HttpLimitSettings):
+        assert issubclass(Frontend, group)
     assert set(ROUTER_MODES) == set(mode_names())  # the schema's modes are the registry's
 
 

@@ -225,3 +225,35 @@ def test_standalone_router_replicas_are_supervised(cli: Cli) -> None:
         what="router-0 restarted",
     )  # fmt: skip
     assert cli("down").returncode == 0
+
+
+def test_a_frontend_with_api_keys_is_supervised_and_refuses_strangers(cli: Cli) -> None:
+    """The supervisor's readiness probe asks the API with one of the keys (read from the
+    same file); the key never reaches a command line, the plan or the logs."""
+    port = free_port()
+    keys = cli.tmp / "keys"
+    keys.write_text("# the frontend's keys\nsk-test-one\nsk-test-two\n")
+    recipe = cli.recipe(
+        mocker_recipe("keyed", port, replicas=1).replace(
+            "frontend: {", f"frontend: {{api_keys_file: '{keys}', "
+        )
+    )
+    up = cli("up", str(recipe), "--detach")
+    try:
+        assert up.returncode == 0, up.stderr
+        base = f"http://127.0.0.1:{port}/v1"
+        body = {"model": "mock-llama", "prompt": "x", "max_tokens": 2}
+        stranger = httpx.post(f"{base}/completions", json=body, trust_env=False)
+        assert stranger.status_code == 401
+        assert stranger.json()["error"]["code"] == "invalid_api_key"
+        headers = {"Authorization": "Bearer sk-test-two"}
+        known = httpx.post(f"{base}/completions", json=body, headers=headers, trust_env=False)
+        assert known.status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/metrics", trust_env=False).status_code == 200
+    finally:
+        assert cli("down").returncode == 0
+    run = cli.home / "runs" / "keyed"
+    texts = [(run / "state.json").read_text(), (run / "supervisor.log").read_text()]
+    texts += [log.read_text() for log in (run / "logs").glob("*.log")]
+    assert not any("sk-test" in text for text in texts)
+    assert any(str(keys) in text for text in texts)  # the file's name is on the plan
