@@ -15,6 +15,7 @@ The ``local``, ``ssh`` and ``slurm`` launchers share this interface and these se
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 from pathlib import Path
 from typing import Protocol
@@ -32,6 +33,35 @@ PORT_FIELDS = {
     "peer": "etcd's peer port (2380)",
 }
 """Where each declared port comes from, for the error that says what to change."""
+
+
+class SecretRef(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
+    """Where a secret's value is read, on the supervisor's host, right before a launch.
+
+    The plan, ``state.json`` and the dry run carry this reference, never the value; a
+    launcher reads it with :meth:`read` and delivers it without a command line (local: the
+    process environment; ssh: the keeper's stdin; slurm: ``srun``'s environment)."""
+
+    env: str = ""
+    """Name of an environment variable of the supervisor."""
+    file: str = ""
+    """Path of a file (its content, a trailing newline removed)."""
+
+    def describe(self) -> str:
+        """What a dry run shows instead of the value."""
+        return f"<from env {self.env}>" if self.env else f"<from file {self.file}>"
+
+    def read(self, name: str) -> str:
+        """The value, or :class:`LaunchError` naming ``name`` and where it was looked for."""
+        if self.env:
+            value = os.environ.get(self.env)
+            if value is None:
+                raise LaunchError(f"secret {name}: environment variable {self.env} is not set")
+            return value
+        try:
+            return Path(self.file).expanduser().read_text().removesuffix("\n")
+        except OSError as exc:
+            raise LaunchError(f"secret {name}: cannot read {self.file}: {exc.strerror}") from exc
 
 
 class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,6 +88,9 @@ class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Environment added to the host's (``CUDA_VISIBLE_DEVICES`` among them)."""
     gpus: list[int] = []
     """GPU indices on ``host`` given to this instance."""
+    secrets: dict[str, SecretRef] = {}
+    """Environment variables whose values are secrets (tokens, keys), by reference: never
+    on a command line, in ``state.json`` or in a dry run."""
 
 
 class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
