@@ -264,9 +264,11 @@ async def post_sse(
         endpoint.release(conn, complete and bool(response_headers[":keep-alive"]))
 
 
-async def get_json_bytes(endpoint: Endpoint, path: str) -> tuple[int, bytes]:
+async def get_json_bytes(
+    endpoint: Endpoint, path: str, headers: dict[str, str] | None = None
+) -> tuple[int, bytes]:
     """A GET (e.g. ``/v1/models``): status and the whole body."""
-    head = endpoint.request_head("GET", path, 0, {"Accept": "application/json"})
+    head = endpoint.request_head("GET", path, 0, {"Accept": "application/json", **(headers or {})})
     conn, status, headers = await endpoint.exchange(head)
     complete = False
     try:

@@ -7,9 +7,10 @@ which model it serves, and benchmark that endpoint without starting anything.
 from __future__ import annotations
 
 import datetime
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from rich.console import Console
@@ -67,8 +68,19 @@ class BenchConfig(msgspec.Struct, kw_only=True):
         return [(f"c={c}", c, None) for c in self.concurrency or [1]]
 
 
-def endpoint_of(target: str) -> tuple[Endpoint, str | None]:
-    """The endpoint and, for a recipe, its model name. A URL may end in ``/v1``."""
+class Target(NamedTuple):
+    """What a benchmark's target resolves to."""
+
+    endpoint: Endpoint
+    model: str | None
+    """The recipe's model (None for a URL: ``/v1/models`` says)."""
+    api_key: str | None
+    """Sent as a bearer token: the recipe's first API key, or ``$OPENAI_API_KEY`` (as
+    OpenAI's clients read it) for a URL."""
+
+
+def endpoint_of(target: str) -> Target:
+    """The endpoint, model and API key of a URL (it may end in ``/v1``) or a recipe."""
     if Path(target).is_file():
         from dynamoctl.recipe.loader import load_recipe
         from dynamoctl.supervisor.plan import PlanError, client_endpoint
@@ -78,14 +90,22 @@ def endpoint_of(target: str) -> tuple[Endpoint, str | None]:
             url = client_endpoint(recipe)
         except PlanError as exc:
             raise ValueError(f"{target}: {exc}; pass the endpoint's URL instead") from exc
-        return Endpoint(url.removesuffix("/v1")), recipe.model.name
+        keys = recipe.frontend.load_api_keys()  # a named source without a key: ValueError
+        return Target(Endpoint(url.removesuffix("/v1")), recipe.model.name, next(iter(keys), None))
     url = target.rstrip("/")
-    return Endpoint(url.removesuffix("/v1")), None
+    return Target(Endpoint(url.removesuffix("/v1")), None, os.environ.get("OPENAI_API_KEY") or None)
 
 
-async def served_model(endpoint: Endpoint) -> str:
+def authorized(headers: dict[str, str], api_key: str | None) -> dict[str, str]:
+    """``headers`` with the API key as a bearer token, unless they carry their own."""
+    if api_key is None or any(name.lower() == "authorization" for name in headers):
+        return headers
+    return {"Authorization": f"Bearer {api_key}", **headers}
+
+
+async def served_model(endpoint: Endpoint, headers: dict[str, str]) -> str:
     """The first model of ``GET /v1/models``."""
-    status, body = await get_json_bytes(endpoint, "/v1/models")
+    status, body = await get_json_bytes(endpoint, "/v1/models", headers)
     if status != 200:
         raise ValueError(f"{endpoint.base_url}/v1/models answered HTTP {status}")
     data = msgspec.json.decode(body).get("data") or []
@@ -192,11 +212,12 @@ async def run_bench(
     """Run every level of ``config`` one after the other and return all results."""
     console = console or Console(stderr=True)
     clock = clock or LoopClock()
-    endpoint, recipe_model = endpoint_of(config.target)
-    model = config.model or recipe_model or await served_model(endpoint)
+    endpoint, recipe_model, api_key = endpoint_of(config.target)
+    headers = authorized(config.headers, api_key)
+    model = config.model or recipe_model or await served_model(endpoint, headers)
     sender = Sender(
         endpoint, model, clock, api=config.api, timeout=config.timeout,
-        ignore_eos=config.ignore_eos, extra_body=config.extra_body, headers=config.headers,
+        ignore_eos=config.ignore_eos, extra_body=config.extra_body, headers=headers,
     )  # fmt: skip
     started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     try:

@@ -63,7 +63,17 @@ def _cli_type(annotation: Any) -> tuple[Any, str]:
 
 def _help(description: str | None) -> str:
     text = " ".join((description or "").replace("``", "").split())
-    return text.split(". ")[0].rstrip(".") + "." if text else ""
+    return _literal(text.split(". ")[0].rstrip(".") + ".") if text else ""
+
+
+def _literal(text: str) -> str:
+    """``text`` as typed in ``--help``. Typer renders help as rich markup, which reads
+    ``:A:`` or ``:M:`` as emoji codes (``uniform:A:B`` showed as ``uniform🅰B``) and has no
+    escape for them; an empty tag after each colon splits every such code and renders as
+    nothing, not even an ANSI code."""
+    if typer.core.DEFAULT_MARKUP_MODE != "rich":  # TYPER_USE_RICH=0: plain click help
+        return text
+    return text.replace(":", ":[bold][/bold]")
 
 
 def _nested(info: Any) -> type[Options] | None:

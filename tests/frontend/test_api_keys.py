@@ -131,3 +131,25 @@ async def test_keys_never_in_logs_or_command_line(secured: Deployment) -> None:
     for secret in [WRONG, *FILE_KEYS, *ENV_KEYS]:
         for part in (secret, secret[-6:]):  # nor a recognisable piece of one
             assert part not in log and part not in command_line
+
+
+async def test_bench_sends_the_key_it_finds(
+    secured: Deployment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``dynamoctl bench URL`` sends ``$OPENAI_API_KEY`` as OpenAI's clients do; without it
+    every request is refused, so the key is what made the difference."""
+    from rich.console import Console
+
+    from dynamoctl.bench.runner import BenchConfig, run_bench
+    from dynamoctl.bench.schedule import Limits
+
+    config = BenchConfig(
+        target=secured.frontend_url, model=MODEL, isl="8", osl="4", limits=Limits(4, 30.0)
+    )
+    quiet = Console(quiet=True)
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    refused = (await run_bench(config, console=quiet)).runs[0].summary
+    monkeypatch.setenv("OPENAI_API_KEY", ENV_KEYS[1])
+    served = (await run_bench(config, console=quiet)).runs[0].summary
+    assert (refused.completed, sum(refused.errors.values())) == (0, 4), refused.errors
+    assert (served.completed, served.errors) == (4, {}), served.errors
