@@ -20,7 +20,8 @@ from pydantic_core import PydanticCustomError
 
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
-from dynamoctl.settings.frontend import ApiKeySettings, HttpLimitSettings
+from dynamoctl.settings.frontend import ApiKeySettings
+from dynamoctl.settings.http import HttpLimitSettings
 from dynamoctl.util.net import is_loopback
 
 SCHEMA_VERSION = 1

@@ -9,8 +9,8 @@ from dynamoctl.settings.frontend import (
     ApiKeySettings,
     DisaggSettings,
     FrontendOptions,
-    HttpLimitSettings,
 )
+from dynamoctl.settings.http import HttpLimitSettings
 from dynamoctl.settings.routing import (
     ROUTER_MODES,
     ReplicaSettings,

@@ -1,5 +1,5 @@
-"""The frontend's knobs beyond routing: conditional disaggregation, admission, API keys
-and HTTP limits."""
+"""The frontend's knobs beyond routing: conditional disaggregation, admission and API
+keys (its HTTP limits are every server's, :mod:`dynamoctl.settings.http`)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.component import ComponentSettings
+from dynamoctl.settings.http import HttpLimitSettings
 from dynamoctl.settings.routing import RouterSettings
 
 DisaggMode = Literal["auto", "required", "off"]
@@ -82,25 +83,6 @@ class ApiKeySettings(Options):
                 raise ValueError(f"API key variable {self.api_keys_env} is unset or empty")
             keys += found
         return keys
-
-
-class HttpLimitSettings(Options):
-    """Bounds on what one client may make the HTTP server hold: a larger or slower
-    request is refused and its connection closed."""
-
-    max_body_bytes: int = Field(default=4 << 20, ge=1024)
-    """Largest request body; larger is 413 (before it is read, when declared)."""
-    max_header_bytes: int = Field(default=64 << 10, ge=1024)
-    """Largest request line plus headers; larger is 431."""
-    max_headers: int = Field(default=100, ge=8)
-    """Most header fields in a request; more is 431."""
-    header_timeout: float = Field(default=10.0, ge=0.1)
-    """Seconds a client has to send a request's headers, from when it connects (on a
-    kept-alive connection: from the request's first byte); a slower one is disconnected,
-    so that slow clients cannot hold connections open (slowloris)."""
-    body_timeout: float = Field(default=60.0, ge=0.1)
-    """Seconds from the end of a request's headers to the end of its body; a slower
-    client is disconnected."""
 
 
 class FrontendOptions(ComponentSettings):

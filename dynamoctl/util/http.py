@@ -23,7 +23,7 @@ from uvicorn.config import Config
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
-from dynamoctl.settings.frontend import HttpLimitSettings
+from dynamoctl.settings.http import HttpLimitSettings
 
 LINGER_S = 1.0
 """Closing while the client is still sending (a refused head, a body not read): how long
