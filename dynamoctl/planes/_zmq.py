@@ -1,4 +1,8 @@
-"""Small ZeroMQ helpers shared by the planes."""
+"""Small ZeroMQ helpers shared by the planes.
+
+Every binding socket goes through :func:`secure_server` and every connecting one through
+:func:`secure_client` (CURVE when the deployment has a key, :mod:`dynamoctl.planes.curve`).
+"""
 
 from __future__ import annotations
 
@@ -11,7 +15,18 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from dynamoctl.planes.curve import secure_client, secure_server
 from dynamoctl.util.backoff import Backoff
+
+__all__ = [
+    "MAX_SOCKETS",
+    "async_context",
+    "bind",
+    "close",
+    "secure_client",
+    "secure_server",
+    "sync_context",
+]
 
 MAX_SOCKETS = 65536
 """ZeroMQ's default (1023) is reached by a frontend or router following ~100 workers: each

@@ -232,7 +232,9 @@ class RouterService(AsyncService):
     async def _subscribe(self, iid: str, record: EventsRecord) -> None:
         streams = self._streams[iid] = _Streams(record, next(self._gen), next(self._gen))
         if self.router.wants_kv_events:
-            await self._kv.add_publisher(f"{iid}#{streams.kv_gen}", record.kv, record.kv_replay)
+            await self._kv.add_publisher(
+                f"{iid}#{streams.kv_gen}", record.kv, record.kv_replay, curve=record.kv_curve
+            )
         await self._load.add_publisher(f"{iid}#{streams.load_gen}", record.load, record.load_replay)
 
     async def _unsubscribe(self, iid: str) -> None:
@@ -251,7 +253,9 @@ class RouterService(AsyncService):
             streams.kv_gen, streams.kv_delivered = next(self._gen), False
             streams.last_resync = time.monotonic()
             record = streams.record
-            await self._kv.add_publisher(f"{iid}#{streams.kv_gen}", record.kv, record.kv_replay)
+            await self._kv.add_publisher(
+                f"{iid}#{streams.kv_gen}", record.kv, record.kv_replay, curve=record.kv_curve
+            )
 
     # ------------------------------------------------------------------ streams
 

@@ -92,6 +92,9 @@ class EventsRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Replay ROUTER of the load stream."""
     load_topic: str
     """Topic frame of load metrics."""
+    kv_curve: bool = True
+    """Whether the KV stream speaks CURVE when the deployment has a key (false: an engine's
+    own publisher, which cannot; docs/security.md)."""
 
 
 class BookingsRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from dynamoctl.planes.curve import RefusalCollector
 from dynamoctl.wire.health import HealthStatus, WorkerHealth
 from dynamoctl.worker.instance import WorkerInstance
 
@@ -115,6 +116,7 @@ def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlet
     """``ready[0]`` flips to True once every instance has registered."""
     registry = CollectorRegistry()
     registry.register(WorkerCollector(instances))
+    registry.register(RefusalCollector())  # peers the planes' CURVE refused
 
     async def metrics(_: Request) -> Response:
         return Response(generate_latest(registry), media_type=CONTENT_TYPE)

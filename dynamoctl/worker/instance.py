@@ -169,6 +169,7 @@ class WorkerInstance:
         await self.load_events.start()
         await engine.start()
         kv = own.kv_event_source() if own is not None else None
+        ours = kv is None  # the engine's own publisher cannot speak CURVE
         if kv is None:
             if own is not None:  # it publishes none (events off): advertise an empty stream
                 await self.kv_events.start()
@@ -195,6 +196,7 @@ class WorkerInstance:
                     load=self.load_events.address,
                     load_replay=self.load_events.replay_address,
                     load_topic=LOAD_TOPIC.decode(),
+                    kv_curve=ours,
                 )
             ),
         )

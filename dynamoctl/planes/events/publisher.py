@@ -79,6 +79,7 @@ class EventPublisher(AsyncService):
 
     async def start(self) -> None:
         pub = _zmq.sync_context().socket(zmq.PUB)
+        _zmq.secure_server(pub)
         pub.setsockopt(zmq.LINGER, 0)
         pub.setsockopt(zmq.SNDHWM, self.sndhwm)
         self._address = await _zmq.bind(pub, self._bind)
@@ -93,6 +94,7 @@ class EventPublisher(AsyncService):
 
     async def _start_replay(self, address: str) -> None:
         replay = _zmq.async_context().socket(zmq.ROUTER)
+        _zmq.secure_server(replay)
         replay.setsockopt(zmq.LINGER, 0)
         # An answer is at most buffer_size messages; a bounded pipe would silently drop
         # its tail (ROUTER drops at the HWM), which the subscriber would misread.

@@ -47,8 +47,13 @@ class SourceStats:
 
 
 class _Source:
-    def __init__(self, publisher_id: str, address: str, replay_address: str | None) -> None:
+    def __init__(
+        self, publisher_id: str, address: str, replay_address: str | None, curve: bool
+    ) -> None:
         self.publisher_id = publisher_id
+        self.curve = curve
+        """Connect with the deployment's CURVE key, when it has one (not to an engine's own
+        publisher, which cannot speak CURVE)."""
         self.address = address
         self.replay_address = replay_address
         self.tracker = StreamTracker(publisher_id)
@@ -105,15 +110,24 @@ class EventSubscriber(AsyncService):
     # ------------------------------------------------------------------ public API
 
     async def add_publisher(
-        self, publisher_id: str, address: str, replay_address: str | None = None
+        self,
+        publisher_id: str,
+        address: str,
+        replay_address: str | None = None,
+        *,
+        curve: bool = True,
     ) -> None:
-        """Follow a publisher. Without ``replay_address`` every gap is reported as Lost."""
+        """Follow a publisher. Without ``replay_address`` every gap is reported as Lost.
+        ``curve=False``: a publisher that never uses CURVE (an engine's own KV events)."""
         if self._closed:
             raise RuntimeError("EventSubscriber is closed")
         if publisher_id in self._sources:
             raise ValueError(f"publisher {publisher_id!r} is already subscribed")
-        source = self._sources[publisher_id] = _Source(publisher_id, address, replay_address)
+        source = _Source(publisher_id, address, replay_address, curve)
+        self._sources[publisher_id] = source
         source.sub = _zmq.async_context().socket(zmq.SUB)
+        if curve:
+            _zmq.secure_client(source.sub)
         source.sub.setsockopt(zmq.LINGER, 0)
         source.sub.setsockopt(zmq.RCVHWM, self.rcvhwm)
         source.sub.setsockopt(zmq.SUBSCRIBE, self.topic)
@@ -272,6 +286,8 @@ class EventSubscriber(AsyncService):
             poller.unregister(src.replay)
             _zmq.close(src.replay)
         src.replay = _zmq.async_context().socket(zmq.DEALER)
+        if src.curve:
+            _zmq.secure_client(src.replay)
         src.replay.setsockopt(zmq.LINGER, 0)
         src.replay.connect(src.replay_address)
         poller.register(src.replay, zmq.POLLIN)

@@ -157,6 +157,7 @@ class _Connection:
     def __init__(self, address: str, identity: bytes) -> None:
         self.address = address
         self.sock = _zmq.sync_context().socket(zmq.DEALER)
+        _zmq.secure_client(self.sock)
         self.sock.setsockopt(zmq.LINGER, 0)
         # Our own identity, stable across TCP reconnects, so the server's routes survive.
         self.sock.setsockopt(zmq.ROUTING_ID, identity)

@@ -108,6 +108,7 @@ class RequestServer(AsyncService):
     async def start(self) -> None:
         self._closing = False
         sock = _zmq.sync_context().socket(zmq.ROUTER)
+        _zmq.secure_server(sock)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         # Clients set their own identity; a reconnecting client takes its old route over.
