@@ -6,6 +6,13 @@ Policy (docs/discovery.md): losing the lease never ends the process. The keepali
 jittered backoff and writes every registered key again. Dynamo instead exits on lease
 loss (ai-dynamo issue #3493); a 70B worker that takes ten minutes to load must not die
 because etcd blinked.
+
+No outage ends a background task: the keepalive loop and every watch treat any failure of
+the store (a ``CancelledError`` of a gRPC call included, unless our own task is being
+cancelled) as "unreachable, retry". The handle also says whether discovery is reachable
+(:attr:`Discovery.reachable`) and whether it is *settling* (:meth:`Discovery.settling`),
+which watches with ``hold`` use to serve stale records while leases are re-established
+(:mod:`dynamoctl.discovery.hold`).
 """
 
 from __future__ import annotations
@@ -13,8 +20,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from types import TracebackType
 from typing import TypeVar
 
@@ -27,6 +35,7 @@ from dynamoctl.discovery.api import (
     WatchCompacted,
     WatchEvent,
 )
+from dynamoctl.discovery.hold import AliveCheck, hold_deletes
 from dynamoctl.util.aio import raise_if_cancel_requested
 from dynamoctl.util.backoff import Backoff
 
@@ -59,10 +68,46 @@ class Discovery:
         self._dirty = False  # some registered key may be missing from the store
         self._keepalive: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()  # serialises lease (re)grants with registrations
+        self._down_since: float | None = None
+        self._disturbed_at = -math.inf
+        """When discovery last came back, lost our lease or stalled a keepalive."""
 
     @property
     def lease(self) -> int | None:
         return self._lease
+
+    @property
+    def reachable(self) -> bool:
+        """False from the first failed call of the keepalive or a watch until one succeeds."""
+        return self._down_since is None
+
+    def unreachable_for(self) -> float | None:
+        """Seconds discovery has been unreachable; None while it is reachable."""
+        return None if self._down_since is None else time.monotonic() - self._down_since
+
+    def settling(self) -> bool:
+        """Unreachable now, or it came back, lost our lease or stalled a keepalive within
+        the last lease TTL: deletions seen now may be leases that expired en masse, not
+        processes that left."""
+        return not self.reachable or time.monotonic() - self._disturbed_at < self.lease_ttl
+
+    def _went_down(self, exc: BaseException) -> bool:
+        """Note a failed call; True if discovery was reachable until now."""
+        self._disturbed_at = time.monotonic()
+        if self._down_since is not None:
+            return False
+        self._down_since = time.monotonic()
+        return True
+
+    def _came_back(self) -> None:
+        if self._down_since is not None:
+            log.info(
+                "discovery at %s reachable again after %.1fs",
+                self.store.location,
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+            self._disturbed_at = time.monotonic()
 
     async def start(self) -> Discovery:
         """Grant the lease (retrying up to ``connect_timeout``) and start keeping it alive."""
@@ -141,23 +186,49 @@ class Discovery:
 
     # -- watching -----------------------------------------------------------------
 
-    async def watch(self, prefix: str, initial: bool = True) -> AsyncIterator[WatchEvent]:
+    def watch(
+        self,
+        prefix: str,
+        initial: bool = True,
+        *,
+        hold: bool = False,
+        alive: AliveCheck | None = None,
+        hold_for: float | None = None,
+    ) -> AsyncGenerator[WatchEvent, None]:
         """Every change under ``prefix``, forever; with ``initial``, current keys first.
 
         Outages and compaction are healed by re-listing: the consumer then receives the
         difference (PUT for new or changed keys, DELETE for vanished ones), so its view
-        converges on the store's without ever seeing a gap.
+        converges on the store's without ever seeing a gap. With ``hold``, deletions seen
+        while discovery is settling are held back for up to ``hold_for`` seconds (default:
+        the lease TTL), until the key is written again or ``alive(key)`` says it is gone
+        (:mod:`dynamoctl.discovery.hold`).
         """
+        events = self._healed_watch(prefix, initial)
+        if not hold:
+            return events
+        return hold_deletes(events, self.settling, hold_for or self.lease_ttl, alive)
+
+    async def _healed_watch(self, prefix: str, initial: bool) -> AsyncGenerator[WatchEvent, None]:
         known: dict[str, bytes] = {}
         first = True
         backoff = Backoff(base=0.1, cap=max(0.5, self.lease_ttl / 3))
+        quiet = False  # logged this outage already: later retries at debug
         while True:
             try:
                 listing = await self.store.list(prefix)
-            except StoreUnavailable as exc:
-                log.warning("watch %s: %s; retrying", prefix, exc)
+            except BaseException as exc:
+                if not _survivable(exc):
+                    raise
+                self._went_down(exc)
+                log.log(logging.DEBUG if quiet else logging.WARNING,
+                        "watch %s: %s; retrying", prefix, _describe(exc))  # fmt: skip
+                quiet = True
                 await asyncio.sleep(backoff.next())
                 continue
+            if quiet:
+                log.info("watch %s: re-listed after an interruption", prefix)
+            quiet = False
             for key in sorted(known.keys() - listing.items.keys()):
                 yield WatchEvent(EventKind.DELETE, key)
             for key, value in listing.items.items():
@@ -175,8 +246,13 @@ class Discovery:
                         assert event.value is not None
                         known[event.key] = event.value
                     yield event
-            except (StoreUnavailable, WatchCompacted) as exc:
-                log.warning("watch %s interrupted (%s); re-listing", prefix, exc)
+            except BaseException as exc:
+                if not _survivable(exc):
+                    raise
+                if not isinstance(exc, WatchCompacted):
+                    self._went_down(exc)
+                log.warning("watch %s interrupted (%s); re-listing", prefix, _describe(exc))
+                quiet = True
                 await asyncio.sleep(backoff.next())
 
     # -- lease upkeep ---------------------------------------------------------------
@@ -194,6 +270,7 @@ class Discovery:
             self.store.location,
         )
         self._dirty = True
+        self._disturbed_at = time.monotonic()  # the others' leases may have gone too
         await self._grant()
         await self._rewrite()
 
@@ -206,41 +283,40 @@ class Discovery:
     async def _keepalive_loop(self) -> None:
         interval = self.lease_ttl / 3
         backoff = Backoff(base=0.1, cap=interval)
-        down_since: float | None = None
         delay = interval
         while True:
             await asyncio.sleep(delay)
             try:
-                async with self._lock:
-                    assert self._lease is not None
-                    if not await self.store.keepalive(self._lease):
-                        await self._recover("keepalive found it expired")
-                    elif self._dirty:
-                        await self._rewrite()
-            except StoreUnavailable as exc:
-                if down_since is None:
-                    down_since = time.monotonic()
+                await self._keep_lease(interval)
+            except BaseException as exc:
+                if not _survivable(exc):
+                    raise
+                if self._went_down(exc):
                     log.warning(
                         "%s; registrations expire after %.0fs without it, retrying",
-                        exc,
+                        _describe(exc),
                         self.lease_ttl,
                     )
                 self._dirty = True  # the store may come back empty (a wiped etcd)
                 delay = backoff.next()
                 continue
-            except LeaseNotFound:
-                self._dirty = True
-                delay = backoff.next()
-                continue
-            if down_since is not None:
-                log.info(
-                    "discovery at %s reachable again after %.1fs",
-                    self.store.location,
-                    time.monotonic() - down_since,
-                )
-                down_since = None
+            self._came_back()
             backoff.reset()
             delay = interval
+
+    async def _keep_lease(self, interval: float) -> None:
+        """One keepalive: refresh the lease, or replace it and rewrite every key."""
+        started = time.monotonic()
+        async with self._lock:
+            assert self._lease is not None
+            if not await self.store.keepalive(self._lease):
+                await self._recover("keepalive found it expired")
+            elif self._dirty:
+                await self._rewrite()
+        if time.monotonic() - started > interval:
+            # A store that stalled this long may have let other leases expire (a frozen
+            # etcd answers on resume, then expires every lease it kept).
+            self._disturbed_at = time.monotonic()
 
     async def _retry(self, op: Callable[[], Awaitable[T]], what: str) -> T:
         """Run ``op`` until it stops raising StoreUnavailable or ``connect_timeout`` passes."""
@@ -251,20 +327,41 @@ class Discovery:
             attempt += 1
             try:
                 return await op()
-            except StoreUnavailable as exc:
+            except (StoreUnavailable, asyncio.CancelledError) as exc:
+                if not _survivable(exc):
+                    raise
+                self._went_down(exc)
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DiscoveryUnavailable(
                         f"could not {what}: {self.store.backend} discovery at "
                         f"{self.store.location} unreachable for {self.connect_timeout:.0f}s "
-                        f"({exc}). Is it running, and are the recipe's discovery settings "
-                        "right?"
+                        f"({_describe(exc)}). Is it running, and are the recipe's discovery "
+                        "settings right?"
                     ) from exc
                 log.warning(
                     "could not %s (attempt %d): %s; retrying, giving up in %.0fs",
                     what,
                     attempt,
-                    exc,
+                    _describe(exc),
                     left,
                 )
                 await asyncio.sleep(min(backoff.next(), left))
+
+
+def _survivable(exc: BaseException) -> bool:
+    """Whether a background task carries on after ``exc``: any error, and a
+    ``CancelledError`` that is not a cancellation of the current task (a gRPC call
+    cancelled under it); never a real cancellation, ``KeyboardInterrupt`` or exit."""
+    if isinstance(exc, Exception):
+        return True
+    if isinstance(exc, asyncio.CancelledError):
+        cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python 3.11+
+        return cancelling is not None and cancelling() == 0
+    return False
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, DiscoveryError):
+        return str(exc)
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__

@@ -4,6 +4,13 @@ Several endpoints may be given: the store talks to one and moves to the next whe
 cannot be reached, so one dead member of a three-member cluster costs one retry, not an
 outage. Every transport failure surfaces as :class:`StoreUnavailable`; retrying is the
 caller's job (:mod:`dynamoctl.discovery.client` does it for leases and watches).
+
+A connection is shared by every call of the process (keepalive, watches, probes): it is
+never closed under calls still using it. Moving to another endpoint retires the old
+connection, which is closed once its last call ends; with one endpoint the connection is
+kept and gRPC reconnects by itself. A gRPC call cancelled under us (not by a cancellation
+of the calling task) is a :class:`StoreUnavailable` too: a ``CancelledError`` that escapes
+would end whichever background task made the call (docs/discovery.md, "Outages").
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -46,6 +53,12 @@ _TRANSIENT = (
     asyncio.TimeoutError,
     OSError,
 )
+_REFUSALS = (
+    aetcd.exceptions.InvalidArgumentError,
+    aetcd.exceptions.PreconditionFailedError,
+    aetcd.exceptions.UnauthenticatedError,
+)
+"""Client errors that are etcd's answer, not a broken transport: raised as they are."""
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
@@ -70,6 +83,10 @@ class EtcdStore(Store):
         self._timeout = request_timeout
         self._current = 0
         self._client: aetcd.Client | None = None
+        self._calls: dict[aetcd.Client, int] = {}
+        """Calls (watches included) using each connection right now."""
+        self._retired: set[aetcd.Client] = set()
+        """Connections replaced by a failover, closed once no call uses them."""
 
     @property
     def location(self) -> str:
@@ -84,26 +101,65 @@ class EtcdStore(Store):
             )
         return self._client
 
-    async def _failover(self) -> None:
-        """Drop the connection and move to the next endpoint (if there is one)."""
+    def _failover(self) -> None:
+        """Move to the next endpoint, if there is one; the old connection is retired, not
+        closed: other calls may still be using it (closing it would cancel them)."""
+        if len(self._endpoints) < 2:
+            return  # gRPC reconnects the one channel by itself (backoff capped at 0.5 s)
         client, self._client = self._client, None
         if client is not None:
-            await _close_quietly(client)
-        if len(self._endpoints) > 1:
-            self._current = (self._current + 1) % len(self._endpoints)
-            log.info("etcd: trying next endpoint %s", self.location)
+            self._retired.add(client)
+            self._close_if_unused(client)
+        self._current = (self._current + 1) % len(self._endpoints)
+        log.info("etcd: trying next endpoint %s", self.location)
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[aetcd.Client]:
+        """The current connection, counted as in use until the block ends."""
+        client = self._connection()
+        self._calls[client] = self._calls.get(client, 0) + 1
+        try:
+            yield client
+        finally:
+            self._calls[client] -= 1
+            self._close_if_unused(client)
+
+    def _close_if_unused(self, client: aetcd.Client) -> None:
+        if client in self._retired and not self._calls.get(client):
+            self._retired.discard(client)
+            self._calls.pop(client, None)
+            _in_background(_close_quietly(client))
+
+    def _unavailable(self, what: str, exc: BaseException) -> StoreUnavailable:
+        """``exc`` as a :class:`StoreUnavailable`, after a failover."""
+        where = self.location
+        self._failover()
+        return StoreUnavailable(f"etcd at {where} {what}: {_brief(exc)}")
 
     async def _call(self, op: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+        with self._using() as client:
+            return await self._call_on(client, op)
+
+    async def _call_on(self, client: aetcd.Client, op: Callable[[aetcd.Client], Awaitable[T]]) -> T:
+        """``op`` on a connection the caller holds, within the request timeout; every
+        failure of the transport as :class:`StoreUnavailable`."""
         try:
-            return await bounded(op(self._connection()), self._timeout * 2)
+            return await bounded(op(client), self._timeout * 2)
+        except asyncio.CancelledError as exc:
+            raise_if_cancel_requested()  # ours: the caller is being cancelled
+            raise self._unavailable("call cancelled", exc) from exc
         except _TRANSIENT as exc:
-            where = self.location
-            await self._failover()
-            raise StoreUnavailable(f"etcd at {where} unreachable: {_brief(exc)}") from exc
+            raise self._unavailable("unreachable", exc) from exc
+        except aetcd.exceptions.RevisionCompactedError as exc:
+            raise WatchCompacted(str(exc)) from exc
         except aetcd.exceptions.ClientError as exc:
             if "lease not found" in str(exc):
                 raise LeaseNotFound(str(exc)) from exc
-            raise
+            if isinstance(exc, _REFUSALS):
+                raise
+            # CANCELLED, UNKNOWN, a watch not created in time: codes aetcd maps to no
+            # class of its own, or a timeout of its own.
+            raise self._unavailable("call failed", exc) from exc
 
     async def grant(self, ttl: float) -> int:
         # etcd leases are whole seconds; round up so a key never dies early.
@@ -123,7 +179,7 @@ class EtcdStore(Store):
 
     async def delete(self, key: str) -> bool:
         reply = await self._call(lambda c: c.delete(key.encode()))
-        return bool(reply.deleted)
+        return reply is not None  # aetcd answers None for a key that was not there
 
     async def get(self, key: str) -> bytes | None:
         reply = await self._call(lambda c: c.get(key.encode()))
@@ -135,31 +191,35 @@ class EtcdStore(Store):
         return Listing(items, int(reply.header.revision))
 
     async def watch(self, prefix: str, after: int) -> AsyncIterator[WatchEvent]:
-        watch = await self._call(
-            lambda c: c.watch_prefix(prefix.encode(), start_revision=after + 1)
-        )
-        try:
-            raise_if_cancel_requested()  # a cancel lost while gRPC set the watch up
-            async for event in watch:
-                key = bytes(event.kv.key).decode()
-                if event.kind == "DELETE":
-                    yield WatchEvent(EventKind.DELETE, key)
-                else:
-                    yield WatchEvent(EventKind.PUT, key, bytes(event.kv.value))
-        except aetcd.exceptions.RevisionCompactedError as exc:
-            raise WatchCompacted(f"etcd compacted revision {after}") from exc
-        except (*_TRANSIENT, aetcd.exceptions.ClientError) as exc:
-            where = self.location
-            await self._failover()
-            raise StoreUnavailable(f"etcd watch at {where} broke: {_brief(exc)}") from exc
-        finally:
-            # A watch abandoned mid-stream (consumer closed or cancelled) must not leak.
-            await _cancel_quietly(watch)
+        with self._using() as client:  # the connection stays open while events flow
+            watch = await self._call_on(
+                client, lambda c: c.watch_prefix(prefix.encode(), start_revision=after + 1)
+            )
+            try:
+                raise_if_cancel_requested()  # a cancel lost while gRPC set the watch up
+                async for event in watch:
+                    key = bytes(event.kv.key).decode()
+                    if event.kind == "DELETE":
+                        yield WatchEvent(EventKind.DELETE, key)
+                    else:
+                        yield WatchEvent(EventKind.PUT, key, bytes(event.kv.value))
+            except aetcd.exceptions.RevisionCompactedError as exc:
+                raise WatchCompacted(f"etcd compacted revision {after}") from exc
+            except asyncio.CancelledError as exc:
+                raise_if_cancel_requested()
+                raise self._unavailable("watch cancelled", exc) from exc
+            except (*_TRANSIENT, aetcd.exceptions.ClientError) as exc:
+                raise self._unavailable("watch broke", exc) from exc
+            finally:
+                # A watch abandoned mid-stream (consumer closed or cancelled) must not leak.
+                await _cancel_quietly(watch)
 
     async def close(self) -> None:
         client, self._client = self._client, None
-        if client is not None:
-            await _close_quietly(client)
+        retired, self._retired = self._retired, set()
+        self._calls.clear()
+        for old in [*retired, *([client] if client is not None else [])]:
+            await _close_quietly(old)
 
 
 def _brief(exc: BaseException) -> str:
@@ -205,6 +265,13 @@ async def _within_close_timeout(call: Awaitable[Any], what: str) -> None:
 
 def _abandon(task: asyncio.Task[Any]) -> None:
     task.cancel()
+    _ABANDONED.add(task)
+    task.add_done_callback(_forget)
+
+
+def _in_background(call: Awaitable[Any]) -> None:
+    """Run ``call`` without waiting for it (a retired connection's close)."""
+    task: asyncio.Task[Any] = asyncio.ensure_future(call)
     _ABANDONED.add(task)
     task.add_done_callback(_forget)
 

@@ -98,6 +98,13 @@ async def test_register_get_unregister(disc: Discovery, prefix: str) -> None:
     assert await disc.get(key) is None
 
 
+async def test_delete_says_whether_the_key_was_there(disc: Discovery, prefix: str) -> None:
+    await disc.put(f"{prefix}here", b"x")
+    assert await disc.delete(f"{prefix}here") is True
+    assert await disc.delete(f"{prefix}here") is False  # etcd used to raise AttributeError
+    assert await disc.delete(f"{prefix}never-written") is False
+
+
 async def test_list_by_prefix(disc: Discovery, prefix: str) -> None:
     await disc.register(f"{prefix}models/m/1", b"a")
     await disc.register(f"{prefix}models/m/2", b"b")

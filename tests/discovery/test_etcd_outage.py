@@ -8,16 +8,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
+import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
-from dynamoctl.discovery import Discovery, DiscoveryUnavailable, EventKind, store_from_url
+from dynamoctl.discovery import (
+    Discovery,
+    DiscoveryUnavailable,
+    EventKind,
+    StoreUnavailable,
+    WatchEvent,
+    store_from_url,
+)
 from dynamoctl.discovery.etcd import EtcdStore
 from dynamoctl.discovery.etcd_server import ManagedEtcd, free_port
 
 TTL = 2.0
+FREEZE = 3 * TTL
+"""A SIGSTOP long enough that every lease expires when etcd resumes."""
+OWNER = Path(__file__).with_name("owner.py")
 
 
 @pytest.fixture
@@ -133,3 +148,118 @@ def test_managed_etcd_reports_a_missing_binary() -> None:
 def test_lease_ttl_below_etcd_floor_is_refused() -> None:
     with pytest.raises(ValueError, match="lease_ttl must be >= 2"):
         Discovery(store_from_url("embedded:///tmp/never-used"), lease_ttl=1)
+
+
+@contextlib.contextmanager
+def frozen(server: ManagedEtcd) -> Iterator[None]:
+    """etcd stopped (SIGSTOP) for the block: connections stay open, nothing answers."""
+    assert server.pid is not None
+    os.kill(server.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(server.pid, signal.SIGCONT)
+
+
+async def test_every_background_task_survives_a_freeze_past_the_lease_ttl(
+    etcd: ManagedEtcd,
+) -> None:
+    """A freeze longer than the lease TTL used to end keepalive, watch and caller tasks
+    with a CancelledError (the store closed its channel under calls in flight). Two
+    endpoints (the second dead) make the observer's store fail over and back under load."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    observed = EtcdStore([etcd.endpoint, dead], request_timeout=0.5)
+    async with (
+        Discovery(store_from_url(url_of(etcd)), lease_ttl=TTL) as owner,
+        Discovery(observed, lease_ttl=TTL, connect_timeout=10) as observer,
+    ):
+        await owner.register("ns/a", b"1")
+        view: dict[str, bytes] = {}
+        errors: list[str] = []
+
+        async def follow() -> None:
+            async for event in observer.watch("ns/"):
+                if event.kind is EventKind.PUT:
+                    assert event.value is not None
+                    view[event.key] = event.value
+                else:
+                    view.pop(event.key, None)
+
+        async def poll() -> None:  # what the supervisor's probes do, several at once
+            while True:
+                try:
+                    await observer.list("ns/")
+                except StoreUnavailable:
+                    pass
+                except Exception as exc:  # anything else would end a probe
+                    errors.append(repr(exc))
+                await asyncio.sleep(0.1)
+
+        tasks = [asyncio.create_task(follow()), *(asyncio.create_task(poll()) for _ in range(3))]
+        await eventually(lambda: _true(view == {"ns/a": b"1"}), 5)
+        with frozen(etcd):
+            await asyncio.sleep(FREEZE)
+            assert not observer.reachable and observer.settling()
+        await eventually(lambda: _true(observer.reachable and owner.lease_epoch >= 2), 15)
+        await owner.register("ns/b", b"2")  # written after the outage: the watch still works
+        await eventually(lambda: _true(view == {"ns/a": b"1", "ns/b": b"2"}), 10)
+        assert observer._keepalive is not None and not observer._keepalive.done()
+        assert [t for t in tasks if t.done()] == [] and errors == []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def spawn_owner(url: str, key: str) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, str(OWNER), url, key, "v", str(TTL)], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "registered"
+    return proc
+
+
+async def test_a_held_watch_serves_stale_keys_through_mass_expiry(etcd: ManagedEtcd) -> None:
+    """After a freeze past the TTL every lease expires at once. A plain watch sees every
+    key deleted, then written again; a watch with ``hold`` sees no deletion of a key whose
+    owner lives, and the deletion of one whose owner died during the freeze as soon as
+    its liveness check says so."""
+    url = url_of(etcd)
+    live, dead = spawn_owner(url, "ns/live"), spawn_owner(url, "ns/dead")
+    try:
+        async with Discovery(store_from_url(url), lease_ttl=TTL) as observer:
+            owners = {"ns/live": live, "ns/dead": dead}
+
+            async def alive(key: str) -> bool:
+                return owners[key].poll() is None
+
+            plain: list[WatchEvent] = []
+            held: list[WatchEvent] = []
+
+            async def follow(hold: bool) -> None:
+                # Held far longer than the test waits: only the check can release it.
+                async for event in observer.watch("ns/", hold=hold, alive=alive, hold_for=600):
+                    if hold:
+                        held.append(event)
+                    else:
+                        plain.append(event)
+
+            tasks = [asyncio.create_task(follow(False)), asyncio.create_task(follow(True))]
+            await eventually(lambda: _true(len(plain) == 2 and len(held) == 2), 5)
+            with frozen(etcd):
+                await asyncio.sleep(FREEZE)
+                dead.kill()
+                dead.wait()
+            deleted = WatchEvent(EventKind.DELETE, "ns/dead")
+            await eventually(lambda: _true(deleted in held), 10)
+            await eventually(lambda: _true(plain.count(deleted) == 1), 10)
+            # The premise: the live owner's lease expired too, and it wrote its key again.
+            assert WatchEvent(EventKind.DELETE, "ns/live") in plain
+            assert plain[-1] != WatchEvent(EventKind.DELETE, "ns/live")
+            assert WatchEvent(EventKind.DELETE, "ns/live") not in held
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        for proc in (live, dead):
+            proc.kill()
+            proc.wait()
