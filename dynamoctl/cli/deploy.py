@@ -21,6 +21,7 @@ from dynamoctl.supervisor.states import Phase
 
 def register(app: typer.Typer) -> None:
     app.command("up")(up)
+    app.command("adopt")(adopt)
     app.command("down")(down)
 
 
@@ -92,6 +93,35 @@ def up(
         _detach(recipe, recipe_path, run_dir)
         return
     _foreground(recipe, recipe_path, run_dir, allocation, live and sys.stdout.isatty())
+
+
+def adopt(
+    name: str | None = typer.Argument(None, help="Deployment name (default: the only one)."),
+    detach: bool = typer.Option(False, "--detach", "-d", help="Supervise in the background."),
+    live: bool = typer.Option(True, help="Live status table (foreground, on a terminal)."),
+) -> None:
+    """Take back a deployment whose supervisor died while its instances still run: `up`
+    of the recipe it was started from (what `dynamoctl up RECIPE` does as well)."""
+    run_dir = find_deployment(name, running_only=False)
+    if run_dir.is_locked():
+        typer.echo(f"dynamoctl adopt: {run_dir.name} has a running supervisor", err=True)
+        raise typer.Exit(1)
+    state = run_dir.read_state()
+    if state is None or not state.records:
+        typer.echo(
+            f"dynamoctl adopt: nothing of {run_dir.name} is recorded as running; start it "
+            "with `dynamoctl up RECIPE`",
+            err=True,
+        )
+        raise typer.Exit(1)
+    recipe = recipe_of(state)
+    if isinstance(recipe.target, SlurmTarget):
+        typer.echo("dynamoctl adopt: a Slurm job ends with its supervisor", err=True)
+        raise typer.Exit(1)
+    if detach:
+        _detach(recipe, Path(state.recipe), run_dir)
+        return
+    _foreground(recipe, Path(state.recipe), run_dir, None, live and sys.stdout.isatty())
 
 
 def _foreground(

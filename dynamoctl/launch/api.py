@@ -4,12 +4,17 @@ The ``local``, ``ssh`` and ``slurm`` launchers share this interface and these se
 
 - An instance runs in a process group of its own (under Slurm: a job step of its own);
   a signal reaches the whole group, so an engine's helper processes stop with it.
-- An instance does not outlive the supervisor that launched it: the keeper
-  (:mod:`dynamoctl.launch.keeper`) wrapped around it stops the group when its stdin, a pipe
-  or SSH channel held by the supervisor, closes; under Slurm the job's end ends its steps.
+- An instance outlives its supervisor by ``supervision.orphan_grace`` seconds at most: the
+  keeper (:mod:`dynamoctl.launch.keeper`) wrapped around it stops the group when no
+  lifeline (its stdin, a pipe or SSH channel held by the supervisor, or a connection to
+  its unix socket) has been attached for that long; under Slurm the job's end ends its
+  steps. Meanwhile a new supervisor may :meth:`Launcher.adopt` it.
 - What it prints lands in its log file in the run directory on the supervisor's host.
 - Its :class:`ProcessRecord` is enough for another process (``dynamoctl down`` after the
-  supervisor was killed) to find and stop it again with :meth:`Launcher.reap`.
+  supervisor was killed) to find and stop it again with :meth:`Launcher.reap`, or (a new
+  ``dynamoctl up``) to take it back with :meth:`Launcher.adopt`.
+- Its secrets (:attr:`InstanceSpec.secrets`) are read right before it starts and reach
+  its environment without a command line.
 """
 
 from __future__ import annotations
@@ -21,6 +26,10 @@ from pathlib import Path
 from typing import Protocol
 
 import msgspec
+
+LOST = 255
+"""Exit status of an instance whose end was not seen (its connection lost, or its keeper
+killed while adopted), as ssh reports a lost connection."""
 
 
 class LaunchError(Exception):
@@ -106,6 +115,14 @@ class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):
     """Process group on ``host`` (equal to ``pid`` for the keeper)."""
     step: str | None = None
     """Slurm ``JOBID.STEPID`` of the instance's job step."""
+    socket: str = ""
+    """The keeper's lifeline socket on ``host`` (empty: it cannot be adopted)."""
+
+
+def read_secrets(spec: InstanceSpec) -> dict[str, str]:
+    """``spec``'s secrets by variable name, read now (a launcher calls it right before it
+    starts ``spec``); :class:`LaunchError` names one that cannot be read."""
+    return {name: ref.read(name) for name, ref in spec.secrets.items()}
 
 
 def port_in_use(spec: InstanceSpec, purpose: str, port: int, why: str) -> LaunchError:
@@ -152,8 +169,14 @@ class Launcher(Protocol):
         """Stop what is left of a recorded instance (SIGTERM, ``grace``, SIGKILL); True if
         something was still running."""
 
+    async def adopt(self, record: ProcessRecord, log: Path) -> Launched | None:
+        """Attach a lifeline to a recorded instance a dead supervisor left running (output
+        from now on appended to ``log``); None when its keeper is gone or cannot be
+        adopted (then :meth:`reap` what is left)."""
+
     async def close(self) -> None:
-        """Release connections; instances still running are stopped by their keepers."""
+        """Release connections; instances still running are stopped by their keepers once
+        their orphan grace is over."""
 
 
 async def stop(proc: Launched, grace: float) -> int:

@@ -1,4 +1,6 @@
-"""The local launcher: instances are children of the supervisor on this machine."""
+"""The local launcher: instances are children of the supervisor on this machine, each
+under a keeper whose stdin pipe is its first lifeline; a later supervisor adopts them
+through the keeper's unix socket (docs/architecture.md, "Keepers and lifelines")."""
 
 from __future__ import annotations
 
@@ -8,18 +10,42 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
+import msgspec
 import psutil
 
-from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, port_in_use
+from dynamoctl.launch.api import (
+    LOST,
+    InstanceSpec,
+    LaunchError,
+    ProcessRecord,
+    port_in_use,
+    read_secrets,
+)
 from dynamoctl.launch.gpus import FIX_GPU_COUNT, check_gpus, count_local_gpus
+from dynamoctl.launch.lifeline import socket_path
+from dynamoctl.wire.keeper import KeeperExit, KeeperHeader, read_frame
+
+if TYPE_CHECKING:  # the recipe's models are not needed where a keeper is reaped
+    from dynamoctl.recipe.models import Recipe
 
 
-def keeper_argv(spec: InstanceSpec, python: str = sys.executable, **flags: bool) -> list[str]:
-    """``spec.argv`` wrapped in the keeper, with its ``--flag`` switches."""
-    options = [f"--{name.replace('_', '-')}" for name, on in flags.items() if on]
+def keeper_argv(
+    spec: InstanceSpec, python: str = sys.executable, options: Sequence[str] = ()
+) -> list[str]:
+    """``spec.argv`` wrapped in the keeper, with its ``options``."""
     return [python, "-m", "dynamoctl.launch.keeper", *options, "--", *spec.argv]
+
+
+def lifeline_options(spec: InstanceSpec, orphan_grace: float) -> list[str]:
+    """Keeper options that let ``spec`` outlive its supervisor by ``orphan_grace`` seconds
+    and be adopted meanwhile (none for 0: stopped as soon as its supervisor is gone)."""
+    if orphan_grace <= 0:
+        return []
+    return ["--orphan-grace", f"{orphan_grace:g}", "--socket", spec.name]
 
 
 class LocalProcess:
@@ -42,10 +68,65 @@ class LocalProcess:
                 os.killpg(self.record.pgid, sig)
 
 
+class AdoptedProcess:
+    """A keeper another supervisor started, followed through a lifeline on its socket; it
+    writes its output to its log itself."""
+
+    def __init__(
+        self, record: ProcessRecord, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        self.record = record
+        self._writer = writer
+        self._ended = asyncio.create_task(self._follow(reader))
+
+    async def _follow(self, reader: asyncio.StreamReader) -> int:
+        try:
+            while (message := await read_frame(reader)) is not None:
+                if isinstance(message, KeeperExit):
+                    return message.status
+            return LOST  # the keeper itself was killed
+        finally:
+            self._writer.close()
+
+    @property
+    def returncode(self) -> int | None:
+        return self._ended.result() if self._ended.done() else None
+
+    async def wait(self) -> int:
+        return await asyncio.shield(self._ended)
+
+    async def signal(self, sig: int) -> None:
+        if self.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.record.pgid, sig)
+
+
+async def attach_local(record: ProcessRecord) -> AdoptedProcess | None:
+    """A lifeline to the keeper ``record`` names, if that keeper still runs."""
+    if not record.socket:
+        return None
+    try:
+        reader, writer = await asyncio.open_unix_connection(record.socket)
+    except OSError:
+        return None
+    try:
+        header = await asyncio.wait_for(read_frame(reader), 10)
+    except (OSError, asyncio.TimeoutError, msgspec.DecodeError):
+        header = None
+    if not isinstance(header, KeeperHeader) or header.pid != record.pid:
+        writer.close()
+        return None
+    return AdoptedProcess(record, reader, writer)
+
+
 class LocalLauncher:
     """Runs every instance on this machine, each in a process group of its own."""
 
     kind = "local"
+
+    def __init__(self, orphan_grace: float = 0.0) -> None:
+        self.orphan_grace = orphan_grace
+        """Seconds an instance outlives this supervisor, waiting to be adopted."""
 
     async def preflight(self, instances: list[InstanceSpec]) -> None:
         if any(spec.gpus for spec in instances):
@@ -55,9 +136,10 @@ class LocalLauncher:
                 _check_port_free(spec, purpose, port)
 
     def describe(self, spec: InstanceSpec) -> list[str]:
-        return keeper_argv(spec)
+        return keeper_argv(spec, options=lifeline_options(spec, self.orphan_grace))
 
     async def start(self, spec: InstanceSpec, log: Path) -> LocalProcess:
+        secrets = read_secrets(spec)  # in the keeper's environment, never its argv
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:  # noqa: ASYNC230 - a local file, opened once
             try:
@@ -66,15 +148,22 @@ class LocalLauncher:
                     stdin=asyncio.subprocess.PIPE,  # held open by us: EOF = supervisor gone
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
-                    env={**os.environ, **spec.env},
+                    env={**os.environ, **spec.env, **secrets},
                     start_new_session=True,
                 )
             except OSError as exc:
                 raise LaunchError(f"{spec.name}: cannot start {spec.argv[0]!r}: {exc}") from exc
-        return LocalProcess(proc)
+        launched = LocalProcess(proc)
+        if self.orphan_grace > 0:
+            where = str(socket_path(spec.name, proc.pid))  # the keeper's own choice, here
+            launched.record = msgspec.structs.replace(launched.record, socket=where)
+        return launched
 
     async def reap(self, record: ProcessRecord, grace: float) -> bool:
         return await reap_local_group(record.pgid, grace)
+
+    async def adopt(self, record: ProcessRecord, log: Path) -> AdoptedProcess | None:
+        return await attach_local(record)
 
     async def close(self) -> None:
         """Nothing held: children's stdin pipes close with this process."""
@@ -124,5 +213,5 @@ def _check_port_free(spec: InstanceSpec, purpose: str, port: int) -> None:
             raise port_in_use(spec, purpose, port, exc.strerror or str(exc)) from exc
 
 
-def from_recipe(_recipe: object) -> LocalLauncher:
-    return LocalLauncher()
+def from_recipe(recipe: Recipe) -> LocalLauncher:
+    return LocalLauncher(orphan_grace=recipe.supervision.orphan_grace)

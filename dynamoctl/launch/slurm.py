@@ -29,7 +29,13 @@ from pathlib import Path
 from typing import Any
 
 from dynamoctl.launch import hostcheck
-from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, port_in_use
+from dynamoctl.launch.api import (
+    InstanceSpec,
+    LaunchError,
+    ProcessRecord,
+    port_in_use,
+    read_secrets,
+)
 from dynamoctl.launch.gpus import check_gpus
 from dynamoctl.launch.local import keeper_argv
 from dynamoctl.launch.slurm_state import JobState
@@ -282,6 +288,8 @@ class SlurmLauncher:
         return argv + keeper_argv(spec, self.python)
 
     async def start(self, spec: InstanceSpec, log: Path) -> SlurmStep:
+        # srun's own environment, exported to the step (--export=ALL), never its argv.
+        env = {**self._env, **read_secrets(spec)}
         job = self._job()
         name = f"{STEP_PREFIX}{spec.name}"
         before = {step for step, n in (await list_steps(job, self._env)).items() if n == name}
@@ -293,7 +301,7 @@ class SlurmLauncher:
                     stdin=asyncio.subprocess.PIPE,  # forwarded to the keeper: EOF = we are gone
                     stdout=out,
                     stderr=asyncio.subprocess.STDOUT,
-                    env=self._env,
+                    env=env,
                     start_new_session=True,
                 )
             except OSError as exc:
@@ -352,6 +360,11 @@ class SlurmLauncher:
                     return True
                 await asyncio.sleep(0.2)
         raise LaunchError(f"Slurm step {record.step} still there after SIGKILL")
+
+    async def adopt(self, record: ProcessRecord, log: Path) -> None:
+        """Never: the job ends with the batch script its supervisor runs in, so there is
+        nothing to adopt (docs/operations.md, "Restarting the supervisor")."""
+        return None
 
     async def close(self) -> None:
         """Nothing held: srun's stdin pipes close with this process, and keepers act."""

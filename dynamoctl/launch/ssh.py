@@ -1,10 +1,15 @@
 """The ssh launcher: instances run on SSH-reachable hosts, under a keeper, over asyncssh.
 
 Each instance is one SSH session channel (no PTY) whose command ``exec``s the keeper: it
-replaces the login shell, so it leads the session sshd made for it (pid = pgid), and the
-channel's stdin, held open here, is its lifeline: when the supervisor dies, its connection
-drops, sshd closes the channel, the keeper reads EOF and stops the group. Output (stdout
-and stderr merged) streams into the local log file.
+replaces the login shell, so it leads the session sshd made for it (pid = pgid). The
+first line written to the channel's stdin is the instance's secrets (``--env-stdin``);
+the channel, held open here, is then its first lifeline. The keeper owns the command's
+output (``--relay-output``: stdout and stderr merged) and relays it over the channel into
+the local log file, so a closed channel never reaches the command as EPIPE. When the
+channel is lost without an exit status (connection dropped, sshd restarted) and the
+keeper has a lifeline socket, the instance is reattached over a new connection (``keeper
+attach SOCKET``) within ``orphan_grace``, without the supervisor noticing; a new
+supervisor adopts it the same way (docs/architecture.md, "Keepers and lifelines").
 
 Choices and known gaps:
 
@@ -15,16 +20,15 @@ Choices and known gaps:
 - sshd notices a vanished supervisor *host* only by its keepalives (TCPKeepAlive,
   ClientAliveInterval); an exited or killed supervisor is noticed at once.
 - ``--setsid`` fails (EPERM) in a session leader, which an exec'd command under sshd is,
-  so it is not passed. The command's stderr goes to its stdout (``sh -c 'exec "$@"
-  2>&1'``) so that its log stays one ordered stream; the keeper's own stderr (a command
-  that cannot start, the note when the supervisor goes away) reaches the log through the
-  channel, and a write to a channel that just closed cannot stop the keeper.
+  so it is not passed. The keeper's own lines (a command that cannot start, a lifeline
+  coming or going) go where the command's output goes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shlex
@@ -34,19 +38,26 @@ from pathlib import Path
 from typing import IO, Any
 
 import asyncssh
-import msgspec
 
 from dynamoctl.launch import hostcheck
-from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, port_in_use
+from dynamoctl.launch.api import (
+    LOST,
+    InstanceSpec,
+    LaunchError,
+    ProcessRecord,
+    port_in_use,
+    read_secrets,
+)
 from dynamoctl.launch.gpus import FIX_GPU_COUNT, check_gpus
-from dynamoctl.launch.local import keeper_argv
+from dynamoctl.launch.lifeline import NO_KEEPER
+from dynamoctl.launch.local import keeper_argv, lifeline_options
 from dynamoctl.recipe.models import Recipe, SshTarget
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
-LOST = 255
-"""Return code when the connection was lost before an exit status came (as ssh); a dead
-host is noticed after about 90 s of unanswered keepalives."""
+__all__ = ["LOST", "SshLauncher", "SshProcess"]  # LOST: a lost connection's return code
 _HEADER_TIMEOUT = 30.0
+_REATTACH_DELAYS = (0.2, 0.5, 1.0, 2.0, 5.0)
+"""Seconds between attempts to reattach a lost instance (the last one repeats)."""
 # Runs on the host: the local launcher's reap, exit 0 if something was running, 3 if not.
 _REAP = """
 import asyncio, sys
@@ -73,12 +84,20 @@ class SshProcess:
         self._ended = asyncio.create_task(self._pump(out))
 
     async def _pump(self, out: IO[bytes]) -> int:
-        with out, contextlib.suppress(asyncssh.Error, OSError):  # connection lost: stop
-            while chunk := await self._proc.stdout.read(65536):
-                out.write(chunk)
-        await self._proc.wait_closed()
-        code = self._proc.returncode
-        return LOST if code is None else code
+        """Copy output until an exit status comes; a channel lost without one is
+        reattached to the same keeper if it can be, else the end is :data:`LOST`."""
+        with out:
+            while True:
+                with contextlib.suppress(asyncssh.Error, OSError):  # connection lost
+                    while chunk := await self._proc.stdout.read(65536):
+                        out.write(chunk)
+                await self._proc.wait_closed()
+                if self._proc.returncode is not None:
+                    return self._proc.returncode
+                again = await self._launcher.reattach(self.record, out)
+                if again is None:
+                    return LOST
+                self._proc = again
 
     @property
     def returncode(self) -> int | None:
@@ -110,6 +129,7 @@ class SshLauncher:
         workdir: str | None = None,
         known_hosts: str | Path | None = DEFAULT_KNOWN_HOSTS,
         connect_timeout: float = 10.0,
+        orphan_grace: float = 0.0,
     ) -> None:
         self.user = user
         self.port = port
@@ -120,11 +140,16 @@ class SshLauncher:
         self._cwd = "" if workdir in (None, "~") else workdir.removeprefix("~/")
         self.known_hosts = Path(known_hosts).expanduser() if known_hosts is not None else None
         self.connect_timeout = connect_timeout
+        self.orphan_grace = orphan_grace
+        """Seconds an instance outlives its channel, waiting to be reattached or adopted."""
+        self._closing = False
         self._conns: dict[str, list[asyncssh.SSHClientConnection]] = {}
         self._locks: dict[str, asyncio.Lock] = {}
 
     @classmethod
-    def from_target(cls, target: SshTarget, *, connect_timeout: float = 10.0) -> SshLauncher:
+    def from_target(
+        cls, target: SshTarget, *, connect_timeout: float = 10.0, orphan_grace: float = 0.0
+    ) -> SshLauncher:
         return cls(
             user=target.user,
             port=target.port,
@@ -133,15 +158,15 @@ class SshLauncher:
             workdir=target.workdir,
             known_hosts=target.known_hosts or DEFAULT_KNOWN_HOSTS,
             connect_timeout=connect_timeout,
+            orphan_grace=orphan_grace,
         )
 
     def remote_command(self, spec: InstanceSpec) -> str:
         """The shell command run on ``spec.host`` (see the module docstring for its form)."""
         env = ["env", *(f"{k}={v}" for k, v in spec.env.items())] if spec.env else []
-        merged = msgspec.structs.replace(
-            spec, argv=["sh", "-c", 'exec "$@" 2>&1', "sh", *spec.argv]
-        )
-        command = f"exec {shlex.join([*env, *keeper_argv(merged, self.python, header=True)])}"
+        options = ["--header", "--relay-output", "--env-stdin"]
+        options += lifeline_options(spec, self.orphan_grace)
+        command = f"exec {shlex.join([*env, *keeper_argv(spec, self.python, options)])}"
         if self._cwd:
             command = f"cd {shlex.quote(self._cwd)} && {command}"
         return command
@@ -190,12 +215,14 @@ class SshLauncher:
         )
 
     async def start(self, spec: InstanceSpec, log: Path) -> SshProcess:
+        secrets = read_secrets(spec)  # over the channel to the keeper, never on its argv
         log.parent.mkdir(parents=True, exist_ok=True)
         out = log.open("ab", buffering=0)  # closed by the pump
         proc: Process | None = None
         who = f"{spec.name}: cannot start {self.python} -m dynamoctl.launch.keeper on {spec.host}"
         try:
             proc = await self._open(spec.host, self.remote_command(spec))
+            proc.stdin.write(json.dumps(secrets).encode() + b"\n")
             header = await asyncio.wait_for(_read_header(proc, out, who), _HEADER_TIMEOUT)
             if header["pid"] != header["pgid"]:  # a login shell that did not exec the keeper
                 raise LaunchError(f"{who}: the keeper does not lead its process group {header}")
@@ -207,9 +234,66 @@ class SshLauncher:
                 raise LaunchError(f"{who}: no keeper header in {_HEADER_TIMEOUT:g} s") from None
             raise
         record = ProcessRecord(
-            launcher="ssh", host=spec.host, pid=header["pid"], pgid=header["pgid"]
+            launcher="ssh",
+            host=spec.host,
+            pid=header["pid"],
+            pgid=header["pgid"],
+            socket=header.get("socket", ""),
         )
         return SshProcess(self, proc, record, out)
+
+    async def adopt(self, record: ProcessRecord, log: Path) -> SshProcess | None:
+        if record.launcher != self.kind or not record.socket:
+            return None
+        log.parent.mkdir(parents=True, exist_ok=True)
+        out = log.open("ab", buffering=0)  # closed by the pump
+        try:
+            proc = await self._attach(record, out)
+        except LaunchError as exc:
+            log_line = f"[supervisor] cannot adopt pid {record.pid} on {record.host}: {exc}\n"
+            out.write(log_line.encode())
+            proc = None
+        if proc is None:
+            out.close()
+            return None
+        return SshProcess(self, proc, record, out)
+
+    async def reattach(self, record: ProcessRecord, out: IO[bytes]) -> Process | None:
+        """A new channel to the keeper of ``record`` after its channel was lost, tried for
+        ``orphan_grace`` seconds; None when it is gone, cannot be reached or we close."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.orphan_grace
+        for attempt in itertools.count():
+            if self._closing or not record.socket or loop.time() >= deadline:
+                return None
+            try:
+                return await self._attach(record, out)
+            except LaunchError:
+                pause = _REATTACH_DELAYS[min(attempt, len(_REATTACH_DELAYS) - 1)]
+                await asyncio.sleep(min(pause, max(0.0, deadline - loop.time())))
+        return None  # pragma: no cover - the loop above never ends by itself
+
+    async def _attach(self, record: ProcessRecord, out: IO[bytes]) -> Process | None:
+        """A channel running ``keeper attach`` to ``record``'s socket, past its header; None
+        when no keeper (or another one) answers there; :class:`LaunchError` when the host
+        cannot be reached."""
+        args = [self.python, "-m", "dynamoctl.launch.keeper", "attach", record.socket]
+        proc = await self._open(record.host, "exec " + shlex.join(args))
+        who = f"cannot attach to the keeper of pid {record.pid} on {record.host}"
+        try:
+            header = await asyncio.wait_for(_read_header(proc, out, who), _HEADER_TIMEOUT)
+        except LaunchError:
+            proc.close()
+            if proc.returncode == NO_KEEPER:
+                return None
+            raise
+        except asyncio.TimeoutError:
+            proc.close()
+            raise LaunchError(f"{who}: no header in {_HEADER_TIMEOUT:g} s") from None
+        if header["pid"] != record.pid:  # a new keeper with a recycled pid
+            proc.close()
+            return None
+        return proc
 
     async def reap(self, record: ProcessRecord, grace: float) -> bool:
         args = [self.python, "-c", _REAP, str(record.pgid), str(grace)]
@@ -221,6 +305,7 @@ class SshLauncher:
         return code == 0
 
     async def close(self) -> None:
+        self._closing = True
         conns = [c for host_conns in self._conns.values() for c in host_conns]
         self._conns.clear()
         for conn in conns:
@@ -310,4 +395,4 @@ def _status(code: int | None, output: str) -> str:
 
 def from_recipe(recipe: Recipe) -> SshLauncher:
     assert isinstance(recipe.target, SshTarget)
-    return SshLauncher.from_target(recipe.target)
+    return SshLauncher.from_target(recipe.target, orphan_grace=recipe.supervision.orphan_grace)

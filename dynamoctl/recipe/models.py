@@ -345,6 +345,12 @@ class Supervision(_Model):
     """Seconds between health probes of each instance."""
     drain_timeout: float = Field(default=45.0, ge=0, le=86400)
     """Seconds a draining instance gets (finishing in-flight requests) before SIGKILL."""
+    orphan_grace: float = Field(default=60.0, ge=0, le=86400)
+    """Seconds an instance keeps running after its supervisor is gone (killed, host
+    rebooted, SSH connection lost), waiting for a new ``dynamoctl up`` to adopt it; then
+    its keeper stops it. ``0`` stops every instance as soon as its supervisor is gone.
+    Not under Slurm, where the job ends with its supervisor (docs/operations.md,
+    "Restarting the supervisor")."""
     control_host: NonEmptyStr | None = None
     """IPv4 address or host name the supervisor's control endpoint (``status``, ``drain``,
     ``scale``, ``down``, ``/metrics``) listens on; ``state.json`` records its URL with this

@@ -52,6 +52,9 @@ class Instance:
     """Restart delays; reset after ``budget_window`` READY (see ``Supervisor._after_failure``)."""
     state: State = State.PENDING
     proc: Launched | None = None
+    adopted: Launched | None = None
+    """A process a dead supervisor left running, taken back: watched instead of launched
+    the first time its life runs (docs/operations.md, "Restarting the supervisor")."""
     restarts: int = 0
     failures: deque[float] = field(default_factory=deque)
     """Monotonic times of its failures within ``budget_window``."""

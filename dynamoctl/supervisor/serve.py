@@ -1,5 +1,6 @@
-"""``dynamoctl up`` in the foreground: lock the run directory, clean up after a previous
-supervisor that died, supervise, serve the control endpoint, tear down in ``finally``."""
+"""``dynamoctl up`` in the foreground: lock the run directory, take back what a previous
+supervisor that died left running (``adopt.py``), supervise, serve the control endpoint,
+tear down in ``finally``."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from pathlib import Path
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.registry import launcher_for
 from dynamoctl.recipe.models import Recipe, SlurmTarget
+from dynamoctl.supervisor.adopt import take_over
 from dynamoctl.supervisor.control import build_app, control_address
 from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.rundir import RunDir
@@ -64,11 +66,11 @@ async def serve(
         )
     launcher = None
     try:
-        reaped = await reap_leftovers(recipe, run_dir)
-        if reaped:
-            log.warning("stopped leftovers of an earlier supervisor: %s", ", ".join(reaped))
         plan, gpu_map = build_plan(recipe, run_dir.path, allocation)
         launcher = launcher_for(recipe)
+        adopted = await take_over(plan, run_dir, launcher)
+        if adopted:
+            log.info("took back %s from the previous supervisor", ", ".join(sorted(adopted)))
         token = secrets.token_urlsafe(24)
         bind, shown = control_address(recipe)
         made: list[Supervisor] = []  # the routes act on it once it exists (below)
@@ -80,7 +82,14 @@ async def serve(
         access = ControlAccess(f"http://{shown}:{control.port}", token, job)
         try:
             sup = Supervisor(
-                recipe, str(recipe_path), plan, gpu_map, launcher, run_dir, access=access
+                recipe,
+                str(recipe_path),
+                plan,
+                gpu_map,
+                launcher,
+                run_dir,
+                access=access,
+                adopted=adopted,
             )
         except ValueError as exc:  # the frontend's API keys, which its probe needs too
             raise UpError(f"frontend.api_keys_file/api_keys_env: {exc}") from exc

@@ -96,6 +96,7 @@ class Supervisor:
         run_dir: RunDir,
         prober: Prober | None = None,
         access: ControlAccess | None = None,
+        adopted: Mapping[str, Launched] | None = None,
     ) -> None:
         self.recipe = recipe
         self.recipe_path = recipe_path
@@ -113,6 +114,8 @@ class Supervisor:
             api_key=keys[0] if keys else None,
         )
         self.instances = {spec.name: self._new(spec) for spec in plan.instances}
+        for name, proc in (adopted or {}).items():  # their lives begin at watching
+            self.instances[name].adopted = proc
         self.phase = Phase.STARTING
         self.error = ""
         self.access = access or ControlAccess()
@@ -136,7 +139,9 @@ class Supervisor:
     async def run(self) -> None:
         """Start everything, serve until :meth:`request_down`, then tear down."""
         try:
-            await self.launcher.preflight(self.plan.instances)  # nothing started on failure
+            # Nothing started on failure; adopted instances hold their ports already.
+            fresh = [i.spec for i in self.instances.values() if i.adopted is None]
+            await self.launcher.preflight(fresh)
         except BaseException as exc:
             self._fail(exc)
             raise
@@ -221,6 +226,9 @@ class Supervisor:
         inst.stop_asked.set()
         task = inst.task
         if task is None or task.done():  # never started, or its life is over
+            if inst.adopted is not None:  # taken back, never watched: stopped all the same
+                await stop(inst.adopted, NOW_TIMEOUT if now else self.settings.drain_timeout)
+                inst.adopted = None
             if inst.state is State.PENDING:
                 self._stopped(inst, f"{why}: never started")
         else:
@@ -269,12 +277,16 @@ class Supervisor:
         inst.ready.clear()
         inst.ended.clear()
         inst.started_at, inst.ready_since, inst.sample = time.monotonic(), None, None
-        self._transition(inst, State.STARTING, "restart" if inst.restarts else "start")
-        try:
-            proc = await self.launcher.start(inst.spec, self.run_dir.log_of(inst.spec.name))
-        except LaunchError as exc:
-            inst.proc = None
-            return RestartReason.LAUNCH, str(exc)
+        proc, inst.adopted = inst.adopted, None
+        if proc is not None:
+            self._transition(inst, State.STARTING, f"adopted pid {proc.record.pid}")
+        else:
+            self._transition(inst, State.STARTING, "restart" if inst.restarts else "start")
+            try:
+                proc = await self.launcher.start(inst.spec, self.run_dir.log_of(inst.spec.name))
+            except LaunchError as exc:
+                inst.proc = None
+                return RestartReason.LAUNCH, str(exc)
         inst.proc = proc
         self.save()
         if not inst.wanted:  # asked to stop while it was being launched

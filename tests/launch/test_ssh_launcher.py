@@ -304,7 +304,7 @@ async def test_a_command_that_cannot_run_ends_with_127(
     log = tmp_path / "x.log"
     proc = await launcher.start(spec(ssh_hosts2.names[0], ["/nonexistent/engine"]), log)
     assert await asyncio.wait_for(proc.wait(), 30) == 127
-    assert "/nonexistent/engine: not found" in log.read_text()
+    assert "cannot run '/nonexistent/engine'" in log.read_text()  # the keeper says so
 
 
 async def test_start_failure_names_instance_host_and_interpreter(
@@ -407,7 +407,7 @@ def test_describe_is_the_ssh_command_line() -> None:
     )
     remote = (
         "cd run && exec env CUDA_VISIBLE_DEVICES=0,1 /venv/bin/python -m dynamoctl.launch.keeper"
-        " --header -- sh -c 'exec \"$@\" 2>&1' sh dynamoctl worker --model 'a b'"
+        " --header --relay-output --env-stdin -- dynamoctl worker --model 'a b'"
     )
     assert ssh.describe(instance) == [
         "ssh", "-p", "2222", "-i", "/keys/id", "-o", "StrictHostKeyChecking=no",
@@ -424,5 +424,5 @@ def test_from_recipe_takes_the_ssh_target() -> None:
     assert argv[:6] == ["ssh", "-p", "22", "-i", key, "serving@gpu-node-1"]
     assert argv[6] == (
         "cd /var/lib/dynamoctl && exec /opt/dynamoctl/venv/bin/python -m dynamoctl.launch.keeper"
-        " --header -- sh -c 'exec \"$@\" 2>&1' sh dynamoctl worker"
+        " --header --relay-output --env-stdin --orphan-grace 60 --socket agg-0 -- dynamoctl worker"
     )

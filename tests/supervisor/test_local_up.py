@@ -106,7 +106,8 @@ def test_up_serve_drain_restart_down(cli: Cli) -> None:
 
 
 def test_second_up_is_refused_and_killed_supervisor_leaves_nothing(cli: Cli) -> None:
-    recipe = cli.recipe(mocker_recipe("twice", free_port(), replicas=1))
+    grace = "  orphan_grace: 3\n"
+    recipe = cli.recipe(mocker_recipe("twice", free_port(), replicas=1, extra=grace))
     assert cli("up", str(recipe), "--detach").returncode == 0
     again = cli("up", str(recipe), "--detach")
     assert again.returncode == 1
@@ -126,12 +127,21 @@ def test_second_up_is_refused_and_killed_supervisor_leaves_nothing(cli: Cli) -> 
     assert forged.status_code == 401
     assert cli.status()["phase"] == "serving"
 
-    # SIGKILL the supervisor: each keeper sees its lifeline close and stops its instance.
+    # SIGKILL the supervisor: each keeper sees its lifeline close, keeps its instance for
+    # the orphan grace (3 s) in case a new supervisor adopts it, then stops it.
     os.kill(state["supervisor_pid"], signal.SIGKILL)
+    killed = time.monotonic()
+    while psutil.pid_exists(state["supervisor_pid"]):
+        time.sleep(0.05)
+    if time.monotonic() - killed < 2.0:  # too loaded a machine to tell otherwise
+        assert all(live_in_group(g) for g in groups)
     deadline = time.monotonic() + 20
     while any(live_in_group(g) for g in groups) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert [g for g in groups if live_in_group(g)] == []
+    for name in ("agg-0", "frontend-0"):
+        log = (cli.home / "runs" / "twice" / "logs" / f"{name}.log").read_text()
+        assert "[keeper] no supervisor for 3 s: stopping the instance" in log, log[-2000:]
     down = cli("down", "twice")
     assert down.returncode == 0
     assert "supervisor gone" in down.stdout

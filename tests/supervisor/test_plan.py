@@ -128,7 +128,9 @@ def test_local_describe_wraps_the_command_in_a_keeper() -> None:
     recipe = load_recipe_text(_recipe("  agg: {engine: mocker, gpus_per_replica: 0}"), "r.yaml")
     plan, _ = build_plan(recipe, Path("/run"))
     text = render(plan, LocalLauncher().describe)
-    assert "-m dynamoctl.launch.keeper -- " in text
+    assert "-m dynamoctl.launch.keeper -- " in text  # orphan_grace 0: no lifeline socket
+    adoptable = render(plan, LocalLauncher(orphan_grace=60).describe)
+    assert "-m dynamoctl.launch.keeper --orphan-grace 60 --socket agg-0 -- " in adoptable
     assert "--discovery embedded:///run/discovery" in text
 
 
