@@ -30,7 +30,12 @@ from typing import Any, NamedTuple
 
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
-from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice, WorkerPicker
+from dynamoctl.frontend.picking import (
+    NoWorkerAvailable,
+    WorkerChoice,
+    WorkerPicker,
+    skip_unreachable,
+)
 from dynamoctl.planes.request import RequestClient, RequestPlaneError
 from dynamoctl.settings.frontend import DisaggSettings
 from dynamoctl.wire import engine as wire_engine
@@ -92,11 +97,12 @@ class Prefiller:
             m.local_prefills.labels(model, "short").inc()
             return None
         exclude: set[str] = set()
+        pick_prefill = skip_unreachable(pool.pick_prefill, self.client.peer_down)
         failure = "no prefill worker left"
         for attempt in range(self.settings.max_prefill_attempts):
             rid = f"{request.request_id}-p{attempt}"
             try:
-                choice = await pool.pick_prefill(prompt, rid, exclude)
+                choice = await pick_prefill(prompt, rid, exclude)
             except NoWorkerAvailable as exc:
                 if exc.busy and mode == "auto":
                     m.local_prefills.labels(model, "saturated").inc()

@@ -5,7 +5,9 @@ Migration (docs/operations.md): a stream that breaks mid-generation (the worker 
 past its grace and aborted us) is re-issued to another worker with the prompt plus the
 tokens generated so far and the remaining ``max_tokens``; the client sees one unbroken
 stream. A worker that refuses before starting (``Overloaded``: busy or draining) is simply
-skipped. Either way the failed worker is excluded for the rest of the request.
+skipped. Either way the failed worker is excluded for the rest of the request. A worker
+whose process the request plane saw die is never picked (its streams fail at once with
+``PeerDeadError`` and migrate; docs/planes.md, "Dead peers").
 
 Disaggregation (docs/architecture.md; :mod:`dynamoctl.frontend.disagg`): when the model's picker
 has a prefill pool, the prompt is first prefilled remotely (or deliberately not), and the
@@ -20,13 +22,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from dynamoctl.frontend.disagg import Handoff, Prefiller
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
-from dynamoctl.frontend.picking import NoWorkerAvailable, WorkerChoice, WorkerPicker
+from dynamoctl.frontend.picking import (
+    NoWorkerAvailable,
+    PickFn,
+    WorkerChoice,
+    WorkerPicker,
+    skip_unreachable,
+)
 from dynamoctl.planes.request import (
     ClientClosedError,
     Overloaded,
@@ -45,9 +53,6 @@ log = logging.getLogger(__name__)
 
 
 __all__ = ["Admission", "Generator", "Job", "NoWorkerAvailable", "Outcome", "WorkerChoice"]
-
-PickFn = Callable[[list[int], str, set[str]], Awaitable[WorkerChoice]]
-"""``(token_ids, request_id, exclude) -> choice``: a picker's ``pick`` or ``pick_decode``."""
 
 
 @dataclass
@@ -183,8 +188,10 @@ class Generator:
     async def _pick(
         self, job: Job, picker: WorkerPicker, remote: bool, generated: list[int], exclude: set[str]
     ) -> WorkerChoice:
-        """A worker for the next attempt, through the admission queue; none is a 503."""
-        pick = picker.pick_decode if remote else picker.pick
+        """A worker for the next attempt, through the admission queue, never one whose
+        process the request plane saw die; none is a 503."""
+        chosen: PickFn = picker.pick_decode if remote else picker.pick
+        pick = skip_unreachable(chosen, self.client.peer_down)
         try:
             return await self.admission.pick(
                 pick, job.prompt_ids + generated, job.request_id, exclude

@@ -3,6 +3,7 @@ the request pipeline, disaggregation and both routings (embedded and standalone)
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import NamedTuple, Protocol
 
 
@@ -84,3 +85,27 @@ class WorkerPicker(Protocol):
     ) -> WorkerChoice:
         """A decode worker for a remotely prefilled prompt: no overlap credit."""
         ...
+
+
+PickFn = Callable[[list[int], str, set[str]], Awaitable[WorkerChoice]]
+"""``(token_ids, request_id, exclude) -> choice``: a picker's ``pick``, ``pick_decode`` or
+``pick_prefill``."""
+
+
+def skip_unreachable(pick: PickFn, unreachable: Callable[[str], bool]) -> PickFn:
+    """``pick``, re-picked while its choice is at an address the request plane knows is
+    down (``RequestClient.peer_down``: the worker's process died, and discovery may not
+    know yet). Each skipped worker joins ``exclude`` for the rest of the request, so this
+    ends: with a live worker or :class:`NoWorkerAvailable`. Re-picking under the same
+    request id replaces the skipped pick's booking."""
+
+    async def pick_reachable(
+        token_ids: list[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
+        while True:
+            choice = await pick(token_ids, request_id, exclude)
+            if not unreachable(choice.address):
+                return choice
+            exclude.add(choice.worker_id)
+
+    return pick_reachable

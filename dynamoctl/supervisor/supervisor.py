@@ -49,6 +49,7 @@ from dynamoctl.supervisor.states import (
     StateT,
     check_transition,
 )
+from dynamoctl.supervisor.withdraw import RecordWithdrawal
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import ScaleReply, StatusReport
 
@@ -114,6 +115,7 @@ class Supervisor:
             api_key=keys[0] if keys else None,
         )
         self.instances = {spec.name: self._new(spec) for spec in plan.instances}
+        self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
         for name, proc in (adopted or {}).items():  # their lives begin at watching
             self.instances[name].adopted = proc
         self.phase = Phase.STARTING
@@ -174,6 +176,7 @@ class Supervisor:
             else:
                 self._set_phase(Phase.STOPPED)
             await self.prober.close()
+            await self.withdrawal.close()
 
     def _fail(self, exc: BaseException) -> None:
         self.error = str(exc) or type(exc).__name__
@@ -296,6 +299,7 @@ class Supervisor:
             log.warning("%s %s: killing it", inst.spec.name, failure[1])
             await stop(proc, HUNG_GRACE)
         inst.last_exit = await proc.wait()
+        await self.withdrawal.ended(inst.spec)  # routers drop it now, not at lease expiry
         return failure or (RestartReason.EXIT, f"exited with status {inst.last_exit}")
 
     async def _watch(self, inst: Instance, proc: Launched) -> Failure | None:

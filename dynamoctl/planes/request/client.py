@@ -15,6 +15,12 @@ fails with :class:`PeerDeadError` when its server has sent nothing for
 stream's start). Streams that have received nothing for an interval re-send their Credit as
 a probe: a server that lost the stream (restart, message lost on reconnect) answers
 UNKNOWN_STREAM, so no stream waits forever on a server that is alive but forgot it.
+
+Dead peers (docs/planes.md): a socket monitor per connection (:mod:`.peers`) sees the
+server's TCP connection close the moment its process dies; the open streams fail with
+:class:`PeerDeadError` at once instead of after ``heartbeat_timeout``, the address is
+reported down (:meth:`RequestClient.peer_down`, for pickers to skip) and new streams to
+it fail at once, until a server answers there again.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import cast
 
 import zmq
@@ -40,6 +46,7 @@ from dynamoctl.planes.request.errors import (
     RequestPlaneError,
     from_code,
 )
+from dynamoctl.planes.request.peers import PeerState, PeerWatch
 from dynamoctl.util.aio import AsyncService
 
 logger = logging.getLogger(__name__)
@@ -154,13 +161,16 @@ class _Connection:
     its signal, so each pump ends by reading ``EVENTS`` and runs again if work is left.
     """
 
-    def __init__(self, address: str, identity: bytes) -> None:
+    def __init__(self, address: str, identity: bytes, on_peer: Callable[[str, bool], None]) -> None:
         self.address = address
+        self._on_peer = on_peer
         self.sock = _zmq.sync_context().socket(zmq.DEALER)
         _zmq.secure_client(self.sock)
         self.sock.setsockopt(zmq.LINGER, 0)
         # Our own identity, stable across TCP reconnects, so the server's routes survive.
         self.sock.setsockopt(zmq.ROUTING_ID, identity)
+        self.peer = PeerWatch(self.sock, self._peer_changed)  # before connect: sees it all
+        self.down_since: float | None = None
         self.sock.connect(address)
         self.streams: dict[int, _Stream] = {}
         self.last_recv = time.monotonic()
@@ -173,6 +183,27 @@ class _Connection:
         self._loop = asyncio.get_running_loop()
         self._fd = cast(int, self.sock.get(_FD))
         self._loop.add_reader(self._fd, self._pump)
+
+    def _peer_changed(self, state: PeerState) -> None:
+        if state is PeerState.DOWN:
+            self.down_since = time.monotonic()
+            failed = self.fail_open(PeerDeadError(f"{self.address} closed the connection"))
+            logger.warning("request-plane peer %s is gone (%d open streams failed)",
+                           self.address, failed)  # fmt: skip
+        else:
+            if self.down_since is not None:
+                logger.info("request-plane peer %s answers again", self.address)
+            self.down_since = None
+        self._on_peer(self.address, state is PeerState.DOWN)
+
+    def fail_open(self, exc: BaseException) -> int:
+        """Fail every open stream with ``exc``; how many there were."""
+        failed = 0
+        for stream in self.streams.values():
+            if stream.outcome is None:
+                stream.fail(exc)
+                failed += 1
+        return failed
 
     def post(self, msg: wire.WireMessage) -> None:
         """Queue ``msg`` for sending; never blocks, so it is safe from ``finally`` blocks
@@ -253,6 +284,7 @@ class _Connection:
             await asyncio.wait_for(self._out_empty.wait(), 0.1)
         self.closed = True
         self._loop.remove_reader(self._fd)
+        self.peer.close()
         _zmq.close(self.sock)
 
 
@@ -272,6 +304,7 @@ class RequestClient(AsyncService):
         heartbeat_interval: float = 1.0,
         heartbeat_timeout: float = 3.0,
         window: int = 64,
+        forget_down_after: float = 300.0,
     ) -> None:
         self.heartbeat_interval = heartbeat_interval
         """Seconds between pings to each connected server."""
@@ -279,6 +312,12 @@ class RequestClient(AsyncService):
         """Seconds of server silence after which its open streams fail with PeerDeadError."""
         self.window = window
         """Default per-stream credit window in chunks (bounds each stream's buffer)."""
+        self.forget_down_after = forget_down_after
+        """Seconds after which a connection whose server went away, with no stream left,
+        is closed (ZeroMQ would otherwise retry the dead address forever)."""
+        self.peer_listeners: list[Callable[[str, bool], None]] = []
+        """Called with ``(address, down)`` whenever :meth:`peer_down` changes: a server's
+        connection dropped, came back, or was forgotten after ``forget_down_after``."""
         self._identity = os.urandom(16)
         self._conns: dict[str, _Connection] = {}
         self._rids = itertools.count(1)
@@ -288,6 +327,16 @@ class RequestClient(AsyncService):
     async def connect(self, address: str) -> None:
         """Connect ahead of the first stream (optional: :meth:`stream` connects too)."""
         self._connection(address)
+
+    def addresses(self) -> list[str]:
+        """The server addresses this client has a connection to now."""
+        return list(self._conns)
+
+    def peer_down(self, address: str) -> bool:
+        """Whether the server at ``address`` dropped its connection (its process died or
+        is restarting) and none answers there again yet: pick another."""
+        conn = self._conns.get(address)
+        return conn is not None and conn.peer.state is PeerState.DOWN
 
     async def disconnect(self, address: str) -> None:
         """Close the connection to ``address``; its open streams fail with
@@ -319,6 +368,8 @@ class RequestClient(AsyncService):
         ``probe``, if given, is attached to this stream (see :class:`StreamProbe`).
         """
         conn = self._connection(address)
+        if conn.peer.state is PeerState.DOWN:
+            raise PeerDeadError(f"{address} closed the connection and has not come back")
         stream = _Stream(conn, next(self._rids), window or self.window)
         if probe is not None:
             probe._stream = stream
@@ -371,10 +422,14 @@ class RequestClient(AsyncService):
             raise ClientClosedError("RequestClient is closed")
         conn = self._conns.get(address)
         if conn is None:
-            conn = self._conns[address] = _Connection(address, self._identity)
+            conn = self._conns[address] = _Connection(address, self._identity, self._peer)
             if self._heartbeat is None:
                 self._heartbeat = asyncio.create_task(self._heartbeats(), name="heartbeats")
         return conn
+
+    def _peer(self, address: str, down: bool) -> None:
+        for listener in self.peer_listeners:
+            listener(address, down)
 
     async def _close_conn(self, conn: _Connection) -> None:
         await conn.close(ClientClosedError(f"connection to {conn.address} closed"))
@@ -383,8 +438,13 @@ class RequestClient(AsyncService):
         while True:
             await asyncio.sleep(self.heartbeat_interval)
             now = time.monotonic()
-            for conn in self._conns.values():
-                conn.check(now, self.heartbeat_interval, self.heartbeat_timeout)
+            for conn in list(self._conns.values()):
+                down = conn.down_since
+                if down is not None and not conn.streams and now - down > self.forget_down_after:
+                    await self.disconnect(conn.address)
+                    self._peer(conn.address, False)
+                else:
+                    conn.check(now, self.heartbeat_interval, self.heartbeat_timeout)
 
 
 def _server_ended(outcome: object) -> bool:

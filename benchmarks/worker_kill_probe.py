@@ -1,0 +1,250 @@
+"""Worker-kill probe: what streaming clients notice when a worker is SIGKILLed every 5 s.
+
+    python benchmarks/worker_kill_probe.py [--calm 30] [--seconds 60] [--kill-every 5]
+        [--concurrency 24] [--out benchmarks/results/worker_kill_probe.json]
+
+``dynamoctl up`` of a local recipe (3 mocker workers, kv router) in a private
+``DYNAMOCTL_HOME``; a closed loop of ``--concurrency`` streaming requests for ``--calm``
+seconds without kills, then for ``--seconds`` with one worker process (the keeper's child:
+agg-0, agg-1, ... in turn, skipping one that is not READY) SIGKILLed every
+``--kill-every`` seconds. Each phase reports failed requests, the stream gap (the longest
+silence between two content chunks inside each stream) p50/p99/max, TTFT p50/p99/max,
+and the frontend's migrations, counting those that carried 0 tokens (read from its log:
+a stream sent to a worker that was already dead). Run it against another checkout with
+``PYTHONPATH=/that/checkout`` (every process ``up`` starts inherits it): that is how the
+"before" row was measured (docs/benchmarks.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+from chaos import dynamoctl as run_dynamoctl
+from chaos import free_port, scrape
+
+import dynamoctl as package
+from dynamoctl.bench.client import RequestRecord, Sender
+from dynamoctl.bench.clock import LoopClock
+from dynamoctl.bench.http import Endpoint
+from dynamoctl.bench.schedule import Limits, drive
+from dynamoctl.bench.stats import percentile
+from dynamoctl.bench.workload import LengthDist, synthetic_sessions
+
+NAME = "killprobe"
+MODEL = "mock-llama"
+WORKERS = 3
+RECIPE = """\
+schema: 1
+name: {name}
+model: {{name: {model}, path: {model}, block_size: 16}}
+frontend: {{port: {port}, router: {{mode: kv}}}}
+workers:
+  agg:
+    engine: mocker
+    replicas: {workers}
+    gpus_per_replica: 0
+    engine_args: {{num-gpu-blocks: 4096, max-num-seqs: 256, speedup-ratio: {speedup}}}
+"""
+MIGRATION_LINE = re.compile(r"worker (\S+) .*failed \((.*)\); migrating with (\d+) tokens")
+
+
+class Killer:
+    """SIGKILLs one READY worker process every ``every`` seconds, in turn."""
+
+    def __init__(self, control: str, token: str, clock: LoopClock) -> None:
+        self.http = httpx.AsyncClient(
+            base_url=control, trust_env=False, timeout=10,
+            headers={"authorization": f"Bearer {token}"},
+        )  # fmt: skip
+        self.clock = clock
+        self.kills: list[dict[str, Any]] = []
+
+    async def kill_one(self, turn: int, origin: float) -> None:
+        rows = (await self.http.get("/status")).json()["instances"]
+        workers = sorted((r for r in rows if r["name"].startswith("agg-")), key=lambda r: r["name"])
+        for row in workers[turn % WORKERS :] + workers[: turn % WORKERS]:
+            if row["state"] != "READY" or not row["pid"]:
+                continue
+            children = psutil.Process(row["pid"]).children()
+            if not children:
+                continue
+            os.kill(children[0].pid, signal.SIGKILL)
+            at = round(self.clock.now() - origin, 3)
+            self.kills.append({"instance": row["name"], "at_s": at})
+            return
+
+    async def run(self, origin: float, every: float, seconds: float) -> None:
+        turn = 0
+        while (due := origin + every * (turn + 1)) < origin + seconds - 1:
+            await asyncio.sleep(max(0.0, due - self.clock.now()))
+            await self.kill_one(turn, origin)
+            turn += 1
+
+    async def close(self) -> None:
+        await self.http.aclose()
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    ordered = sorted(values)
+    if not ordered:
+        return {"p50": None, "p99": None, "max": None}
+    ms = [percentile(ordered, q) * 1000 for q in (0.5, 0.99)]
+    return {"p50": round(ms[0], 1), "p99": round(ms[1], 1), "max": round(ordered[-1] * 1000, 1)}
+
+
+def phase_summary(records: list[RequestRecord], unfinished: int) -> dict[str, Any]:
+    ok = [r for r in records if r.error is None]
+    errors: dict[str, int] = {}
+    for r in records:
+        if r.error is not None:
+            errors[r.error] = errors.get(r.error, 0) + 1
+    return {
+        "requests": len(records) + unfinished,
+        "failed": len(records) - len(ok) + unfinished,
+        "errors_by_kind": errors,
+        "error_details": sorted({f"{r.error}: {r.detail}" for r in records if r.error})[:5],
+        "stream_gap_ms": _stats([max(r.gaps) for r in ok if r.gaps]),
+        "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]),
+        "output_tokens": sum(r.output_tokens for r in ok),
+    }
+
+
+def migrations_in_log(log: Path, skip_bytes: int) -> dict[str, Any]:
+    """The frontend's migration lines after ``skip_bytes``: how many, how many with 0
+    tokens, and why the old worker's stream failed (first words of the error)."""
+    text = log.read_bytes()[skip_bytes:].decode(errors="replace")
+    found = [m.groups() for m in MIGRATION_LINE.finditer(text)]
+    why: dict[str, int] = {}
+    for _, error, _ in found:
+        key = re.sub(r"\d+(\.\d+)?s\b", "Ns", re.sub(r"tcp://\S+", "ADDR", error))
+        key = " ".join(key.split()[:6])
+        why[key] = why.get(key, 0) + 1
+    return {
+        "migrations": len(found),
+        "zero_token_migrations": sum(1 for *_, tokens in found if tokens == "0"),
+        "why": why,
+    }
+
+
+async def run_phase(
+    args: argparse.Namespace, url: str, seconds: float, killer: Killer | None, seed: int
+) -> dict[str, Any]:
+    clock = LoopClock()
+    endpoint = Endpoint(url)
+    sender = Sender(endpoint, MODEL, clock, timeout=60)
+    sessions = synthetic_sessions(
+        LengthDist.parse(str(args.isl)), LengthDist.parse(str(args.osl)), seed=seed
+    )
+    origin = clock.now()
+    task = None if killer is None else asyncio.create_task(
+        killer.run(origin, args.kill_every, seconds)
+    )  # fmt: skip
+    outcome = await drive(
+        sessions, sender.send, clock=clock, concurrency=args.concurrency,
+        limits=Limits(10**9, seconds, 30),
+    )  # fmt: skip
+    if task is not None:
+        await task
+    await endpoint.close()
+    return phase_summary(outcome.records, outcome.unfinished)
+
+
+async def probe(args: argparse.Namespace, url: str, state: dict[str, Any], log: Path) -> Any:
+    phases: dict[str, Any] = {}
+    http = httpx.AsyncClient(trust_env=False, timeout=10)
+    migrations = "dynamoctl_frontend_migrations_total"
+    killer = Killer(state["control"], state["token"], LoopClock())
+    try:
+        for name, seconds, kill in (("calm", args.calm, False), ("kills", args.seconds, True)):
+            if seconds <= 0:
+                continue
+            offset = await asyncio.to_thread(lambda: log.stat().st_size)
+            counted = sum((await scrape(http, f"{url}/metrics", migrations)).values())
+            found = await run_phase(args, url, seconds, killer if kill else None, seed=len(phases))
+            counted = sum((await scrape(http, f"{url}/metrics", migrations)).values()) - counted
+            found |= migrations_in_log(log, offset)
+            found["migrations_metric"] = counted
+            if kill:
+                found["kills"] = killer.kills
+            phases[name] = found
+            print(name, json.dumps({k: v for k, v in found.items() if k != "kills"}), flush=True)
+    finally:
+        await killer.close()
+        await http.aclose()
+    return phases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--calm", type=float, default=30.0, help="seconds of load without kills")
+    parser.add_argument("--seconds", type=float, default=60.0, help="seconds of load with kills")
+    parser.add_argument("--kill-every", type=float, default=5.0)
+    parser.add_argument("--concurrency", type=int, default=24)
+    parser.add_argument("--isl", type=int, default=256)
+    parser.add_argument("--osl", type=int, default=128)
+    parser.add_argument("--speedup", type=float, default=2.0)
+    parser.add_argument("--label", default="", help="what code ran (e.g. before/after)")
+    parser.add_argument("--out", default="benchmarks/results/worker_kill_probe.json")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dynamoctl-killprobe-") as tmp:
+        home, port = Path(tmp) / "home", free_port()
+        recipe = Path(tmp) / "probe.yaml"
+        recipe.write_text(
+            RECIPE.format(name=NAME, model=MODEL, port=port, workers=WORKERS, speedup=args.speedup)
+        )
+        up = run_dynamoctl(home, "up", str(recipe), "--detach")
+        if up.returncode != 0:
+            sys.exit(f"up failed:\n{up.stderr}")
+        try:
+            state = json.loads((home / "runs" / NAME / "state.json").read_text())
+            log = home / "runs" / NAME / "logs" / "frontend-0.log"
+            if not log.exists():
+                log = next((home / "runs" / NAME / "logs").glob("frontend*.log"))
+            phases = asyncio.run(probe(args, f"http://127.0.0.1:{port}", state, log))
+        finally:
+            down = run_dynamoctl(home, "down", NAME)
+            if down.returncode != 0:
+                print(down.stderr, file=sys.stderr)
+    result = {
+        "label": args.label,
+        "code": str(Path(package.__file__).resolve().parent.parent),
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+            "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
+            "note": "shared with other jobs running tests: figures are noisy",
+        },
+        "deployment": f"dynamoctl up (local): {WORKERS} mocker workers (speedup "
+        f"{args.speedup:g}, 4096 blocks of 16), kv router, shipped supervision defaults",
+        "workload": {
+            "concurrency": args.concurrency,
+            "isl": args.isl,
+            "osl": args.osl,
+            "calm_s": args.calm,
+            "kills_s": args.seconds,
+            "kill_every_s": args.kill_every,
+        },
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        **phases,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

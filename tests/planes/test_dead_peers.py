@@ -1,0 +1,111 @@
+"""A request-plane server whose process dies is noticed from its closed connection, not
+from a heartbeat: the client's heartbeat timeout here is 10 minutes, so only the socket
+monitor can fail the stream (docs/planes.md, "Dead peers")."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from dynamoctl.planes.request import PeerDeadError, RequestClient, RequestServer
+
+NEVER = 600.0
+"""A heartbeat timeout no test outlives: a failure seen must come from the monitor."""
+
+Spawn = Callable[..., Awaitable[Any]]  # conftest.Peer
+
+
+@pytest.fixture
+async def patient_client() -> AsyncIterator[RequestClient]:
+    async with RequestClient(heartbeat_interval=0.2, heartbeat_timeout=NEVER) as cli:
+        yield cli
+
+
+class PeerEvents:
+    """What the client reports of its servers' connections, as it happens."""
+
+    def __init__(self, client: RequestClient) -> None:
+        self.changed = asyncio.Event()
+        client.peer_listeners.append(lambda address, down: self.changed.set())
+
+    async def until(self, condition: Callable[[], bool]) -> None:
+        """Wait for ``condition`` after each reported change; the bound only keeps a
+        broken build from hanging."""
+        async with asyncio.timeout(30):
+            while not condition():
+                self.changed.clear()
+                await self.changed.wait()
+
+
+async def test_a_killed_server_fails_the_stream_at_once_and_is_down(
+    spawn: Spawn, patient_client: RequestClient
+) -> None:
+    client = patient_client
+    peer = await spawn("server")
+    address = await peer.line()
+    received = 0
+    assert not client.peer_down(address)
+
+    async def consume() -> None:
+        nonlocal received
+        async for _ in client.stream(address, "count", b""):
+            received += 1
+            if received == 50:
+                peer.kill()
+
+    with pytest.raises(PeerDeadError, match="closed the connection"):
+        async with asyncio.timeout(30):
+            await consume()
+    assert received >= 50
+    assert client.peer_down(address)
+    # A new stream to the dead address fails before anything is sent.
+    with pytest.raises(PeerDeadError, match="has not come back"):
+        await anext(client.stream(address, "count", b""))
+
+
+async def test_a_server_answering_again_at_the_address_is_up(
+    patient_client: RequestClient,
+) -> None:
+    client = patient_client
+    events = PeerEvents(client)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+
+    async def hello(body: bytes) -> AsyncIterator[bytes]:
+        yield b"hello"
+
+    first = RequestServer(address)
+    first.register("hello", hello)
+    async with first:
+        assert [c async for c in client.stream(address, "hello", b"")] == [b"hello"]
+    await events.until(lambda: client.peer_down(address))  # closed: the connection dropped
+
+    second = RequestServer(address)
+    second.register("hello", hello)
+    async with second:
+        await events.until(lambda: not client.peer_down(address))  # ZeroMQ reconnected
+        assert [c async for c in client.stream(address, "hello", b"")] == [b"hello"]
+
+
+async def test_a_long_dead_address_is_forgotten(spawn: Spawn) -> None:
+    async with RequestClient(
+        heartbeat_interval=0.05, heartbeat_timeout=NEVER, forget_down_after=0.0
+    ) as client:
+        events = PeerEvents(client)
+        peer = await spawn("server")
+        address = await peer.line()
+        stream = client.stream(address, "count", b"")
+        await anext(stream)
+        peer.kill()
+        with pytest.raises(PeerDeadError):
+            async with asyncio.timeout(30):
+                async for _ in stream:
+                    pass
+        await events.until(lambda: address not in client.addresses())
+        assert not client.peer_down(address)  # no connection: unknown, not down
