@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -49,7 +50,8 @@ class Peer:
 
     def kill(self) -> None:
         if self.proc.returncode is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # killed already, not yet reaped
+                os.killpg(self.proc.pid, signal.SIGKILL)
 
 
 @pytest.fixture

@@ -60,6 +60,7 @@ async def test_a_killed_server_fails_the_stream_at_once_and_is_down(
     with pytest.raises(PeerDeadError, match="closed the connection"):
         async with asyncio.timeout(30):
             await consume()
+    await peer.proc.wait()
     assert received >= 50
     assert client.peer_down(address)
     # A new stream to the dead address fails before anything is sent.
