@@ -150,7 +150,7 @@ def _foreground(
 
 def _detach(recipe: Recipe, recipe_path: Path, run_dir: RunDir) -> None:
     """Start a supervisor in its own session; return once it serves (or failed)."""
-    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    run_dir.create()  # private before the first file (docs/security.md)
     with open(run_dir.path / "supervisor.log", "ab") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "dynamoctl", "up", str(recipe_path), "--no-live"],

@@ -24,7 +24,7 @@ from dynamoctl.util import aio
 def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeout: float) -> None:
     from dynamoctl.launch.slurm import job_state, submit_recipe
 
-    run_dir.logs.mkdir(parents=True, exist_ok=True)
+    run_dir.create()  # private before the first file (docs/security.md)
     output = run_dir.path / "supervisor.log"
     job = aio.run(submit_recipe(recipe, recipe_path.resolve(), output=output))
     (run_dir.path / JOB_FILE).write_text(job + "\n")

@@ -15,6 +15,7 @@ at boot, so the file records the boot id and forgets the leases of an earlier bo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import sqlite3
@@ -66,6 +67,20 @@ def _boot_id() -> str:
         return f"pid-{os.getpid()}"
 
 
+def _make_private(db: Path) -> None:
+    """The database and its companions readable by their owner only (docs/security.md):
+    created 0600 before SQLite opens it (its WAL and shared-memory files copy the
+    database's mode), and files of an earlier version made private too."""
+    for made in (db, db.with_name(db.name + ".open-lock")):
+        with contextlib.suppress(FileExistsError):
+            os.close(os.open(made, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+    for suffix in ("", "-wal", "-shm", ".open-lock"):
+        path = db.with_name(db.name + suffix)
+        with contextlib.suppress(OSError):
+            if path.stat().st_uid == os.getuid():
+                path.chmod(0o600)
+
+
 def _prefix_end(prefix: str) -> str:
     """The smallest string greater than every string starting with ``prefix``."""
     return prefix[:-1] + chr(ord(prefix[-1]) + 1) if prefix else "\U0010ffff"
@@ -93,7 +108,8 @@ class EmbeddedStore(Store):
 
     def _connect(self) -> sqlite3.Connection:
         if self._conn is None:
-            self._file.parent.mkdir(parents=True, exist_ok=True)
+            self._file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            _make_private(self._file)
             # Switching to WAL and creating the schema take locks for which SQLite does
             # not always call the busy handler: processes starting together could get
             # "database is locked" at once. A lock file makes opening one at a time.

@@ -34,6 +34,7 @@ from dynamoctl.discovery.api import (
     WatchCompacted,
     WatchEvent,
 )
+from dynamoctl.discovery.etcd_tls import EtcdTls, SecureClient
 from dynamoctl.util.aio import bounded, raise_if_cancel_requested
 
 log = logging.getLogger(__name__)
@@ -62,13 +63,19 @@ _REFUSALS = (
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int]:
-    """``http://host:2379`` (or bare ``host:port``) → ``(host, port)``."""
+    """``http[s]://host:2379`` (or bare ``host:port``) → ``(host, port)``."""
     parts = urlsplit(endpoint if "://" in endpoint else f"http://{endpoint}")
-    if parts.scheme == "https":
-        raise ValueError(f"TLS etcd endpoints are not supported yet, got {endpoint!r}")
-    if parts.scheme != "http" or not parts.hostname:
-        raise ValueError(f"etcd endpoint must look like http://HOST:PORT, got {endpoint!r}")
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"etcd endpoint must look like http[s]://HOST:PORT, got {endpoint!r}")
     return parts.hostname, parts.port or 2379
+
+
+def _uses_tls(endpoints: list[str]) -> bool:
+    """Whether the endpoints are ``https://`` (all of them, or none: no downgrade)."""
+    secure = {e.startswith("https://") for e in endpoints}
+    if len(secure) > 1:
+        raise ValueError("etcd endpoints must be all https:// or all http://, not a mix")
+    return secure == {True}
 
 
 class EtcdStore(Store):
@@ -76,10 +83,14 @@ class EtcdStore(Store):
 
     backend = "etcd"
 
-    def __init__(self, endpoints: list[str], request_timeout: float = 2.0) -> None:
+    def __init__(
+        self, endpoints: list[str], request_timeout: float = 2.0, tls: EtcdTls | None = None
+    ) -> None:
+        """``https://`` endpoints use ``tls``, by default :meth:`EtcdTls.from_env`."""
         if not endpoints:
             raise ValueError("etcd discovery needs at least one endpoint")
         self._endpoints = [parse_endpoint(e) for e in endpoints]
+        self._tls = (tls or EtcdTls.from_env()) if _uses_tls(endpoints) else None
         self._timeout = request_timeout
         self._current = 0
         self._client: aetcd.Client | None = None
@@ -91,14 +102,17 @@ class EtcdStore(Store):
     @property
     def location(self) -> str:
         host, port = self._endpoints[self._current]
-        return f"http://{host}:{port}"
+        return f"{'https' if self._tls else 'http'}://{host}:{port}"
 
     def _connection(self) -> aetcd.Client:
         if self._client is None:
             host, port = self._endpoints[self._current]
-            self._client = aetcd.Client(
-                host=host, port=port, timeout=self._timeout, options=dict(_GRPC_OPTIONS)
-            )
+            where: dict[str, Any] = {"host": host, "port": port, "timeout": self._timeout}
+            options = dict(_GRPC_OPTIONS)
+            if self._tls is None:
+                self._client = aetcd.Client(**where, options=options)
+            else:
+                self._client = SecureClient(tls=self._tls, **where, options=options)
         return self._client
 
     def _failover(self) -> None:

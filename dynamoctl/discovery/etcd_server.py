@@ -2,6 +2,13 @@
 
 ``dynamoctl up`` starts one on the head node when a recipe asks for ``managed: true``;
 the test suite uses the same class, so what the tests exercise is what users run.
+
+With TLS (docs/security.md, "Managed etcd") etcd serves clients and peers over HTTPS and
+accepts only certificates signed by the deployment's CA. etcd reads its certificate from
+files only, so under ``dynamoctl up`` it starts through ``python -m
+dynamoctl.discovery.etcd_server DIR etcd ARGS...``, which writes the PEM material it
+received in its environment into DIR (mode 0700, files 0600) on etcd's own host and
+``exec``s etcd with :func:`tls_flags` added and that material gone from its environment.
 """
 
 from __future__ import annotations
@@ -11,13 +18,18 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from dynamoctl.security import names
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +39,35 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
+
+
+@dataclass(frozen=True)
+class EtcdTlsFiles:
+    """PEM files of a TLS etcd: its CA, its own certificate and key, and a client
+    certificate and key (what :meth:`ManagedEtcd.healthy` presents)."""
+
+    ca: Path
+    cert: Path
+    key: Path
+    client_cert: Path | None = None
+    client_key: Path | None = None
+
+    def client_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.ca))
+        if self.client_cert is not None and self.client_key is not None:
+            context.load_cert_chain(self.client_cert, self.client_key)
+        return context
+
+
+def tls_flags(ca: str | Path, cert: str | Path, key: str | Path) -> list[str]:
+    """etcd's flags for HTTPS with client certificates required, to clients and peers
+    (one certificate serves both: it carries server and client usage)."""
+    return [
+        f"--cert-file={cert}", f"--key-file={key}",
+        f"--trusted-ca-file={ca}", "--client-cert-auth",
+        f"--peer-cert-file={cert}", f"--peer-key-file={key}",
+        f"--peer-trusted-ca-file={ca}", "--peer-client-cert-auth",
+    ]  # fmt: skip
 
 
 class ManagedEtcd:
@@ -44,8 +85,10 @@ class ManagedEtcd:
         peer_port: int | None = None,
         binary: str = "etcd",
         log_file: str | os.PathLike[str] | None = None,
+        tls: EtcdTlsFiles | None = None,
     ) -> None:
         self.host = host
+        self.tls = tls
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
         self._own_dir = data_dir is None
@@ -55,15 +98,20 @@ class ManagedEtcd:
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
+    def scheme(self) -> str:
+        return "https" if self.tls else "http"
+
+    @property
     def endpoint(self) -> str:
-        return f"http://{self.host}:{self.client_port}"
+        return f"{self.scheme}://{self.host}:{self.client_port}"
 
     @property
     def pid(self) -> int | None:
         return self._proc.pid if self._proc else None
 
     def command(self) -> list[str]:
-        peer = f"http://{self.host}:{self.peer_port}"
+        peer = f"{self.scheme}://{self.host}:{self.peer_port}"
+        tls = tls_flags(self.tls.ca, self.tls.cert, self.tls.key) if self.tls else []
         return [
             self._binary,
             "--name", "dynamoctl",
@@ -75,6 +123,7 @@ class ManagedEtcd:
             "--initial-cluster", f"dynamoctl={peer}",
             "--heartbeat-interval", "10",
             "--election-timeout", "100",
+            *tls,
         ]  # fmt: skip
 
     def start(self, timeout: float = 15.0) -> ManagedEtcd:
@@ -106,9 +155,11 @@ class ManagedEtcd:
 
     def healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.endpoint}/health", timeout=0.5) as resp:
+            context = self.tls.client_context() if self.tls else None
+            url = f"{self.endpoint}/health"
+            with urllib.request.urlopen(url, timeout=0.5, context=context) as resp:
                 return b'"true"' in resp.read()
-        except (urllib.error.URLError, OSError):
+        except (urllib.error.URLError, OSError, ssl.SSLError):
             return False
 
     def stop(self, grace: float = 5.0) -> None:
@@ -159,3 +210,32 @@ class ManagedEtcd:
         tb: TracebackType | None,
     ) -> None:
         self.cleanup()
+
+
+_TLS_MATERIAL = {
+    "ca.pem": names.ETCD_CA,
+    "server.pem": names.ETCD_SERVER_CERT,
+    "server.key": names.ETCD_SERVER_KEY,
+}
+
+
+def exec_with_tls(directory: Path, argv: list[str]) -> None:
+    """Write the TLS material from the environment into ``directory`` and become etcd."""
+    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    directory.chmod(0o700)
+    env = dict(os.environ)
+    for filename, variable in _TLS_MATERIAL.items():
+        pem = env.pop(variable, "")
+        if not pem:
+            raise SystemExit(f"etcd TLS: {variable} is not set")
+        path = directory / filename
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(pem if pem.endswith("\n") else pem + "\n")
+    flags = tls_flags(directory / "ca.pem", directory / "server.pem", directory / "server.key")
+    binary = shutil.which(argv[0]) or argv[0]
+    os.execve(binary, [*argv, *flags], env)
+
+
+if __name__ == "__main__":  # python -m dynamoctl.discovery.etcd_server DIR etcd ARGS...
+    exec_with_tls(Path(sys.argv[1]), sys.argv[2:])

@@ -27,7 +27,7 @@ from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, YAMLError
 from dynamoctl.recipe import guard
 from dynamoctl.recipe.introspect import choices, models_in, union_tag
 from dynamoctl.recipe.issues import FieldPath, Issue, RecipeError, dotted
-from dynamoctl.recipe.models import RULE_ERROR, SCHEMA_VERSION, Recipe
+from dynamoctl.recipe.models import ENV_VALUE_TAGS, RULE_ERROR, SCHEMA_VERSION, Recipe
 
 __all__ = ["Issue", "RecipeError", "load_recipe", "load_recipe_text"]
 
@@ -248,6 +248,8 @@ def _strip_union_tags(loc: tuple[str | int, ...]) -> tuple[FieldPath, type[BaseM
             models = [model for model in models if step == union_tag(model, union)]
             union = None
             continue
+        if step in ENV_VALUE_TAGS and len(path) >= 2 and path[-2] == "env":
+            continue  # the form of a pool's env value (plain or secret), not a field
         owner = models[0] if len(models) == 1 else None
         field = owner.model_fields.get(step) if owner and isinstance(step, str) else None
         models = models_in(field.annotation) if field else []

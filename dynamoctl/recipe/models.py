@@ -15,7 +15,15 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    model_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
@@ -86,6 +94,52 @@ class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
 
 
+# --- secrets and security -------------------------------------------------------------------
+
+
+class SecretSource(_Model):
+    """Where a secret is read, on the supervisor's host, right before an instance starts:
+    exactly one of ``from_env`` and ``from_file``. The value never appears in the recipe,
+    the plan, ``state.json``, a dry run or a command line (docs/security.md)."""
+
+    from_env: NonEmptyStr | None = None
+    """Name of an environment variable of the supervisor (``dynamoctl up``), e.g.
+    ``HF_TOKEN``."""
+    from_file: LocalPath | None = None
+    """Path of a file holding the value (a trailing newline is dropped), e.g.
+    ``~/.cache/huggingface/token``."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> SecretSource:
+        if (self.from_env is None) == (self.from_file is None):
+            raise rule_error("", "give exactly one of from_env and from_file")
+        return self
+
+
+class Security(_Model):
+    """Who may talk to the deployment's processes (docs/security.md). The defaults lock
+    every target whose components listen on a network address (ssh, slurm) and leave a
+    single user's machine (local) as it is."""
+
+    curve: bool | None = None
+    """Authenticate and encrypt the request and event planes with ZeroMQ CURVE, with a
+    key generated for the deployment: processes without it cannot connect. Default: on for
+    ssh and slurm targets, off for local."""
+    etcd_tls: bool | None = None
+    """Serve a managed etcd (``discovery.managed``) over TLS with certificates made for
+    the deployment, client certificates required: only the deployment's processes can
+    read or write discovery. Default: on for ssh and slurm targets, off for local."""
+
+
+ENV_VALUE_TAGS = frozenset({"plain", "secret"})
+"""The forms of an env value; pydantic puts the one meant in an error's location."""
+EnvValue = Annotated[
+    Annotated[str, Tag("plain")] | Annotated[SecretSource, Tag("secret")],
+    Discriminator(lambda value: "secret" if isinstance(value, dict | SecretSource) else "plain"),
+]
+"""An environment value, or where a secret one is read (errors name only the form meant)."""
+
+
 # --- discovery ------------------------------------------------------------------------------
 
 
@@ -115,10 +169,40 @@ class EtcdDiscovery(_Discovery):
     endpoints: list[Annotated[str, AfterValidator(_check_etcd_endpoint)]] = Field(
         default_factory=list
     )
-    """Client URLs of an external etcd, e.g. ``http://10.0.0.1:2379``. Required unless
+    """Client URLs of an external etcd, e.g. ``http://10.0.0.1:2379``, or
+    ``https://etcd1:2379`` for one served over TLS (all ``https`` or none). Required unless
     ``managed``."""
     managed: bool = False
-    """dynamoctl starts etcd on the head node, owns it, and stops it on ``dynamoctl down``."""
+    """dynamoctl starts etcd on the head node, owns it, and stops it on ``dynamoctl down``
+    (over TLS with its own certificates on ssh and slurm targets: ``security.etcd_tls``)."""
+    ca_file: LocalPath | None = None
+    """``https`` endpoints: PEM file of the CA that signed the etcd servers' certificates,
+    on the supervisor's host. Default: the system's trusted CAs."""
+    cert_file: LocalPath | None = None
+    """``https`` endpoints: PEM client certificate, for an etcd that requires one
+    (``--client-cert-auth``); with ``key_file``."""
+    key_file: LocalPath | None = None
+    """PEM private key of ``cert_file``."""
+    username: NonEmptyStr | None = None
+    """``https`` endpoints: etcd user, for an etcd with authentication enabled; with
+    ``password``."""
+    password: SecretSource | None = None
+    """Where that user's password is read, e.g. ``{from_env: ETCD_PASSWORD}``."""
+
+    @model_validator(mode="after")
+    def _tls_settings(self) -> EtcdDiscovery:
+        tls_fields = ("ca_file", "cert_file", "key_file", "username", "password")
+        given = [name for name in tls_fields if getattr(self, name) is not None]
+        secure = bool(self.endpoints) and all(e.startswith("https://") for e in self.endpoints)
+        if given and not secure:
+            raise rule_error(given[0], "applies to https:// endpoints only")
+        if any(e.startswith("https://") for e in self.endpoints) and not secure:
+            raise rule_error("endpoints", "must be all https:// or all http://")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise rule_error("cert_file" if self.key_file else "key_file", "needs the other")
+        if (self.username is None) != (self.password is None):
+            raise rule_error("password" if self.username else "username", "needs the other")
+        return self
 
     @model_validator(mode="after")
     def _endpoints_or_managed(self) -> EtcdDiscovery:
@@ -283,8 +367,11 @@ class WorkerPool(_Model):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Engine command-line arguments without the leading ``--``, passed untouched, e.g.
     ``{tensor-parallel-size: 8}``; ``true`` is a bare flag."""
-    env: dict[str, str] = Field(default_factory=dict)
-    """Extra environment variables for each replica."""
+    env: dict[str, EnvValue] = Field(default_factory=dict)
+    """Extra environment variables for each replica. A secret (a token, a password) is
+    referenced rather than written: ``HF_TOKEN: {from_env: HF_TOKEN}`` or ``{from_file:
+    ~/.hf_token}``; it is then read on the supervisor's host when the replica starts and
+    delivered without a command line, and the dry run shows ``<from env HF_TOKEN>``."""
 
 
 class Workers(_Model):
@@ -380,6 +467,8 @@ class Recipe(_Model):
     """Worker pools."""
     supervision: Supervision = Field(default_factory=Supervision)
     """Restart, health and drain policy of ``dynamoctl up``."""
+    security: Security = Field(default_factory=Security)
+    """Locks on the planes and on a managed etcd."""
 
     @model_validator(mode="after")
     def _fits_target(self) -> Recipe:

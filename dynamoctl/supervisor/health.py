@@ -63,6 +63,17 @@ class Probes:
                 records[record.label] = record
         self.records = records
 
+    async def store_answers(self) -> bool:
+        """Whether discovery answers a read (a TLS etcd's ``/health`` wants a client
+        certificate, which the store presents)."""
+        if self.store is None:
+            return False
+        try:
+            await self.store.get(instances_prefix(self.namespace))
+        except Exception:
+            return False
+        return True
+
     async def ok(self, url: str) -> bool:
         try:
             return (await self.http.get(url)).status_code == 200

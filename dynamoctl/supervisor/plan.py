@@ -21,7 +21,8 @@ from typing import Any
 
 import msgspec
 
-from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.discovery.registry import etcd_url
+from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
 from dynamoctl.launch.slurm import sbatch_resources
 from dynamoctl.recipe.models import (
@@ -31,10 +32,12 @@ from dynamoctl.recipe.models import (
     ModelSpec,
     Recipe,
     Role,
+    SecretSource,
     SlurmTarget,
     SshTarget,
     WorkerPool,
 )
+from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
@@ -172,22 +175,29 @@ def discovery_url(recipe: Recipe, run_dir: Path, head: Host) -> str:
         return f"embedded://{disc.path or run_dir / 'discovery'}"
     assert isinstance(disc, EtcdDiscovery)
     if disc.managed:
-        return f"etcd://{head.address}:{ETCD_CLIENT_PORT}"
-    return "etcd://" + ",".join(e.split("://", 1)[1] for e in disc.endpoints)
+        scheme = "etcd+https" if credentials.managed_etcd_tls(recipe) else "etcd"
+        return f"{scheme}://{head.address}:{ETCD_CLIENT_PORT}"
+    return etcd_url(disc.endpoints)
 
 
-def _etcd_spec(recipe: Recipe, head: Host, data_dir: str) -> InstanceSpec:
+def _etcd_spec(recipe: Recipe, head: Host, data_dir: str, run_dir: Path) -> InstanceSpec:
     """etcd listens on the head's address (it refuses names there) and advertises its
-    name; the peer URLs stay addresses, since etcd matches them against each other."""
-    listen = f"http://{head.address}:{ETCD_CLIENT_PORT}"
-    peer = f"http://{head.address}:{ETCD_PEER_PORT}"
+    name; the peer URLs stay addresses, since etcd matches them against each other.
+    With TLS it starts through the wrapper that writes its certificate next to its data
+    (:mod:`dynamoctl.discovery.etcd_server`), from secrets."""
+    tls = credentials.managed_etcd_tls(recipe)
+    scheme = "https" if tls else "http"
+    listen = f"{scheme}://{head.address}:{ETCD_CLIENT_PORT}"
+    peer = f"{scheme}://{head.address}:{ETCD_PEER_PORT}"
     member = f"dynamoctl-{recipe.name}"
+    wrapper = [python_for(recipe), "-m", "dynamoctl.discovery.etcd_server", f"{data_dir}-tls"]
     argv = [
+        *(wrapper if tls else []),
         "etcd",
         f"--name={member}",
         f"--data-dir={data_dir}",
         f"--listen-client-urls={listen}",
-        f"--advertise-client-urls=http://{head.name}:{ETCD_CLIENT_PORT}",
+        f"--advertise-client-urls={scheme}://{head.name}:{ETCD_CLIENT_PORT}",
         f"--listen-peer-urls={peer}",
         f"--initial-advertise-peer-urls={peer}",
         f"--initial-cluster={member}={peer}",
@@ -201,11 +211,29 @@ def _etcd_spec(recipe: Recipe, head: Host, data_dir: str) -> InstanceSpec:
         ports={"client": ETCD_CLIENT_PORT, "peer": ETCD_PEER_PORT},
         argv=argv,
         env=dict(BASE_ENV),
+        secrets=credentials.etcd_secrets(run_dir) if tls else {},
     )
 
 
+def _component_env(recipe: Recipe, run_dir: Path) -> tuple[dict[str, str], dict[str, SecretRef]]:
+    """Environment and secrets every worker, router and frontend gets."""
+    env = {**BASE_ENV, **credentials.component_env(recipe)}
+    return env, credentials.component_secrets(recipe, run_dir)
+
+
+def _split_env(
+    values: Mapping[str, str | SecretSource],
+) -> tuple[dict[str, str], dict[str, SecretRef]]:
+    """A pool's ``env``: plain values, and secrets by reference (never values)."""
+    plain = {k: v for k, v in values.items() if isinstance(v, str)}
+    hidden = {
+        k: credentials.secret_ref(v) for k, v in values.items() if isinstance(v, SecretSource)
+    }
+    return plain, hidden
+
+
 def worker_spec(
-    recipe: Recipe, role: Role, index: int, host: Host, gpus: list[int], url: str
+    recipe: Recipe, role: Role, index: int, host: Host, gpus: list[int], url: str, run_dir: Path
 ) -> InstanceSpec:
     """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds)."""
     from dynamoctl.worker.options import render_engine_args
@@ -224,7 +252,9 @@ def worker_spec(
     except TransferError as exc:
         raise PlanError(str(exc)) from None
     argv += render_engine_args({**args, **channel.args})
-    env = {**BASE_ENV, **channel.env, **pool.env}
+    common, secrets = _component_env(recipe, run_dir)
+    plain, hidden = _split_env(pool.env)
+    env = {**common, **channel.env, **plain}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return InstanceSpec(
@@ -237,13 +267,15 @@ def worker_spec(
         argv=argv,
         env=env,
         gpus=gpus,
+        secrets={**secrets, **hidden},
     )
 
 
-def _router_spec(recipe: Recipe, index: int, host: Host, url: str) -> InstanceSpec:
+def _router_spec(recipe: Recipe, index: int, host: Host, url: str, run_dir: Path) -> InstanceSpec:
     """A standalone router replica (``frontend.router.replicas > 0``)."""
     name = str(InstanceName("router", index))
     argv = [python_for(recipe), "-m", "dynamoctl", *router_argv(recipe, name, host.address, url)]
+    env, secrets = _component_env(recipe, run_dir)
     return InstanceSpec(
         name=name,
         pool="router",
@@ -251,19 +283,21 @@ def _router_spec(recipe: Recipe, index: int, host: Host, url: str) -> InstanceSp
         host=host.name,
         address=host.address,
         argv=argv,
-        env=dict(BASE_ENV),
+        env=env,
+        secrets=secrets,
     )
 
 
 WILDCARDS = ("0.0.0.0", "::")
 
 
-def _frontend_spec(recipe: Recipe, head: Host, url: str) -> InstanceSpec:
+def _frontend_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> InstanceSpec:
     """The frontend listens on ``frontend.host``, by default the head's address (loopback on
     a local target); ``address`` is where the supervisor reaches it."""
     listen = recipe.frontend.host or head.address
     name = str(InstanceName("frontend", 0))
     argv = [python_for(recipe), "-m", "dynamoctl", *frontend_argv(recipe, name, listen, url)]
+    env, secrets = _component_env(recipe, run_dir)
     return InstanceSpec(
         name=name,
         pool="frontend",
@@ -272,7 +306,8 @@ def _frontend_spec(recipe: Recipe, head: Host, url: str) -> InstanceSpec:
         address=head.address if listen in WILDCARDS else listen,
         ports={"http": recipe.frontend.port},
         argv=argv,
-        env=dict(BASE_ENV),
+        env=env,
+        secrets=secrets,
     )
 
 
@@ -342,7 +377,7 @@ def build_plan(
         data_dir = str(run_dir / "etcd")
         if isinstance(recipe.target, SshTarget):
             data_dir = f"{recipe.target.workdir or '.'}/dynamoctl-{recipe.name}-etcd"
-        instances.append(_etcd_spec(recipe, head, data_dir))
+        instances.append(_etcd_spec(recipe, head, data_dir, run_dir))
     gpu_map = GpuMap(hosts, gpus_per_host)
     roles: tuple[Role, ...] = ("prefill", "decode", "agg")
     for role in roles:
@@ -357,10 +392,10 @@ def build_plan(
                     f"{pool.gpus_per_replica} GPU(s) but the target has {len(hosts)} host(s) "
                     f"with {gpus_per_host} GPU(s) each, already taken by earlier replicas"
                 )
-            instances.append(worker_spec(recipe, role, index, placed[0], placed[1], url))
+            instances.append(worker_spec(recipe, role, index, placed[0], placed[1], url, run_dir))
     for index in range(recipe.frontend.router.replicas):  # spread, like CPU replicas
-        instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url))
-    instances.append(_frontend_spec(recipe, head, url))
+        instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url, run_dir))
+    instances.append(_frontend_spec(recipe, head, url, run_dir))
     plan = Plan(
         name=recipe.name,
         namespace=recipe.namespace,
@@ -396,5 +431,8 @@ def render(plan: Plan, describe: Callable[[InstanceSpec], list[str]]) -> str:
         lines.append(f"[{spec.name}] {spec.component} on {spec.host}, gpus {gpus}")
         if spec.env:
             lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()))
+        if spec.secrets:  # where each is read, never its value
+            masked = (f"{k}={ref.describe()}" for k, ref in spec.secrets.items())
+            lines.append("  secrets " + " ".join(masked))
         lines.append("  $ " + shlex.join(describe(spec)))
     return "\n".join(lines) + "\n"

@@ -77,6 +77,8 @@ class ComponentProbe:
 
 class EtcdProbe(ComponentProbe, component="etcd"):
     async def ready(self, spec: InstanceSpec) -> bool:
+        if spec.secrets:  # TLS with client certificates: ask through discovery's client
+            return await self.probes.store_answers()
         return await self.probes.ok(f"{base_url(spec, 'client')}/health")
 
 

@@ -10,11 +10,15 @@
 - ``slurm-job``: the id of the job ``dynamoctl up`` submitted from a login node, written
   before the job starts (so a queued deployment can be found, and cancelled);
 - ``logs/INSTANCE.log``: each instance's output, appended across restarts;
-  ``supervisor.log``: the supervisor's own log (foreground, detached or in a Slurm job).
+  ``supervisor.log``: the supervisor's own log (foreground, detached or in a Slurm job);
+- ``keys/``: the deployment's key material (:mod:`dynamoctl.supervisor.credentials`).
+
+Everything in it is private to its user: directories 0700, files 0600 (:meth:`RunDir.create`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 from pathlib import Path
@@ -69,9 +73,25 @@ class RunDir:
     def log_of(self, instance: str) -> Path:
         return self.logs / f"{instance}.log"
 
+    def create(self) -> None:
+        """Make the run directory private to its user (docs/security.md): this process's
+        umask becomes 077, so what it creates later (logs, state, keys, an embedded
+        discovery file) and what its local instances create is owner-only from the start;
+        what an earlier version left readable is made private too."""
+        os.umask(0o077)
+        self.logs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for directory, _, files in os.walk(self.path):
+            with contextlib.suppress(OSError):  # gone meanwhile: nothing to protect
+                os.chmod(directory, 0o700)
+            for name in files:
+                path = os.path.join(directory, name)
+                with contextlib.suppress(OSError):
+                    if not os.path.islink(path):
+                        os.chmod(path, 0o600)
+
     def lock(self) -> bool:
         """Take the deployment's lock for this process's lifetime; False if held elsewhere."""
-        self.logs.mkdir(parents=True, exist_ok=True)
+        self.create()
         handle = open(self.path / "lock", "a+")  # noqa: SIM115 - held until release()
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -16,6 +16,7 @@ from pathlib import Path
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.registry import launcher_for
 from dynamoctl.recipe.models import Recipe, SlurmTarget
+from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.adopt import take_over
 from dynamoctl.supervisor.control import build_app, control_address
 from dynamoctl.supervisor.plan import build_plan
@@ -67,6 +68,8 @@ async def serve(
     launcher = None
     try:
         plan, gpu_map = build_plan(recipe, run_dir.path, allocation)
+        credentials.ensure(recipe, run_dir.path, plan.hosts[0])  # before any start
+        credentials.use_for_discovery(recipe, run_dir.path)
         launcher = launcher_for(recipe)
         adopted = await take_over(plan, run_dir, launcher)
         if adopted:

@@ -451,9 +451,8 @@ class Supervisor:
             placed = self.gpu_map.take(pools[role].gpus_per_replica)
             if placed is None:
                 raise PlanError(f"no free GPUs left for another {pool} replica")
-            spec = worker_spec(
-                self.recipe, role, index, placed[0], placed[1], self.plan.discovery_url
-            )
+            url = self.plan.discovery_url
+            spec = worker_spec(self.recipe, role, index, *placed, url, self.run_dir.path)
             inst = self.instances[spec.name] = self._new(spec)
             inst.task = asyncio.create_task(self._life(inst), name=f"life-{spec.name}")
             started.append(spec.name)

@@ -77,7 +77,7 @@ def test_show_fills_defaults_in_schema_order() -> None:
     top_level_keys = [line.split(":")[0] for line in result.stdout.splitlines() if line[0] != " "]
     assert top_level_keys == [
         "schema", "name", "namespace", "discovery", "target", "model", "frontend", "workers",
-        "supervision",
+        "supervision", "security",
     ]  # fmt: skip
     assert "  lease_ttl: 10.0\n" in result.stdout
 

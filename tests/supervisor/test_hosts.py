@@ -65,11 +65,11 @@ def test_ssh_plan_binds_addresses_and_names_hosts() -> None:
     )
     plan, _ = build_plan(recipe, Path("/run"))
     assert plan.hosts == [Host("gpu-a", "192.0.2.1"), Host("gpu-b", "192.0.2.2")]
-    assert plan.discovery_url == "etcd://192.0.2.1:2379"
+    assert plan.discovery_url == "etcd+https://192.0.2.1:2379"  # TLS on ssh by default
     assert plan.endpoint == "http://gpu-a:8000/v1"  # people use names
     etcd, *workers, frontend = plan.instances
-    assert "--listen-client-urls=http://192.0.2.1:2379" in etcd.argv
-    assert "--advertise-client-urls=http://gpu-a:2379" in etcd.argv
+    assert "--listen-client-urls=https://192.0.2.1:2379" in etcd.argv
+    assert "--advertise-client-urls=https://gpu-a:2379" in etcd.argv
     assert [(w.host, w.argv[w.argv.index("--host") + 1]) for w in workers] == [
         ("gpu-a", "192.0.2.1"),
         ("gpu-b", "192.0.2.2"),

@@ -1,0 +1,228 @@
+"""The two loops: a load step adds replicas, a drop removes them, the budget is never
+exceeded, stale or missing metrics hold, noise does not flap."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+
+from dynamoctl.planner.budget import BudgetError, check_budget, fit_to_budget, units
+from dynamoctl.planner.decide import decide_load, decide_throughput
+from dynamoctl.planner.records import Forecast, PlannerState, TrafficSample
+from dynamoctl.planner.settings import PlannerSettings
+from tests.planner.helpers import metrics, model, spec, state
+
+pytestmark = pytest.mark.planner
+
+DISAGG = [spec("prefill"), spec("decode")]
+SETTINGS = PlannerSettings(itl_target_ms=15.0, gpu_budget=16)
+SAMPLE = TrafficSample(at=0.0, interval=60, requests=600, mean_isl=900, mean_osl=200)
+
+
+def throughput(
+    current: PlannerState, rate: float, settings: PlannerSettings = SETTINGS, now: float = 0.0
+) -> tuple[dict[str, int], PlannerState, str]:
+    decision, after = decide_throughput(
+        settings=settings, specs=DISAGG, state=current, model=model(),
+        forecast=Forecast(rate=rate, isl=900, osl=200), observed=SAMPLE, now=now,
+    )  # fmt: skip
+    assert decision.gpus <= settings.gpu_budget
+    return {pool.role: pool.desired for pool in decision.pools}, after, decision.reason
+
+
+def test_a_load_step_raises_each_pool_to_its_floor() -> None:
+    desired, after, reason = throughput(state(prefill=1, decode=1), rate=10)
+    # prefill: 10 x 0.09 s / (0.82/0.91) = 0.999 -> 1; decode: 2000 / 400 tok/s -> 5.
+    assert desired == {"prefill": 1, "decode": 5}
+    assert after.pools["decode"].floor == 5 and after.pools["decode"].changed_at == 0.0
+    assert "-> 5" in reason
+
+
+def test_above_the_floor_the_throughput_loop_leaves_the_pool_to_the_load_loop() -> None:
+    desired, after, _ = throughput(state(prefill=3, decode=7), rate=10)
+    assert desired == {"prefill": 3, "decode": 7}
+    assert (after.pools["prefill"].floor, after.pools["decode"].floor) == (1, 5)
+    alone = SETTINGS.model_copy(update={"mode": "throughput"})
+    assert throughput(state(prefill=3, decode=7), 10, alone)[0] == {"prefill": 1, "decode": 5}
+
+
+def test_targets_beyond_the_budget_scale_to_the_budget_and_say_so() -> None:
+    tight = SETTINGS.model_copy(update={"gpu_budget": 6})
+    decision, _ = decide_throughput(
+        settings=tight, specs=DISAGG, state=state(prefill=1, decode=1), model=model(),
+        forecast=Forecast(rate=40, isl=900, osl=200), observed=SAMPLE, now=0.0,
+    )  # fmt: skip
+    assert decision.gpus == 6 and decision.budget_bound
+    wanted = {pool.role: pool.needed for pool in decision.pools}
+    assert wanted == {"prefill": 4, "decode": 20}
+    # The 6 GPUs shared in proportion to the needs (4 : 8 after the cap).
+    assert {pool.role: pool.desired for pool in decision.pools} == {"prefill": 2, "decode": 4}
+    assert (
+        "budget-bound" in decision.reason and "capped at decode_max_replicas 8" in decision.reason
+    )
+
+
+def test_missing_profile_forecast_or_fresh_sample_holds() -> None:
+    current = state(prefill=2, decode=4)
+    for model_, forecast, observed, now in [
+        (None, Forecast(rate=1, isl=900, osl=200), SAMPLE, 0.0),
+        (model(), None, SAMPLE, 0.0),
+        (model(), Forecast(rate=0, isl=900, osl=200), SAMPLE, 1000.0),  # sample too old
+    ]:
+        decision, after = decide_throughput(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model_,
+            forecast=forecast, observed=observed, now=now,
+        )  # fmt: skip
+        assert after == current and decision.changes == {}
+        assert all(pool.reason.startswith("hold") for pool in decision.pools)
+
+
+def run_load(
+    current: PlannerState, readings: list[dict[str, float]], start: float = 100.0
+) -> tuple[list[int], PlannerState, list[str]]:
+    """Decode targets after each load interval with the given KV usage and ITL."""
+    targets, reasons = [], []
+    for step, reading in enumerate(readings):
+        now = start + SETTINGS.load_interval * step
+        ready = current.pools["decode"].target
+        load = {
+            "decode": metrics(now, ready, kv=reading["kv"], itl=reading.get("itl")),
+            "prefill": metrics(now, current.pools["prefill"].target),
+        }
+        decision, current = decide_load(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+        assert decision.gpus <= SETTINGS.gpu_budget
+        targets.append(current.pools["decode"].target)
+        reasons.append(decision.pools[1].reason)
+    return targets, current, reasons
+
+
+def test_load_adds_one_replica_after_stable_intervals_then_cools_down() -> None:
+    hot = [{"kv": 0.95, "itl": 0.012}] * 10
+    targets, _, reasons = run_load(state(prefill=1, decode=2), hot)
+    # Up at the 2nd interval; the cool-down (30 s, 6 intervals) ends at the 8th.
+    assert targets == [2, 3, 3, 3, 3, 3, 3, 4, 4, 4]
+    assert reasons[0] == "KV usage 95% >= 90% (1/2)"
+    assert reasons[3] == "KV usage 95% >= 90%; cool-down, 20 s left"
+
+
+def test_load_drop_removes_replicas_one_at_a_time_down_to_the_floor() -> None:
+    current = state(prefill=1, decode=6)
+    current.pools["decode"] = current.pools["decode"].__class__(target=6, floor=3)
+    idle = [{"kv": 0.1}] * 30
+    targets, _, reasons = run_load(current, idle)
+    assert targets[:3] == [6, 5, 5] and targets[-1] == 3
+    assert all(after - before in (0, -1) for before, after in itertools.pairwise(targets))
+    assert reasons[-1] == "every signal low; at its floor 3"
+
+
+def test_no_flapping_under_noisy_load() -> None:
+    rng = np.random.default_rng(7)
+    # KV usage alternating across the up threshold, then noise inside the hold band.
+    alternating = [{"kv": 0.95 if i % 2 else 0.85, "itl": 0.013} for i in range(40)]
+    in_band = [{"kv": float(rng.uniform(0.5, 0.89)), "itl": 0.013} for _ in range(40)]
+    targets, _, _ = run_load(state(prefill=1, decode=4), alternating + in_band)
+    assert set(targets) == {4}
+
+
+def test_stale_or_missing_metrics_hold_every_pool() -> None:
+    current = state(prefill=3, decode=3)
+    for load in ({}, {"decode": metrics(0.0, 3, kv=0.0), "prefill": metrics(0.0, 3)}):
+        decision, after = current, current
+        for step in range(5):
+            now = 100.0 + 5 * step
+            outcome, after = decide_load(
+                settings=SETTINGS, specs=DISAGG, state=after, model=model(), load=load, now=now
+            )
+            assert outcome.changes == {}
+        assert "hold" in outcome.reason and after.pools["decode"].target == 3
+        assert decision is current
+
+
+def test_no_replica_is_added_while_the_last_one_is_not_ready() -> None:
+    current = state(prefill=1, decode=3)
+    decision = None
+    for step in range(12):
+        now = 100.0 + 5 * step
+        load = {"decode": metrics(now, 2, kv=0.99), "prefill": metrics(now, 1)}
+        decision, current = decide_load(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+    assert decision is not None and current.pools["decode"].target == 3
+    assert "1 of 3 replicas not ready yet" in decision.reason
+
+
+def test_prefill_scales_on_its_queue_and_ttft() -> None:
+    current = state(prefill=1, decode=1)
+    for step in range(2):  # 6000 queued tokens at 10k tok/s = 0.6 s > TTFT 0.5 s
+        now = 100.0 + 5 * step
+        load = {"prefill": metrics(now, 1, queued=6000), "decode": metrics(now, 1, kv=0.6)}
+        decision, current = decide_load(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+    assert decision.changes == {"prefill": 2}
+    assert decision.pools[0].reason == "prefill queue 1.20 x TTFT target per replica >= 1.0"
+
+
+def test_the_load_loop_never_spends_more_than_the_budget() -> None:
+    tight = SETTINGS.model_copy(update={"gpu_budget": 5, "cooldown": 0.0, "stable_intervals": 1})
+    current = state(prefill=1, decode=1)
+    for step in range(20):
+        now = 100.0 + 5 * step
+        load = {
+            "prefill": metrics(now, current.pools["prefill"].target, ttft=2.0),
+            "decode": metrics(now, current.pools["decode"].target, kv=1.0),
+        }
+        decision, current = decide_load(
+            settings=tight, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+        assert decision.gpus <= 5
+    assert decision.budget_bound and "budget-bound" in decision.reason
+    assert sum(pool.target for pool in current.pools.values()) == 5
+
+
+def test_budget_fit_shares_by_shortfall_and_respects_minimums() -> None:
+    specs = [spec("prefill", gpus=2), spec("decode", gpus=1)]
+    assert fit_to_budget(specs, {"prefill": 2, "decode": 2}, {"prefill": 1, "decode": 1}, 8) == (
+        {"prefill": 2, "decode": 2},
+        set(),
+    )
+    given, short = fit_to_budget(
+        specs, {"prefill": 4, "decode": 8}, {"prefill": 1, "decode": 1}, 10
+    )
+    assert units(specs, given) <= 10 and short == {"prefill", "decode"}
+    assert given == {"prefill": 3, "decode": 4}
+    with pytest.raises(BudgetError, match="prefill_min_replicas 3 x 2"):
+        check_budget([spec("prefill", low=3, gpus=2), spec("decode")], 6)
+
+
+def test_random_sequences_never_exceed_the_budget() -> None:
+    rng = np.random.default_rng(11)
+    settings = SETTINGS.model_copy(update={"gpu_budget": 9, "cooldown": 5.0})
+    current = state(prefill=1, decode=1)
+    for step in range(200):
+        now = 100.0 + 5 * step
+        if step % 10 == 0:
+            rate = float(rng.uniform(0, 60))
+            _, current, _ = throughput(current, rate, settings, now=now)
+        load = {
+            role: metrics(
+                now,
+                pool.target,
+                kv=float(rng.uniform()),
+                queued=int(rng.integers(0, 9000)),
+                ttft=float(rng.uniform(0, 1)),
+                itl=float(rng.uniform(0, 0.03)),
+            )
+            for role, pool in current.pools.items()
+        }
+        decision, current = decide_load(
+            settings=settings, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+        assert (
+            decision.gpus <= 9
+            and units(DISAGG, {r: p.target for r, p in current.pools.items()}) <= 9
+        )
