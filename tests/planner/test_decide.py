@@ -10,7 +10,7 @@ import pytest
 
 from dynamoctl.planner.budget import BudgetError, check_budget, fit_to_budget, units
 from dynamoctl.planner.decide import decide_load, decide_throughput
-from dynamoctl.planner.records import Forecast, PlannerState, TrafficSample
+from dynamoctl.planner.records import Forecast, PlannerState, PoolState, TrafficSample
 from dynamoctl.planner.settings import PlannerSettings
 from tests.planner.helpers import metrics, model, spec, state
 
@@ -110,8 +110,9 @@ def test_load_adds_one_replica_after_stable_intervals_then_cools_down() -> None:
 
 
 def test_load_drop_removes_replicas_one_at_a_time_down_to_the_floor() -> None:
-    current = state(prefill=1, decode=6)
-    current.pools["decode"] = current.pools["decode"].__class__(target=6, floor=3)
+    current = PlannerState(
+        pools={"prefill": PoolState(target=1), "decode": PoolState(target=6, floor=3)}
+    )
     idle = [{"kv": 0.1}] * 30
     targets, _, reasons = run_load(current, idle)
     assert targets[:3] == [6, 5, 5] and targets[-1] == 3
