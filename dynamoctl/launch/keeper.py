@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         if relay is not None:
             relay.join(5.0)
         status = code if code >= 0 else 128 - code
+        if server is not None:
+            server.close()  # first: nobody may attach to an instance whose end they missed
         lifelines.finish(status)
         return status
     finally:

@@ -143,6 +143,10 @@ class Lifelines:
         conn.sendall(encode_frame(self.header))
         sink = Sink(conn.sendall, self._sink_dead)
         with self._cond:
+            if self._ended:  # too late: the command's end was announced already
+                sink.close(0.0)
+                conn.close()
+                return
             if self._tail_dropped:
                 note = f"[keeper] {self._tail_dropped} bytes of output dropped while detached\n"
                 sink.put(encode_frame(KeeperOutput(note.encode())))

@@ -17,6 +17,8 @@ instances' processes wherever they run.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
 import json
 import os
 import signal
@@ -32,7 +34,7 @@ import msgspec
 import psutil
 import pytest
 
-from dynamoctl.launch.api import InstanceSpec, Launcher, ProcessRecord, stop
+from dynamoctl.launch.api import InstanceSpec, Launcher, ProcessRecord, SecretRef, stop
 from dynamoctl.launch.local import LocalLauncher
 from dynamoctl.launch.slurm import STEP_PREFIX, SlurmLauncher, list_steps
 from tests.launch.test_ssh_launcher import launcher_for as ssh_launcher
@@ -202,4 +204,38 @@ async def test_the_record_alone_reaps_from_a_fresh_launcher(
         assert await asyncio.wait_for(fresh.reap(stored, grace=1.0), 15) is False  # nothing left
     finally:
         await fresh.close()
+    await _until(lambda: not _marked(marker), "nothing of the instance left")
+
+
+# Prints a digest of its HF_TOKEN (never the value), then waits to be looked at.
+SECRET_READER = textwrap.dedent("""
+    import hashlib, os, sys, time
+    token = os.environ.get("HF_TOKEN", "")
+    print("token digest", hashlib.sha256(token.encode()).hexdigest(), flush=True)
+    time.sleep(300)
+""")
+
+
+async def test_a_secret_reaches_the_environment_and_no_command_line(
+    where: Where, launcher: Launcher, tmp_path: Path, marker: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    value = f"hf_{uuid.uuid4().hex}"
+    monkeypatch.setenv("DYN_TEST_TOKEN_SOURCE", value)  # read by the launcher, right now
+    spec = msgspec.structs.replace(
+        _spec(where, marker),
+        argv=[sys.executable, "-c", SECRET_READER, marker],
+        secrets={"HF_TOKEN": SecretRef(env="DYN_TEST_TOKEN_SOURCE")},
+    )
+    assert value not in " ".join(launcher.describe(spec))  # the dry run shows no value
+    log = tmp_path / "secret.log"
+    proc = await launcher.start(spec, log)
+    digest = hashlib.sha256(value.encode()).hexdigest()
+    await _until(lambda: "token digest" in _text(log), f"the command's digest line ({log})")
+    assert f"token digest {digest}" in _text(log)  # the command saw the value
+    # No process on this machine (keeper, srun, sshd, shells, the command) has it in argv.
+    for other in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            assert value not in " ".join(other.info["cmdline"] or []), other
+    assert value not in _text(log)
+    await stop(proc, grace=5.0)
     await _until(lambda: not _marked(marker), "nothing of the instance left")
