@@ -8,7 +8,7 @@ each sink has a bounded queue and a thread of its own, so a stalled or dead chan
 output but never stalls or kills the command. With no sink at all, a bounded tail is kept
 for the next lifeline that attaches.
 
-Standard library only, plus the keeper's frames (``dynamoctl.wire.keeper``): it runs
+Standard library, psutil and the keeper's frames (``dynamoctl.wire.keeper``): it runs
 inside every keeper.
 """
 
@@ -26,6 +26,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+
+import psutil
 
 from dynamoctl.wire.keeper import (
     KeeperExit,
@@ -249,11 +251,22 @@ class Lifelines:
             stdout.close(5.0)
 
 
+def sweep_stale(directory: Path) -> None:
+    """Remove sockets of keepers that are gone (SIGKILLed keepers cannot remove their own);
+    the pid is the last part of the name."""
+    for path in directory.glob("*-*.sock"):
+        pid = path.stem.rpartition("-")[2]
+        if pid.isdigit() and not psutil.pid_exists(int(pid)):
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
 class LifelineServer:
     """The keeper's unix socket: each accepted connection is a lifeline."""
 
     def __init__(self, path: Path, lifelines: Lifelines) -> None:
         self.path = path
+        sweep_stale(path.parent)
         with contextlib.suppress(FileNotFoundError):
             path.unlink()  # a dead keeper's, with our pid: pids are reused
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)

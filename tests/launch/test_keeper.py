@@ -177,3 +177,15 @@ def test_a_dead_channel_never_reaches_the_command_and_attach_gets_the_tail(
     finally:
         for pid in _group(keeper.pid):
             psutil.Process(pid).kill()
+
+
+def test_a_starting_keeper_removes_the_sockets_of_killed_keepers(
+    supervised: Callable[[float], tuple[ProcessRecord, Path]],
+) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names a keeper that was SIGKILLed before it could clean up
+    stale = private_dir() / f"agg-7-{gone.pid}.sock"
+    stale.touch()
+    record, _ = supervised(30.0)
+    _until(lambda: Path(record.socket).exists(), "the new keeper listening")
+    assert not stale.exists()
