@@ -14,7 +14,7 @@ from rich.live import Live
 from rich.table import Table
 
 from dynamoctl.supervisor.states import State
-from dynamoctl.wire.control import StatusReport
+from dynamoctl.wire.control import DiscoveryStatus, StatusReport
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor
@@ -41,8 +41,10 @@ def _uptime(seconds: float | None) -> str:
 def status_table(report: StatusReport, width: int = 80) -> Table:
     """One row per instance. In ``width`` columns (80 at least) the names ``drain`` takes,
     the states and the figures are whole; the host column gives way (it ellipsises)."""
+    disc = report.discovery
+    unreachable = "" if disc.reachable else " · [bold red]discovery unreachable[/]"
     table = Table(
-        title=f"{report.name} · {report.phase} · {report.endpoint} ({report.model})",
+        title=f"{report.name} · {report.phase} · {report.endpoint} ({report.model}){unreachable}",
         title_justify="left",
         box=box.SIMPLE_HEAD,
         pad_edge=False,
@@ -77,6 +79,8 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
         for row in report.instances
         if row.message and row.state in (State.FAILED, State.BACKOFF)
     ]
+    if not disc.reachable:
+        failures.insert(0, _unreachable_line(disc))
     if failures:  # below the table, where a long message does not squeeze the columns
         table.caption = "\n".join(failures)
         table.caption_justify = "left"
@@ -84,6 +88,14 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
 
 
 _HEADERS = ("instance", "state", "host", "pid", "restarts", "uptime", "reqs", "KV")
+
+
+def _unreachable_line(disc: DiscoveryStatus) -> str:
+    since = f" for {disc.unreachable_s:.0f} s" if disc.unreachable_s is not None else ""
+    return (
+        f"discovery at {disc.location or '?'} unreachable{since} ({disc.error or 'no answer'}): "
+        "states are the last known; instances keep serving and are still restarted"
+    )
 
 
 class LiveView:

@@ -59,12 +59,16 @@ async def hold_deletes(
                 if event is None:
                     return  # the events ended
                 if event.kind is EventKind.DELETE and settling():
-                    if event.key not in held:
-                        log.info("discovery settling: holding %s for %.0fs", event.key, hold_for)
-                        held[event.key] = time.monotonic() + hold_for
+                    if not held:  # one line per episode: there may be hundreds of keys
+                        log.info(
+                            "discovery settling: deletions held for up to %.0fs (%s, ...)",
+                            hold_for,
+                            event.key,
+                        )
+                    held.setdefault(event.key, time.monotonic() + hold_for)
                     continue
                 if held.pop(event.key, None) is not None and event.kind is EventKind.PUT:
-                    log.info("%s registered again while held", event.key)
+                    log.debug("%s registered again while held", event.key)
                 yield event
                 continue
             now = time.monotonic()
@@ -74,7 +78,7 @@ async def hold_deletes(
                 expired += [k for k in held if k not in expired and not await _answers(alive, k)]
             for key in expired:
                 if held.pop(key, None) is not None:
-                    log.info("releasing held deletion of %s", key)
+                    log.debug("held deletion of %s released", key)
                     yield WatchEvent(EventKind.DELETE, key)
     finally:
         if pending is not None:

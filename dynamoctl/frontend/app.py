@@ -45,6 +45,7 @@ from dynamoctl.frontend.errors import (
     bad_request,
     internal_error,
     model_not_found,
+    model_unavailable,
     too_large,
 )
 from dynamoctl.frontend.generate import Generator, Job, Outcome
@@ -597,6 +598,8 @@ def _too_long(context: int, prompt_tokens: int, param: str) -> OpenAIError:
 def _model(registry: ModelRegistry, name: str) -> ServedModel:
     model = registry.get(name)
     if model is None:
+        if registry.was_served(name):  # its workers are gone for now, or restarting
+            raise model_unavailable(name)
         raise model_not_found(name, [m.name for m in registry.models()])
     return model
 

@@ -63,6 +63,18 @@ def model_not_found(model: str, available: list[str]) -> OpenAIError:
     )
 
 
+def model_unavailable(model: str, retry_after: float = 1.0) -> OpenAIError:
+    """A model that was served and has no worker right now: retry, it is not a typo."""
+    return OpenAIError(
+        503,
+        f"The model '{model}' has no worker available right now; retry later.",
+        type="service_unavailable",
+        param="model",
+        code="model_unavailable",
+        retry_after=retry_after,
+    )
+
+
 def overloaded(message: str, retry_after: float = 1.0) -> OpenAIError:
     return OpenAIError(
         503, message, type="service_unavailable", code="overloaded", retry_after=retry_after

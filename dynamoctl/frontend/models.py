@@ -55,6 +55,11 @@ class ModelRegistry(AsyncService):
     def get(self, name: str) -> ServedModel | None:
         return self._follower.get(name)
 
+    def was_served(self, name: str) -> bool:
+        """Whether ``name`` had workers at some point since the frontend started (a 503
+        while it has none, not a 404)."""
+        return name in self._follower.known
+
     def models(self) -> list[ServedModel]:
         return [served for _, served in self._follower.items()]
 

@@ -32,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dynamoctl.discovery import Discovery, EventKind, keys
+from dynamoctl.discovery.hold import address_answers
 from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
 from dynamoctl.frontend.picking import PoolSurvey
 from dynamoctl.planes.request import RemoteError, RequestClient, RequestPlaneError
@@ -193,8 +194,15 @@ class RouterReplicas(AsyncService):
 
     # ------------------------------------------------------------------ discovery
 
+    async def _answers(self, key: str) -> bool:
+        """Whether a replica whose record is held still accepts connections."""
+        address = self._replicas.get(key.rpartition("/")[2])
+        return address is not None and await address_answers(address)
+
     async def _watch(self) -> None:
-        async for event in self.discovery.watch(keys.instances_prefix(self.namespace, COMPONENT)):
+        # Held while discovery settles: replicas that answer are asked as before.
+        prefix = keys.instances_prefix(self.namespace, COMPONENT)
+        async for event in self.discovery.watch(prefix, hold=True, alive=self._answers):
             try:
                 _, _, endpoint, iid = keys.split_instance_key(event.key)
                 if endpoint != ROUTE:

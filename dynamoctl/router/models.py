@@ -3,7 +3,11 @@
 Both the frontend (a tokenizer and a router per model) and ``dynamoctl router`` (a
 router per model) need the same thing: build something for a model when its first
 worker's card appears, and close it when its last worker's card goes. Several models at
-once are independent.
+once are independent. While discovery settles after an outage, cards that vanish are held
+for about a lease TTL (their workers re-register meanwhile), so a model being served is
+not closed because every lease expired at once (:mod:`dynamoctl.discovery.hold`); the
+names of models ever served are kept, so that a model without workers is told apart from
+one never served.
 """
 
 from __future__ import annotations
@@ -45,6 +49,8 @@ class ModelFollower(AsyncService, Generic[T]):
         self.close_timeout = close_timeout
         self._values: dict[str, T] = {}
         self._instances: dict[str, set[str]] = {}
+        self.known: set[str] = set()
+        """Every model that has been served since the start, with workers now or not."""
         self._task: asyncio.Task[None] | None = None
         self._closing: set[asyncio.Task[None]] = set()
 
@@ -70,7 +76,7 @@ class ModelFollower(AsyncService, Generic[T]):
 
     async def _follow(self) -> None:
         prefix = keys.models_prefix(self.namespace)
-        async for event in self.discovery.watch(prefix):
+        async for event in self.discovery.watch(prefix, hold=True):
             model, _, instance = event.key[len(prefix) :].rpartition("/")
             try:
                 if event.kind is EventKind.PUT:
@@ -86,6 +92,7 @@ class ModelFollower(AsyncService, Generic[T]):
             card = msgspec.json.decode(raw, type=ModelCard)
             self._values[model] = await self._open(model, card)
             self._instances[model] = set()
+            self.known.add(model)
         self._instances[model].add(instance)
 
     def _remove(self, model: str, instance: str) -> None:

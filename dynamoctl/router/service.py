@@ -3,8 +3,12 @@
 * Membership: watches ``{ns}/instances/worker/`` (:class:`InstanceRecord`) and
   ``{ns}/events/worker/`` (:class:`EventsRecord`). An instance serving ``model`` on the
   ``generate`` endpoint is added when its record appears and removed when it goes (drain
-  or lease expiry). A record that comes back with another address or pid under the same
-  id is a new life: removed and added again, so nothing of the old one survives.
+  or lease expiry). While discovery settles after an outage, a worker whose records
+  vanished stays routable until it registers again, its request-plane port stops
+  accepting connections, or about a lease TTL passes (stale-while-unavailable,
+  :mod:`dynamoctl.discovery.hold`). A record that comes back with another address or
+  pid under the same id is a new life: removed and added again, so nothing of the old one
+  survives.
 * Streams: one :class:`EventSubscriber` for KV events (only when the mode uses them) and
   one for load metrics; each worker is subscribed once both its records are known.
 
@@ -45,6 +49,7 @@ from typing import TypeAlias
 import msgspec
 
 from dynamoctl.discovery import Discovery, EventKind, WatchEvent, keys
+from dynamoctl.discovery.hold import address_answers
 from dynamoctl.planes.events import Event, EventSubscriber, Item, Lost, Snapshot
 from dynamoctl.router.router import KvRouter
 from dynamoctl.util.aio import AsyncService
@@ -169,11 +174,16 @@ class RouterService(AsyncService):
     # ------------------------------------------------------------------ discovery
 
     async def _watch(self, prefix: str, handle: _Handler) -> None:
-        async for event in self.discovery.watch(prefix):
+        async for event in self.discovery.watch(prefix, hold=True, alive=self._answers):
             try:
                 await handle(event)
             except (ValueError, msgspec.DecodeError) as exc:  # a foreign or newer record
                 log.warning("router %s: ignoring %s: %s", self.model, event.key, exc)
+
+    async def _answers(self, key: str) -> bool:
+        """Whether the worker of a held key still accepts request-plane connections."""
+        record = self._instances.get(key.rpartition("/")[2])  # the instance id is last
+        return record is not None and await address_answers(record.address)
 
     async def _on_instance(self, event: WatchEvent) -> None:
         _, _, endpoint, iid = keys.split_instance_key(event.key)

@@ -3,11 +3,15 @@
 An instance is healthy when its process is alive, its discovery record is there (for
 workers: live lease) and it answers. A worker with requests in flight whose generated-token
 counter stops moving is hung even though it answers (docs/operations.md): an engine stuck in a
-CUDA call still serves ``/metrics`` from another thread.
+CUDA call still serves ``/metrics`` from another thread. While discovery is unreachable, and
+for :data:`SETTLE_S` after it comes back (leases that expired during the outage take a
+moment to be re-established), an instance is judged by its last known record: a worker
+"not registered" only because of the outage is not killed as hung.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -16,8 +20,15 @@ import msgspec
 
 from dynamoctl.discovery.api import Store
 from dynamoctl.discovery.keys import instances_prefix
+from dynamoctl.wire.control import DiscoveryStatus
 from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.records import InstanceRecord
+
+log = logging.getLogger(__name__)
+
+SETTLE_S = 10.0
+"""Seconds after discovery comes back during which a missing record is not yet believed
+(the default lease TTL: every process re-registers well within it)."""
 
 
 class Probes:
@@ -41,6 +52,11 @@ class Probes:
         self.records: dict[str, InstanceRecord] = {}
         """The latest instance records, by supervisor label."""
         self._listed_at = -math.inf
+        self._last_known: dict[str, InstanceRecord] = {}
+        """Every label's last record, kept after it vanished (see :meth:`record_of`)."""
+        self._down_since: float | None = None
+        self._down_error = ""
+        self._back_at = -math.inf
 
     async def refresh_records(self) -> None:
         """Re-list ``{ns}/instances/`` unless a listing younger than ``max_age`` is at hand
@@ -51,8 +67,10 @@ class Probes:
         self._listed_at = time.monotonic()
         try:
             listing = await self.store.list(instances_prefix(self.namespace))
-        except Exception:  # an etcd outage: instances keep their last known records
+        except Exception as exc:  # an outage: instances keep their last known records
+            self._went_down(exc)
             return
+        self._came_back()
         records: dict[str, InstanceRecord] = {}
         for value in listing.items.values():
             try:
@@ -62,6 +80,50 @@ class Probes:
             if record.label:
                 records[record.label] = record
         self.records = records
+        self._last_known.update(records)
+
+    def record_of(self, label: str) -> InstanceRecord | None:
+        """``label``'s record; while discovery is unreachable or settling, its last known
+        one (a record that vanished with an outage says nothing about the process)."""
+        record = self.records.get(label)
+        if record is None and self.settling():
+            record = self._last_known.get(label)
+        return record
+
+    def settling(self) -> bool:
+        """Unreachable now, or back for less than :data:`SETTLE_S`."""
+        return self._down_since is not None or time.monotonic() - self._back_at < SETTLE_S
+
+    def discovery_status(self) -> DiscoveryStatus:
+        """What ``status`` says about discovery."""
+        location = self.store.location if self.store is not None else ""
+        if self._down_since is None:
+            return DiscoveryStatus(reachable=True, location=location)
+        return DiscoveryStatus(
+            reachable=False,
+            location=location,
+            unreachable_s=time.monotonic() - self._down_since,
+            error=self._down_error,
+        )
+
+    def _went_down(self, exc: Exception) -> None:
+        self._down_error = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+            log.warning(
+                "discovery unreachable (%s): instances are judged by their last known "
+                "records until it is back",
+                self._down_error,
+            )
+
+    def _came_back(self) -> None:
+        if self._down_since is not None:
+            log.info(
+                "discovery reachable again after %.1fs",
+                time.monotonic() - self._down_since,
+            )
+            self._down_since = None
+            self._back_at = time.monotonic()
 
     async def store_answers(self) -> bool:
         """Whether discovery answers a read (a TLS etcd's ``/health`` wants a client

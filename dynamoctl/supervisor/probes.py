@@ -14,6 +14,7 @@ from dynamoctl.discovery import store_from_url
 from dynamoctl.launch.api import InstanceSpec
 from dynamoctl.supervisor.health import Probes
 from dynamoctl.util.registry import Registry
+from dynamoctl.wire.control import DiscoveryStatus
 from dynamoctl.wire.health import WorkerHealth
 
 
@@ -41,6 +42,9 @@ class Prober(Protocol):
 
     async def reset(self) -> None:
         """Drop connections: discovery (a managed etcd) has just come up."""
+
+    def discovery(self) -> DiscoveryStatus:
+        """Whether the probes reach discovery (``status`` shows it)."""
 
     async def close(self) -> None: ...
 
@@ -103,7 +107,7 @@ class RouterProbe(ComponentProbe, component="router"):
 
     async def health(self, spec: InstanceSpec) -> Health:
         await self.probes.refresh_records()
-        record = self.probes.records.get(spec.name)
+        record = self.probes.record_of(spec.name)
         if record is None or record.health_url is None:
             return Health(False)
         return Health(await self.probes.ok(record.health_url))
@@ -115,7 +119,7 @@ class WorkerProbe(RouterProbe, component="worker"):
 
     async def health(self, spec: InstanceSpec) -> Health:
         await self.probes.refresh_records()
-        record = self.probes.records.get(spec.name)
+        record = self.probes.record_of(spec.name)
         if record is None or record.health_url is None:
             return Health(False)
         sample = await self.probes.worker_health(record.health_url)
@@ -169,6 +173,11 @@ class DeploymentProber:
 
     async def reset(self) -> None:
         await self.close()
+
+    def discovery(self) -> DiscoveryStatus:
+        if self._probes is None:
+            return DiscoveryStatus(reachable=True)  # not asked yet: nothing to say
+        return self._probes.discovery_status()
 
     async def close(self) -> None:
         probes, self._probes = self._probes, None

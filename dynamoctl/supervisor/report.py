@@ -19,7 +19,7 @@ from dynamoctl.supervisor.instance import Instance
 from dynamoctl.supervisor.plan import Plan
 from dynamoctl.supervisor.rundir import RunState
 from dynamoctl.supervisor.states import Phase
-from dynamoctl.wire.control import InstanceStatus, StatusReport
+from dynamoctl.wire.control import DiscoveryStatus, InstanceStatus, StatusReport
 from dynamoctl.wire.records import Component, Endpoint
 
 log = logging.getLogger(__name__)
@@ -45,7 +45,12 @@ def instance_status(inst: Instance, now: float) -> InstanceStatus:
     )
 
 
-def status_report(plan: Plan, phase: Phase, instances: Iterable[Instance]) -> StatusReport:
+def status_report(
+    plan: Plan,
+    phase: Phase,
+    instances: Iterable[Instance],
+    discovery: DiscoveryStatus | None = None,
+) -> StatusReport:
     now = time.monotonic()
     return StatusReport(
         name=plan.name,
@@ -54,6 +59,7 @@ def status_report(plan: Plan, phase: Phase, instances: Iterable[Instance]) -> St
         model=plan.model,
         target=plan.target,
         instances=[instance_status(inst, now) for inst in instances],
+        discovery=discovery or DiscoveryStatus(),
     )
 
 

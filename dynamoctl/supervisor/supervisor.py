@@ -462,7 +462,9 @@ class Supervisor:
     # -- reporting ------------------------------------------------------------------------
 
     def status(self) -> StatusReport:
-        return status_report(self.plan, self.phase, self.instances.values())
+        return status_report(
+            self.plan, self.phase, self.instances.values(), self.prober.discovery()
+        )
 
     def changed(self) -> None:
         self.on_change()

@@ -31,6 +31,19 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     """The last failure, in words (kept after a successful restart)."""
 
 
+class DiscoveryStatus(msgspec.Struct, kw_only=True):
+    """Whether the supervisor reaches discovery. While it does not, instances are judged
+    by their last known records and keep serving (docs/discovery.md, "Outages")."""
+
+    reachable: bool = True
+    location: str = ""
+    """Where discovery is (the etcd endpoint or the embedded file)."""
+    unreachable_s: float | None = None
+    """Seconds it has been unreachable; None while reachable."""
+    error: str = ""
+    """The last failure, in words."""
+
+
 class StatusReport(msgspec.Struct, kw_only=True):
     name: str
     phase: Phase
@@ -39,6 +52,8 @@ class StatusReport(msgspec.Struct, kw_only=True):
     model: str
     target: str
     instances: list[InstanceStatus]
+    discovery: DiscoveryStatus = msgspec.field(default_factory=DiscoveryStatus)
+    """Whether the supervisor reaches discovery (absent from older supervisors)."""
 
 
 class DrainRequest(msgspec.Struct, kw_only=True):

@@ -25,6 +25,7 @@ from dynamoctl.supervisor.probes import Health
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.states import Phase, State
 from dynamoctl.supervisor.supervisor import Supervisor
+from dynamoctl.wire.control import DiscoveryStatus
 
 FAST = {
     "probe_interval": 0.01,
@@ -139,6 +140,9 @@ class FakeProber:
 
     async def reset(self) -> None:
         pass
+
+    def discovery(self) -> DiscoveryStatus:
+        return DiscoveryStatus(reachable=True)
 
     async def close(self) -> None:
         pass
