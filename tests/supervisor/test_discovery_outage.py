@@ -3,6 +3,7 @@ mocker workers, real signals (docs/discovery.md, "Outages"; docs/operations.md).
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import threading
@@ -16,6 +17,7 @@ import pytest
 from rich.console import Console
 
 from dynamoctl.cli.view import status_table
+from dynamoctl.discovery.etcd import EtcdStore
 from dynamoctl.discovery.etcd_server import ManagedEtcd
 from dynamoctl.supervisor.states import Phase, State
 from dynamoctl.wire.control import DiscoveryStatus, InstanceStatus, StatusReport
@@ -43,6 +45,14 @@ def _load(url: str, stop: threading.Event, codes: Counter[int], errors: list[str
             except httpx.HTTPError as exc:
                 errors.append(repr(exc))
             time.sleep(0.05)
+
+
+async def _get(endpoint: str, key: str) -> bytes | None:
+    store = EtcdStore([endpoint])
+    try:
+        return await store.get(key)
+    finally:
+        await store.close()
 
 
 def test_supervision_survives_a_30s_etcd_freeze_and_restarts_a_worker_killed_after(
@@ -89,11 +99,15 @@ def test_supervision_survives_a_30s_etcd_freeze_and_restarts_a_worker_killed_aft
         settled = cli.status()
         assert set(states(settled).values()) == {"READY"}, settled
         assert {row["name"]: row["pid"] for row in settled["instances"]} == pids
+        # The supervisor's own registration outlived the freeze too (its lease expired).
+        control = "frozen/instances/supervisor/control/frozen"
+        assert asyncio.run(_get(etcd.endpoint, control)) is not None
     finally:
         stop.set()
         for thread in load:
             thread.join(60)
     # Through the freeze and the mass expiry after it, every request was served.
+    print(f"requests through the freeze and the expiry: {dict(codes)}")
     assert codes[200] > 100 and set(codes) == {200}, (codes, errors)
     try:
         # Every worker's supervision must have survived: kill them all, each comes back.
