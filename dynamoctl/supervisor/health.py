@@ -90,6 +90,11 @@ class Probes:
             record = self._last_known.get(label)
         return record
 
+    @property
+    def reachable(self) -> bool:
+        """Whether the last listing succeeded: :attr:`records` is current."""
+        return self._down_since is None
+
     def settling(self) -> bool:
         """Unreachable now, or back for less than :data:`SETTLE_S`."""
         return self._down_since is not None or time.monotonic() - self._back_at < SETTLE_S

@@ -103,7 +103,8 @@ class RouterProbe(ComponentProbe, component="router"):
 
     async def ready(self, spec: InstanceSpec) -> bool:
         await self.probes.refresh_records()
-        return spec.name in self.probes.records
+        # A stale listing may hold the previous process's record: not proof of this one.
+        return self.probes.reachable and spec.name in self.probes.records
 
     async def health(self, spec: InstanceSpec) -> Health:
         await self.probes.refresh_records()

@@ -134,6 +134,44 @@ def test_supervision_survives_a_30s_etcd_freeze_and_restarts_a_worker_killed_aft
         assert cli("down").returncode == 0
 
 
+def test_a_worker_killed_during_a_freeze_is_restarted_and_ready_once_etcd_is_back(
+    cli: Cli, etcd: ManagedEtcd
+) -> None:
+    """A worker that dies while etcd is frozen (past the lease TTL) is restarted at once;
+    its new process cannot register until etcd is back, then becomes READY. The other one
+    stays READY throughout."""
+    discovery = f"discovery: {{backend: etcd, endpoints: ['{etcd.endpoint}'], lease_ttl: 3}}\n"
+    recipe = cli.recipe(mocker_recipe("killed", free_port(), replicas=2, extra=discovery))
+    assert cli("up", str(recipe), "--detach").returncode == 0
+    pids = {row["name"]: row["pid"] for row in cli.status()["instances"]}
+    assert etcd.pid is not None
+    try:
+        os.kill(etcd.pid, signal.SIGSTOP)
+        try:
+            cli.wait_for(lambda r: not r["discovery"]["reachable"], timeout=20, what="down")
+            psutil.Process(pids["agg-1"]).children()[0].kill()
+            during = cli.wait_for(
+                lambda r: any(x["name"] == "agg-1" and x["restarts"] == 1 for x in r["instances"]),
+                timeout=20,
+                what="agg-1 restarted during the freeze",
+            )
+            assert states(during)["agg-0"] == "READY"
+            time.sleep(6)  # past the lease TTL: every lease expires on resume
+            during = cli.status()
+            assert states(during)["agg-1"] == "STARTING", during  # cannot register yet
+        finally:
+            os.kill(etcd.pid, signal.SIGCONT)
+        report = cli.wait_for(
+            lambda r: set(states(r).values()) == {"READY"} and r["discovery"]["reachable"],
+            timeout=60,
+            what="agg-1 READY once etcd is back",
+        )
+        restarts = {row["name"]: row["restarts"] for row in report["instances"]}
+        assert restarts == {"agg-0": 0, "agg-1": 1, "frontend-0": 0}, report
+    finally:
+        assert cli("down").returncode == 0
+
+
 def test_status_table_says_when_discovery_is_unreachable() -> None:
     row = InstanceStatus(
         name="agg-0", pool="agg", component="worker", host="h", pid=7,
