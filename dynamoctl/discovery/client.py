@@ -81,17 +81,13 @@ class Discovery:
         """False from the first failed call of the keepalive or a watch until one succeeds."""
         return self._down_since is None
 
-    def unreachable_for(self) -> float | None:
-        """Seconds discovery has been unreachable; None while it is reachable."""
-        return None if self._down_since is None else time.monotonic() - self._down_since
-
     def settling(self) -> bool:
         """Unreachable now, or it came back, lost our lease or stalled a keepalive within
         the last lease TTL: deletions seen now may be leases that expired en masse, not
         processes that left."""
         return not self.reachable or time.monotonic() - self._disturbed_at < self.lease_ttl
 
-    def _went_down(self, exc: BaseException) -> bool:
+    def _went_down(self) -> bool:
         """Note a failed call; True if discovery was reachable until now."""
         self._disturbed_at = time.monotonic()
         if self._down_since is not None:
@@ -220,7 +216,7 @@ class Discovery:
             except BaseException as exc:
                 if not _survivable(exc):
                     raise
-                self._went_down(exc)
+                self._went_down()
                 log.log(logging.DEBUG if quiet else logging.WARNING,
                         "watch %s: %s; retrying", prefix, _describe(exc))  # fmt: skip
                 quiet = True
@@ -250,7 +246,7 @@ class Discovery:
                 if not _survivable(exc):
                     raise
                 if not isinstance(exc, WatchCompacted):
-                    self._went_down(exc)
+                    self._went_down()
                 log.warning("watch %s interrupted (%s); re-listing", prefix, _describe(exc))
                 quiet = True
                 await asyncio.sleep(backoff.next())
@@ -291,7 +287,7 @@ class Discovery:
             except BaseException as exc:
                 if not _survivable(exc):
                     raise
-                if self._went_down(exc):
+                if self._went_down():
                     log.warning(
                         "%s; registrations expire after %.0fs without it, retrying",
                         _describe(exc),
@@ -330,7 +326,7 @@ class Discovery:
             except (StoreUnavailable, asyncio.CancelledError) as exc:
                 if not _survivable(exc):
                     raise
-                self._went_down(exc)
+                self._went_down()
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise DiscoveryUnavailable(
