@@ -115,9 +115,9 @@ class Supervisor:
             api_key=keys[0] if keys else None,
         )
         self.instances = {spec.name: self._new(spec) for spec in plan.instances}
-        self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
         for name, proc in (adopted or {}).items():  # their lives begin at watching
             self.instances[name].adopted = proc
+        self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
         self.phase = Phase.STARTING
         self.error = ""
         self.access = access or ControlAccess()
