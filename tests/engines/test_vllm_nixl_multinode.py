@@ -13,6 +13,7 @@ machine, a failure in CI. Needs root (network namespaces) and openssh-server.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib.util
 import json
 import os
@@ -34,6 +35,9 @@ import pytest
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.planes.request import RequestClient
+from dynamoctl.recipe.loader import load_recipe
+from dynamoctl.security.names import CURVE_SECRET_KEY
+from dynamoctl.supervisor import credentials
 from dynamoctl.tokenizer.detokenize import IncrementalDetokenizer
 from dynamoctl.tokenizer.loader import load_tokenizer
 from tests.engines.tiny_llama import build_tiny_llama
@@ -202,7 +206,8 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             assert up.returncode == 0, up.stdout + up.stderr
             assert f"http://{head}:{port}/v1" in up.stdout
             print(f"\ndisaggregated vLLM on two hosts serving after {dep.up_seconds:.1f}s")
-            yield dep
+            with as_member(path, dep.home / "runs" / NAME):
+                yield dep
         finally:
             if not dep.stopped and dep.cli("down", NAME, timeout=120).returncode != 0:
                 dep.cli("down", NAME, "--now", timeout=60)
@@ -210,6 +215,21 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
 
 
 # ----------------------------------------------------------------------- helpers
+
+
+@contextlib.contextmanager
+def as_member(recipe_file: Path, run: Path) -> Iterator[None]:
+    """This test process holds the deployment's keys, as its components do (an SSH
+    deployment is locked by default: TLS etcd with client certificates, CURVE planes), so
+    it can read discovery and talk to a worker's request plane directly."""
+    saved = dict(os.environ)
+    try:
+        credentials.use_for_discovery(load_recipe(recipe_file), run)
+        os.environ[CURVE_SECRET_KEY] = credentials.key_files(run).curve.read_text().strip()
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
 
 
 async def workers(dep: Deployment) -> dict[str, wire.InstanceRecord]:
