@@ -120,12 +120,16 @@ class EtcdStore(Store):
         closed: other calls may still be using it (closing it would cancel them)."""
         if len(self._endpoints) < 2:
             return  # gRPC reconnects the one channel by itself (backoff capped at 0.5 s)
-        client, self._client = self._client, None
-        if client is not None:
-            self._retired.add(client)
-            self._close_if_unused(client)
+        self._retire(self._client)
         self._current = (self._current + 1) % len(self._endpoints)
         log.info("etcd: trying next endpoint %s", self.location)
+
+    def _retire(self, client: aetcd.Client | None) -> None:
+        """Stop handing ``client`` out; close it once no call uses it."""
+        if client is not None and client is self._client:
+            self._client = None
+            self._retired.add(client)
+            self._close_if_unused(client)
 
     @contextlib.contextmanager
     def _using(self) -> Iterator[aetcd.Client]:
@@ -151,8 +155,19 @@ class EtcdStore(Store):
         return StoreUnavailable(f"etcd at {where} {what}: {_brief(exc)}")
 
     async def _call(self, op: Callable[[aetcd.Client], Awaitable[T]]) -> T:
-        with self._using() as client:
-            return await self._call_on(client, op)
+        try:
+            with self._using() as client:
+                return await self._call_on(client, op)
+        except aetcd.exceptions.UnauthenticatedError as exc:
+            if not _token_expired(exc):
+                raise
+            # etcd's auth tokens expire when unused (--auth-token-ttl) and all vanish
+            # when etcd restarts; aetcd authenticates only when it connects, so a new
+            # connection is a new token. Once: a refused password is not retried.
+            self._retire(client)
+            log.info("etcd at %s: auth token expired; authenticating again", self.location)
+            with self._using() as client:
+                return await self._call_on(client, op)
 
     async def _call_on(self, client: aetcd.Client, op: Callable[[aetcd.Client], Awaitable[T]]) -> T:
         """``op`` on a connection the caller holds, within the request timeout; every
@@ -234,6 +249,10 @@ class EtcdStore(Store):
         self._calls.clear()
         for old in [*retired, *([client] if client is not None else [])]:
             await _close_quietly(old)
+
+
+def _token_expired(exc: BaseException) -> bool:
+    return "invalid auth token" in str(exc) or "auth token is expired" in str(exc)
 
 
 def _brief(exc: BaseException) -> str:

@@ -3,16 +3,22 @@
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aetcd.exceptions
+import grpc
 import pytest
+from aetcd import rpc
 
 from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.discovery.api import StoreUnavailable
 from dynamoctl.discovery.etcd import EtcdStore
-from dynamoctl.discovery.etcd_server import EtcdTlsFiles, ManagedEtcd
+from dynamoctl.discovery.etcd_server import EtcdTlsFiles, ManagedEtcd, free_port
 from dynamoctl.discovery.etcd_tls import EtcdTls
 from dynamoctl.security import names, pki
 
@@ -123,3 +129,61 @@ def test_endpoints_are_all_tls_or_none_and_material_comes_in_pairs() -> None:
     with pytest.raises(ValueError, match=names.ETCD_KEY):
         EtcdTls.from_env({names.ETCD_CERT: "pem"})
     assert "pem" not in repr(EtcdTls(ca=b"pem", cert=b"pem", key=b"pem"))
+
+
+@pytest.fixture
+def password_etcd(tmp_path: Path) -> Iterator[tuple[str, bytes]]:
+    """A real etcd over TLS with etcd's own authentication on (user root, password pw) and
+    tokens that expire after 1 s unused; its URL and CA."""
+    files = write_pki(tmp_path / "pki", "auth")
+    client, peer = free_port("127.0.0.1"), free_port("127.0.0.1")
+    argv = [
+        "etcd", f"--data-dir={tmp_path / 'data'}", "--auth-token-ttl=1",
+        f"--listen-client-urls=https://127.0.0.1:{client}",
+        f"--advertise-client-urls=https://127.0.0.1:{client}",
+        f"--listen-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-advertise-peer-urls=http://127.0.0.1:{peer}",
+        f"--initial-cluster=default=http://127.0.0.1:{peer}",
+        f"--cert-file={files.cert}", f"--key-file={files.key}",
+    ]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        ca = files.ca.read_bytes()
+        asyncio.run(_enable_auth(f"127.0.0.1:{client}", ca))
+        yield f"etcd+https://127.0.0.1:{client}", ca
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+async def _enable_auth(target: str, ca: bytes) -> None:
+    async with grpc.aio.secure_channel(target, grpc.ssl_channel_credentials(ca)) as channel:
+        auth = rpc.AuthStub(channel)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await auth.UserAdd(rpc.AuthUserAddRequest(name="root", password="pw"))
+                break
+            except grpc.aio.AioRpcError:
+                assert time.monotonic() < deadline, "etcd never came up"
+                await asyncio.sleep(0.1)
+        await auth.UserGrantRole(rpc.AuthUserGrantRoleRequest(user="root", role="root"))
+        await auth.AuthEnable(rpc.AuthEnableRequest())
+
+
+async def test_a_password_user_outlives_its_auth_token(password_etcd: tuple[str, bytes]) -> None:
+    """etcd's tokens expire when unused (and all vanish when etcd restarts): a store that
+    was idle longer than the token's TTL authenticates again instead of failing for good."""
+    url, ca = password_etcd
+    wrong = store_from_url(url, tls=EtcdTls(ca=ca, username="root", password="nope"))
+    store = store_from_url(url, tls=EtcdTls(ca=ca, username="root", password="pw"))
+    try:
+        with pytest.raises(aetcd.exceptions.ClientError, match="authentication failed"):
+            await wrong.put("auth/forged", b"x")
+        await store.put("auth/k", b"1")
+        await asyncio.sleep(3)  # idle past --auth-token-ttl: etcd forgets the token
+        await store.put("auth/k", b"2")
+        assert await store.get("auth/k") == b"2"
+    finally:
+        await store.close()
+        await wrong.close()
