@@ -95,6 +95,13 @@ def run_state(
         for inst in instances
         if inst.proc is not None and inst.running
     }
+    # Taken back but not watched yet: recorded all the same, so that a supervisor killed
+    # again in that moment leaves them adoptable rather than orphaned.
+    records |= {
+        inst.spec.name: inst.adopted.record
+        for inst in instances
+        if inst.adopted is not None and inst.adopted.returncode is None
+    }
     return RunState(
         name=plan.name,
         recipe=recipe_path,

@@ -252,3 +252,23 @@ def test_instance_names() -> None:
     assert str(InstanceName("agg", 10)) == "agg-10"
     assert sorted([InstanceName("agg", 10), InstanceName("agg", 2)])[0].index == 2
     assert free_indices([0, 2], 3) == [1, 3, 4]
+
+
+async def test_taken_back_instances_are_recorded_before_they_are_watched(tmp_path: Path) -> None:
+    """state.json lists an adopted process from the moment it is taken back: a supervisor
+    killed again before watching it leaves it adoptable, not orphaned until its grace."""
+    from dynamoctl.launch.api import ProcessRecord
+
+    launcher, prober = FakeLauncher(), FakeProber()
+    sup = make_supervisor(tmp_path, recipe_text(replicas=1), launcher, prober)
+    spec = sup.instances["agg-0"].spec
+    taken = FakeProcess(spec, pid=4242)
+    sup.instances["agg-0"].adopted = taken
+    sup.save()
+    state = sup.run_dir.read_state()
+    assert state is not None and state.records["agg-0"] == taken.record
+    assert isinstance(state.records["agg-0"], ProcessRecord)
+    taken.exit(0)
+    sup.save()
+    state = sup.run_dir.read_state()
+    assert state is not None and "agg-0" not in state.records
