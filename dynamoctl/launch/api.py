@@ -100,6 +100,13 @@ class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     secrets: dict[str, SecretRef] = {}
     """Environment variables whose values are secrets (tokens, keys), by reference: never
     on a command line, in ``state.json`` or in a dry run."""
+    gang: str = ""
+    """The multi-node replica this process is a member of (its leader's name, ``agg-0``);
+    empty for a replica on one node."""
+    rank: int = 0
+    """Node rank in its gang: 0 is the leader (it registers and serves), 1.. followers."""
+    nnodes: int = 1
+    """Members of its gang (1: not a gang)."""
 
 
 class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):

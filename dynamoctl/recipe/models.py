@@ -256,8 +256,9 @@ class SshTarget(_Model):
     """Remote working directory of components (a managed etcd keeps its data there).
     Default: the remote home."""
     gpus_per_host: int = Field(default=0, ge=0, le=64)
-    """GPUs on each host that replicas may use; a replica must fit on one host. At most 64,
-    several times the GPUs of the largest machines."""
+    """GPUs on each host that replicas may use; a replica fits on one host unless its pool
+    spans several (``nodes_per_replica``). At most 64, several times the GPUs of the
+    largest machines."""
     addresses: dict[str, Annotated[str, AfterValidator(_check_ipv4)]] = Field(default_factory=dict)
     """IPv4 address each host's components bind and advertise, by host name, where the
     name does not resolve to it on the supervisor's machine (an ``~/.ssh/config`` alias) or
@@ -293,8 +294,9 @@ class SlurmTarget(_Model):
     """Nodes in the allocation (``--nodes``). At most 1024: one frontend and one etcd serve
     the whole deployment; past that, run several."""
     gpus_per_node: int = Field(ge=0, le=64)
-    """GPUs on each node (``--gpus-per-node``); a worker replica must fit on one node. At
-    most 64, several times the GPUs of the largest machines."""
+    """GPUs on each node (``--gpus-per-node``); a worker replica fits on one node unless
+    its pool spans several (``nodes_per_replica``). At most 64, several times the GPUs of
+    the largest machines."""
     time_limit: Annotated[str, AfterValidator(_check_time_limit)] | None = None
     """Wall-clock limit, ``HH:MM:SS`` or ``D-HH:MM:SS`` (``--time``). Default: the partition's."""
     container: SlurmContainer | None = None
@@ -361,9 +363,18 @@ class WorkerPool(_Model):
     """Number of replicas; 0 declares the pool with nothing running (``dynamoctl scale``
     changes it later). At most 1024, each a process the supervisor probes every
     ``probe_interval``."""
-    gpus_per_replica: int = Field(default=1, ge=0, le=64)
-    """GPUs each replica gets; 0 for the mocker or CPU engines. At most 64, as a replica
-    runs on one host."""
+    gpus_per_replica: int = Field(default=1, ge=0, le=4096)
+    """GPUs each replica gets, over all its nodes; 0 for the mocker or CPU engines. With
+    ``nodes_per_replica`` > 1 it must be that many whole nodes' GPUs."""
+    nodes_per_replica: int = Field(default=1, ge=1, le=64)
+    """Nodes one replica (one engine instance) spans: a *gang* of a leader (node rank 0,
+    the only member that registers and serves) and followers, started, restarted and
+    stopped together (docs/operations.md, "Multi-node replicas"). Each member takes a whole
+    node; dynamoctl gives each the engine's rank and rendezvous flags (vLLM ``--nnodes
+    --node-rank --master-addr --master-port``, ``--headless`` on followers; SGLang
+    ``--nnodes --node-rank --dist-init-addr``), and the engine's parallel sizes in
+    ``engine_args`` must multiply to ``gpus_per_replica``. Engines: vllm, sglang, mocker
+    (TensorRT-LLM's MPI world is not supported yet). At most 64 nodes."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Engine command-line arguments without the leading ``--``, passed untouched, e.g.
     ``{tensor-parallel-size: 8}``; ``true`` is a bare flag."""
@@ -372,6 +383,70 @@ class WorkerPool(_Model):
     referenced rather than written: ``HF_TOKEN: {from_env: HF_TOKEN}`` or ``{from_file:
     ~/.hf_token}``; it is then read on the supervisor's host when the replica starts and
     delivered without a command line, and the dry run shows ``<from env HF_TOKEN>``."""
+
+    @model_validator(mode="after")
+    def _gang_flags_are_ours(self) -> WorkerPool:
+        if self.nodes_per_replica == 1:
+            return self
+        if self.engine == "trtllm":
+            raise rule_error(
+                "nodes_per_replica",
+                "TensorRT-LLM replicas over several nodes (one MPI world) are not supported "
+                "yet; use vllm or sglang, or nodes_per_replica: 1",
+            )
+        for key in self.engine_args:
+            if key.replace("_", "-") in GANG_FLAGS:
+                raise rule_error(
+                    f"engine_args.{key}",
+                    "is set by dynamoctl for each member of a multi-node replica (from "
+                    "nodes_per_replica and the placement); remove it",
+                )
+        return self
+
+
+GANG_FLAGS = frozenset(
+    {
+        "nnodes",
+        "node-rank",
+        "master-addr",
+        "master-port",
+        "headless",
+        "dist-init-addr",
+        "data-parallel-address",
+        "data-parallel-rpc-port",
+        "data-parallel-start-rank",
+        "data-parallel-size-local",
+    }
+)
+"""Engine flags dynamoctl derives for every member of a gang (never from ``engine_args``)."""
+
+PARALLEL_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
+    # Each entry: the spellings of one parallel size; their product is the GPUs one engine
+    # instance uses (vLLM: arg_utils.py world size; SGLang: dp-attention lives inside tp).
+    "vllm": (
+        ("tensor-parallel-size", "tp"),
+        ("pipeline-parallel-size", "pp"),
+        ("data-parallel-size", "dp"),
+    ),
+    "sglang": (("tp-size", "tp", "tensor-parallel-size"), ("pp-size", "pipeline-parallel-size")),
+    "mocker": (),
+}
+
+
+def parallel_product(pool: WorkerPool) -> tuple[int, list[str]]:
+    """The product of the pool's parallel sizes and the ``engine_args`` keys giving them."""
+    product, named = 1, []
+    args = {key.replace("_", "-"): (key, value) for key, value in pool.engine_args.items()}
+    for spellings in PARALLEL_SIZES.get(pool.engine, ()):
+        for spelling in spellings:
+            if spelling in args:
+                key, value = args[spelling]
+                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                    raise rule_error(f"engine_args.{key}", "must be a whole number >= 1")
+                product *= value
+                named.append(f"{key} {value}")
+                break
+    return product, named
 
 
 class Workers(_Model):
@@ -496,12 +571,59 @@ class Recipe(_Model):
                 "frontend.router.disaggregation",
                 "required needs a prefill pool (add workers.prefill) or use auto",
             )
+        for role, pool in self.workers.pools().items():
+            if pool.nodes_per_replica > 1:
+                _check_gang(role, pool, target)
         if isinstance(target, SlurmTarget):
             for role, pool in self.workers.pools().items():
-                if pool.gpus_per_replica > target.gpus_per_node:
+                if pool.nodes_per_replica == 1 and pool.gpus_per_replica > target.gpus_per_node:
                     raise rule_error(
                         f"workers.{role}.gpus_per_replica",
                         f"{pool.gpus_per_replica} GPUs per replica exceed target.gpus_per_node"
                         f" = {target.gpus_per_node}; a replica must fit on one node",
                     )
         return self
+
+
+def _check_gang(role: str, pool: WorkerPool, target: LocalTarget | SshTarget | SlurmTarget) -> None:
+    """A multi-node replica: whole nodes of the target, parallel sizes that fill them."""
+    nodes = pool.nodes_per_replica
+    at = f"workers.{role}"
+    if isinstance(target, LocalTarget):
+        # One machine: members are processes on it (the mocker's gang, for tests and demos).
+        if pool.engine != "mocker" or pool.gpus_per_replica != 0:
+            raise rule_error(
+                f"{at}.nodes_per_replica",
+                "a local target has one node: only the mocker (gpus_per_replica: 0) may "
+                "simulate a multi-node replica there",
+            )
+        return
+    have = len(target.hosts) if isinstance(target, SshTarget) else target.nodes
+    field = "target.hosts" if isinstance(target, SshTarget) else "target.nodes"
+    if nodes > have:
+        raise rule_error(
+            f"{at}.nodes_per_replica",
+            f"{nodes} nodes per replica but the target has {have} ({field})",
+        )
+    per_node = target.gpus_per_host if isinstance(target, SshTarget) else target.gpus_per_node
+    if pool.gpus_per_replica not in (0, nodes * per_node):
+        raise rule_error(
+            f"{at}.gpus_per_replica",
+            f"{pool.gpus_per_replica} but a replica of {nodes} whole nodes has {nodes} x "
+            f"{per_node} = {nodes * per_node} GPUs (or 0 on CPU nodes)",
+        )
+    product, named = parallel_product(pool)
+    if not named:
+        return
+    sizes = " x ".join(named)
+    if pool.gpus_per_replica and product != pool.gpus_per_replica:
+        raise rule_error(
+            f"{at}.engine_args.{named[0].split()[0]}",
+            f"{sizes} = {product} GPUs but the replica has {nodes} nodes x {per_node} = "
+            f"{pool.gpus_per_replica}",
+        )
+    if not pool.gpus_per_replica and product % nodes:
+        raise rule_error(
+            f"{at}.engine_args.{named[0].split()[0]}",
+            f"{sizes} = {product} ranks cannot be split evenly over {nodes} nodes",
+        )

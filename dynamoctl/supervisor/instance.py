@@ -16,21 +16,29 @@ from dynamoctl.wire.health import WorkerHealth
 @dataclass(frozen=True, order=True)
 class InstanceName:
     """An instance's name: its pool and its index there (``agg-1``, ``frontend-0``), what
-    ``drain`` and ``scale`` address. Orders by pool, then index (``agg-2`` < ``agg-10``)."""
+    ``drain`` and ``scale`` address; a gang's follower adds its node rank (``agg-1.2``,
+    the leader keeps ``agg-1``). Orders by pool, index, rank (``agg-2`` < ``agg-10``)."""
 
     pool: str
     index: int
+    rank: int = 0
 
     @classmethod
     def of(cls, spec: InstanceSpec) -> InstanceName:
-        """The name the plan gave ``spec``: ``{spec.pool}-{index}``."""
-        index = spec.name.removeprefix(f"{spec.pool}-")
-        if index == spec.name or not index.isdigit():
-            raise ValueError(f"instance {spec.name!r} is not named {spec.pool}-INDEX")
-        return cls(spec.pool, int(index))
+        """The name the plan gave ``spec``: ``{spec.pool}-{index}[.{rank}]``."""
+        tail = spec.name.removeprefix(f"{spec.pool}-")
+        index, _, rank = tail.partition(".")
+        if tail == spec.name or not index.isdigit() or not (rank.isdigit() or rank == ""):
+            raise ValueError(f"instance {spec.name!r} is not named {spec.pool}-INDEX[.RANK]")
+        return cls(spec.pool, int(index), int(rank or 0))
+
+    @property
+    def leader(self) -> InstanceName:
+        """The gang's leader (itself for a leader or a one-node instance)."""
+        return InstanceName(self.pool, self.index)
 
     def __str__(self) -> str:
-        return f"{self.pool}-{self.index}"
+        return f"{self.pool}-{self.index}" + (f".{self.rank}" if self.rank else "")
 
 
 def free_indices(taken: Iterable[int], count: int) -> list[int]:

@@ -39,9 +39,10 @@ from dynamoctl.recipe.models import (
 )
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
+from dynamoctl.supervisor.gang_plan import gang_specs
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferError, transfer_channel
+from dynamoctl.supervisor.transfer import TransferChannel, TransferError, transfer_channel
 from dynamoctl.util.registry import Registry
 
 ETCD_CLIENT_PORT = 2379
@@ -232,10 +233,34 @@ def _split_env(
     return plain, hidden
 
 
+def member_channel(
+    engine: str,
+    role: Role,
+    index: int,
+    host: Host,
+    args: Mapping[str, Any],
+    rank_args: Mapping[str, Any],
+) -> TransferChannel:
+    """The KV side channel of one process: a data-parallel gang member runs only its
+    node's ``data-parallel-size-local`` ranks (raises :class:`TransferError`)."""
+    local = rank_args.get("data_parallel_size_local")
+    return transfer_channel(
+        engine, role, index, host, args if local is None else {**args, "data_parallel_size": local}
+    )
+
+
 def worker_spec(
-    recipe: Recipe, role: Role, index: int, host: Host, gpus: list[int], url: str, run_dir: Path
+    recipe: Recipe,
+    role: Role,
+    index: int,
+    host: Host,
+    gpus: list[int],
+    url: str,
+    run_dir: Path,
+    extra_args: Mapping[str, Any] = {},
 ) -> InstanceSpec:
-    """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds)."""
+    """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds);
+    ``extra_args``: a gang leader's rank flags (:mod:`~dynamoctl.supervisor.gang_plan`)."""
     from dynamoctl.worker.options import render_engine_args
 
     pool = recipe.workers.pools()[role]
@@ -248,10 +273,10 @@ def worker_spec(
     ]
     args = engine_arguments(role, pool, recipe.model)
     try:
-        channel = transfer_channel(pool.engine, role, index, host, args)
+        channel = member_channel(pool.engine, role, index, host, args, extra_args)
     except TransferError as exc:
         raise PlanError(str(exc)) from None
-    argv += render_engine_args({**args, **channel.args})
+    argv += render_engine_args({**args, **channel.args, **extra_args})
     common, secrets = _component_env(recipe, run_dir)
     plain, hidden = _split_env(pool.env)
     env = {**common, **channel.env, **plain}
@@ -332,12 +357,14 @@ def _endpoint(recipe: Recipe, head: Host) -> str:
 
 
 class GpuMap:
-    """Free GPUs per host, handed out first-fit and contiguously."""
+    """Free GPUs per host, handed out first-fit and contiguously; gangs take whole hosts."""
 
     def __init__(self, hosts: list[Host], gpus_per_host: int) -> None:
         self.hosts = hosts
         self.gpus_per_host = gpus_per_host
         self.used: dict[str, set[int]] = {host.name: set() for host in hosts}
+        self.whole: set[str] = set()
+        """Hosts a gang member owns (also on targets without GPUs)."""
         self._next_cpu_host = 0
 
     def take(self, count: int) -> tuple[Host, list[int]] | None:
@@ -346,6 +373,8 @@ class GpuMap:
             self._next_cpu_host += 1
             return host, []
         for host in self.hosts:
+            if host.name in self.whole:
+                continue
             if self.gpus_per_host - len(self.used[host.name]) < count:
                 continue  # full enough: no block fits (keeps big plans linear in hosts)
             for start in range(self.gpus_per_host - count + 1):
@@ -357,6 +386,28 @@ class GpuMap:
 
     def release(self, host: str, gpus: list[int]) -> None:
         self.used[host] -= set(gpus)
+
+    def take_nodes(self, count: int, shared: bool = False) -> list[tuple[Host, list[int]]] | None:
+        """``count`` whole hosts, none of whose GPUs is taken, in host order (the first
+        leads the gang); ``shared`` (a local target): every member on its one host."""
+        if shared:
+            return [(self.hosts[0], [])] * count
+        free = [
+            host for host in self.hosts if host.name not in self.whole and not self.used[host.name]
+        ][:count]
+        if len(free) < count:
+            return None
+        everything = list(range(self.gpus_per_host))
+        for host in free:
+            self.whole.add(host.name)
+            self.used[host.name] |= set(everything)
+        return [(host, everything) for host in free]
+
+    def release_node(self, host: str) -> None:
+        """Give a gang member's whole host back."""
+        if host in self.whole:
+            self.whole.discard(host)
+            self.used[host].clear()
 
 
 def build_plan(
@@ -385,6 +436,9 @@ def build_plan(
         if pool is None:
             continue
         for index in range(pool.replicas):
+            if pool.nodes_per_replica > 1:
+                instances += _place_gang(recipe, role, index, gpu_map, url, run_dir)
+                continue
             placed = gpu_map.take(pool.gpus_per_replica)
             if placed is None:
                 raise PlanError(
@@ -409,6 +463,24 @@ def build_plan(
     return plan, gpu_map
 
 
+def _place_gang(
+    recipe: Recipe, role: Role, index: int, gpu_map: GpuMap, url: str, run_dir: Path
+) -> list[InstanceSpec]:
+    """Replica ``index`` of a multi-node pool: whole hosts, one member each."""
+    pool = recipe.workers.pools()[role]
+    members = gpu_map.take_nodes(
+        pool.nodes_per_replica, shared=isinstance(recipe.target, LocalTarget)
+    )
+    if members is None:
+        free = len(gpu_map.hosts) - len(gpu_map.whole)
+        raise PlanError(
+            f"workers.{role}.nodes_per_replica: replica {index} needs "
+            f"{pool.nodes_per_replica} whole node(s) but only {free} of the target's "
+            f"{len(gpu_map.hosts)} are left by earlier replicas"
+        )
+    return gang_specs(recipe, role, index, members, url, run_dir)
+
+
 def render(plan: Plan, describe: Callable[[InstanceSpec], list[str]]) -> str:
     """The dry run's text: every instance, its host, GPUs, environment and command."""
     hosts = ", ".join(f"{h.name} ({h.address})" for h in plan.hosts if not h.symbolic)
@@ -428,7 +500,8 @@ def render(plan: Plan, describe: Callable[[InstanceSpec], list[str]]) -> str:
     ]
     for spec in plan.instances:
         gpus = ",".join(map(str, spec.gpus)) or "-"
-        lines.append(f"[{spec.name}] {spec.component} on {spec.host}, gpus {gpus}")
+        gang = f", gang {spec.gang} rank {spec.rank}/{spec.nnodes}" if spec.gang else ""
+        lines.append(f"[{spec.name}] {spec.component} on {spec.host}, gpus {gpus}{gang}")
         if spec.env:
             lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()))
         if spec.secrets:  # where each is read, never its value

@@ -218,7 +218,7 @@ def test_a_file_larger_than_a_recipe_is_refused(tmp_path: Path) -> None:
         (HEAD + AGG + "    replicas: 1000000000\n", "8 workers.agg.replicas: must be <= 1024"),
         (
             HEAD + AGG.replace(": 0", ": 1000000000"),
-            "7 workers.agg.gpus_per_replica: must be <= 64",
+            "7 workers.agg.gpus_per_replica: must be <= 4096",
         ),
         (HEAD + "target: {kind: local, gpus: 100000}\n" + AGG, "4 target.gpus: must be <= 64"),
         (

@@ -37,6 +37,14 @@ DECLARED = {
         *("--nodes", "gpu01,gpu02"),
         *("--resolve", "gpu01=192.0.2.11", "--resolve", "gpu02=192.0.2.12"),
     ],
+    "vllm-tp16-2node": [
+        *("--nodes", "gpu01,gpu02"),
+        *("--resolve", "gpu01=192.0.2.31", "--resolve", "gpu02=192.0.2.32"),
+    ],
+    "deepseek-r1-wide-ep": [
+        *("--nodes", ",".join(f"gpu{i:02d}" for i in range(1, 7))),
+        *(arg for i in range(1, 7) for arg in ("--resolve", f"gpu{i:02d}=192.0.2.{40 + i}")),
+    ],
     "vllm-agg": ["--resolve", "gpu-node-1=192.0.2.21", "--resolve", "gpu-node-2=192.0.2.22"],
 }
 

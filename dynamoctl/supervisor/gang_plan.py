@@ -1,0 +1,194 @@
+"""Multi-node replicas ("gangs") in the plan: one engine instance over several nodes.
+
+A pool with ``nodes_per_replica`` N > 1 places each replica on N whole nodes
+(:meth:`GpuMap.take_nodes <dynamoctl.supervisor.plan.GpuMap.take_nodes>`). The plan stays
+flat: every member is an ordinary :class:`InstanceSpec` (launchers, preflight, logs and
+``state.json`` are per process), with ``gang``, ``rank`` and ``nnodes`` set. The leader
+(node rank 0) keeps the replica's name (``decode-0``, what discovery, the router and
+``drain`` know) and runs ``dynamoctl worker``; followers (``decode-0.1`` ..) run
+``dynamoctl follower``, which never registers.
+
+Every member gets the rank and rendezvous flags its engine reads (docs/engines.md,
+"Multi-node replicas", which cites the engines' launch code):
+
+- vLLM, tensor/pipeline parallel: ``--nnodes --node-rank --master-addr --master-port``
+  (the torch world's TCPStore on the leader) with ``--distributed-executor-backend mp``;
+  followers add ``--headless`` (workers only, no API server).
+- vLLM, data parallel (``data-parallel-size`` > 1: DP attention, expert parallel): one
+  engine whose DP ranks are spread evenly over the nodes: ``--data-parallel-size-local``,
+  ``--data-parallel-address`` (the leader), ``--data-parallel-rpc-port``, and on followers
+  ``--data-parallel-start-rank`` and ``--headless``.
+- SGLang: ``--nnodes --node-rank --dist-init-addr LEADER:PORT``.
+- mocker: vLLM's flag names (``--nnodes --node-rank --master-addr --master-port``), so one
+  rendering serves both; its followers answer each simulated step (docs/mocker.md).
+
+Ports are fixed (whole nodes cannot collide) and declared, so preflight checks them; on
+a local target every gang shares the one host, so each gets its own port.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.recipe.models import Recipe, Role
+from dynamoctl.supervisor import credentials
+from dynamoctl.supervisor.hosts import Host
+from dynamoctl.supervisor.instance import InstanceName
+from dynamoctl.supervisor.transfer import TransferError
+
+RENDEZVOUS_PORT = 29501
+"""The leader's rendezvous port (vLLM's ``--master-port``, SGLang's ``--dist-init-addr``
+port, the mocker's step channel)."""
+DP_RPC_PORT = 29550
+"""vLLM's ``--data-parallel-rpc-port`` (its own default), for data-parallel gangs."""
+LOCAL_POOL_OFFSET = {"prefill": 0, "decode": 100, "agg": 200}
+"""Local target only (one host shared by every gang): rendezvous port offsets per pool."""
+RENDEZVOUS_TIMEOUT_CAP = 120.0
+"""Longest a follower waits for its leader's rendezvous (``start_timeout`` if shorter)."""
+
+Members = list[tuple[Host, list[int]]]
+"""A gang's nodes and their GPUs, leader first."""
+
+
+def rendezvous_port(role: Role, index: int, shared_host: bool) -> int:
+    if not shared_host:
+        return RENDEZVOUS_PORT
+    return RENDEZVOUS_PORT + LOCAL_POOL_OFFSET[role] + index
+
+
+def rank_flags(
+    engine: str, args: dict[str, Any], rank: int, nnodes: int, leader: str, port: int
+) -> dict[str, Any]:
+    """The flags member ``rank`` of an ``nnodes`` gang adds to the engine's arguments."""
+    if engine == "sglang":
+        return {"nnodes": nnodes, "node_rank": rank, "dist_init_addr": f"{leader}:{port}"}
+    flags: dict[str, Any]
+    if _data_parallel(engine, args):
+        local = int(args["data_parallel_size"]) // nnodes
+        flags = {
+            "data_parallel_size_local": local,
+            "data_parallel_address": leader,
+            "data_parallel_rpc_port": port,
+        }
+        if rank:
+            flags["data_parallel_start_rank"] = rank * local
+    else:
+        flags = {"nnodes": nnodes, "node_rank": rank, "master_addr": leader, "master_port": port}
+    if engine == "vllm":
+        if "distributed_executor_backend" not in args:  # nnodes needs mp (parallel.py)
+            flags["distributed_executor_backend"] = "mp"
+        if rank:
+            flags["headless"] = True
+    return flags
+
+
+def gang_specs(
+    recipe: Recipe,
+    role: Role,
+    index: int,
+    members: Members,
+    url: str,
+    run_dir: Path,
+) -> list[InstanceSpec]:
+    """The members of replica ``index`` of pool ``role`` on ``members`` (leader first);
+    also what ``scale`` adds."""
+    from dynamoctl.supervisor.plan import (
+        PlanError,
+        engine_arguments,
+        member_channel,
+        python_for,
+        worker_spec,
+    )
+    from dynamoctl.worker.options import render_engine_args
+
+    pool = recipe.workers.pools()[role]
+    nnodes = len(members)
+    leader_host = members[0][0]
+    shared = len({host.name for host, _ in members}) == 1
+    args = engine_arguments(role, pool, recipe.model)
+    # A data-parallel vLLM gang meets at the leader's DP RPC port, any other at its store.
+    port = (
+        DP_RPC_PORT if _data_parallel(pool.engine, args) else rendezvous_port(role, index, shared)
+    )
+    ports = {"rendezvous": port}
+    gang = str(InstanceName(role, index))
+    leader = worker_spec(
+        recipe,
+        role,
+        index,
+        leader_host,
+        members[0][1],
+        url,
+        run_dir,
+        extra_args=rank_flags(pool.engine, args, 0, nnodes, leader_host.address, port),
+    )
+    specs = [
+        msgspec.structs.replace(
+            leader,
+            gang=gang,
+            nnodes=nnodes,
+            ports={**leader.ports, **ports},
+            env=_member_env(pool.engine, leader.env, leader_host),
+        )
+    ]
+    timeout = min(recipe.supervision.start_timeout, RENDEZVOUS_TIMEOUT_CAP)
+    for rank, (host, gpus) in enumerate(members[1:], start=1):
+        name = str(InstanceName(role, index, rank))
+        flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port)
+        try:
+            channel = member_channel(pool.engine, role, index, host, args, flags)
+        except TransferError as exc:
+            raise PlanError(str(exc)) from None
+        argv = [
+            python_for(recipe),
+            "-m",
+            "dynamoctl",
+            "follower",
+            *("--engine", pool.engine),
+            *("--label", name),
+            *("--rendezvous", f"{leader_host.address}:{port}"),
+            *("--rendezvous-timeout", f"{timeout:g}"),
+            "--",
+            *render_engine_args({**args, **channel.args, **flags}),
+        ]
+        plain = {k: v for k, v in pool.env.items() if isinstance(v, str)}
+        hidden = {
+            k: credentials.secret_ref(v) for k, v in pool.env.items() if not isinstance(v, str)
+        }
+        env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
+        specs.append(
+            InstanceSpec(
+                name=name,
+                pool=role,
+                component="follower",
+                host=host.name,
+                address=host.address,
+                ports=channel.ports,
+                argv=argv,
+                env=_member_env(pool.engine, env, host),
+                gpus=gpus,
+                secrets=hidden,
+                gang=gang,
+                rank=rank,
+                nnodes=nnodes,
+            )
+        )
+    return specs
+
+
+def _data_parallel(engine: str, args: dict[str, Any]) -> bool:
+    return engine == "vllm" and int(args.get("data_parallel_size", 1)) > 1
+
+
+def _member_env(engine: str, env: dict[str, str], host: Host) -> dict[str, str]:
+    # vLLM's executor message queues connect to get_ip(), which reads VLLM_HOST_IP: the
+    # member's own address, not whichever interface a multi-homed node reports first.
+    if engine == "vllm":
+        return {**env, "VLLM_HOST_IP": host.address}
+    return env

@@ -1,0 +1,232 @@
+"""Multi-node replicas (gangs) in the recipe and the plan: whole nodes, every member's rank
+flags, and the bad input of issue 14 refused with the field named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.recipe.loader import RecipeError, load_recipe_text
+from dynamoctl.supervisor.instance import InstanceName
+from dynamoctl.supervisor.plan import PlanError, build_plan
+from dynamoctl.worker.options import parse_engine_args
+
+SLURM = "target: {kind: slurm, partition: gpu, nodes: NODES, gpus_per_node: 8}"
+
+
+def _recipe(pool: str, nodes: int = 4, engine: str = "vllm") -> str:
+    return f"""\
+schema: 1
+name: g
+discovery: {{backend: etcd, managed: true}}
+{SLURM.replace("NODES", str(nodes))}
+model: {{name: m, path: /m}}
+workers:
+  agg: {{engine: {engine}, {pool}}}
+"""
+
+
+def _plan(text: str, nodes: int = 4) -> list[InstanceSpec]:
+    recipe = load_recipe_text(text, "r.yaml")
+    allocation = [f"n{i}" for i in range(nodes)]
+    resolve = {name: f"192.0.2.{i + 1}" for i, name in enumerate(allocation)}
+    plan, _ = build_plan(recipe, Path("/run"), allocation, resolve)
+    return plan.by_pool("agg")
+
+
+def _engine_args(spec: InstanceSpec) -> dict[str, object]:
+    argv = spec.argv
+    start = argv.index("--") + 1 if "--" in argv else argv.index("--engine") + 2
+    if "--" not in argv:
+        start = argv.index("--role") + 2
+    return parse_engine_args(argv[start:])
+
+
+def test_a_tp16_gang_takes_two_whole_nodes_with_ranks_and_one_rendezvous() -> None:
+    specs = _plan(
+        _recipe(
+            "replicas: 2, nodes_per_replica: 2, gpus_per_replica: 16, "
+            "engine_args: {tensor-parallel-size: 16}"
+        )
+    )
+    assert [(s.name, s.component, s.host, s.gang, s.rank) for s in specs] == [
+        ("agg-0", "worker", "n0", "agg-0", 0),
+        ("agg-0.1", "follower", "n1", "agg-0", 1),
+        ("agg-1", "worker", "n2", "agg-1", 0),
+        ("agg-1.1", "follower", "n3", "agg-1", 1),
+    ]
+    leader, follower = (_engine_args(s) for s in specs[:2])
+    assert (leader["nnodes"], leader["node_rank"], leader["master_addr"]) == (2, 0, "192.0.2.1")
+    assert (follower["node_rank"], follower["master_port"], follower["headless"]) == (
+        1,
+        29501,
+        True,
+    )
+    assert "headless" not in leader
+    assert all(s.gpus == list(range(8)) for s in specs)
+    assert specs[1].env["VLLM_HOST_IP"] == "192.0.2.2"
+    assert "--rendezvous" in specs[1].argv and "192.0.2.1:29501" in specs[1].argv
+    assert specs[0].ports["rendezvous"] == 29501
+
+
+def test_a_data_parallel_gang_splits_its_ranks_over_the_nodes() -> None:
+    specs = _plan(
+        _recipe(
+            "nodes_per_replica: 4, gpus_per_replica: 32, "
+            "engine_args: {data-parallel-size: 32, enable-expert-parallel: true}"
+        )
+    )
+    starts = [_engine_args(s).get("data_parallel_start_rank", 0) for s in specs]
+    assert starts == [0, 8, 16, 24]
+    assert {_engine_args(s)["data_parallel_size_local"] for s in specs} == {8}
+    assert {_engine_args(s)["data_parallel_address"] for s in specs} == {"192.0.2.1"}
+
+
+def test_sglang_members_get_dist_init_addr() -> None:
+    specs = _plan(
+        _recipe(
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tp: 16}", engine="sglang"
+        )
+    )
+    args = [_engine_args(s) for s in specs]
+    assert [(a["nnodes"], a["node_rank"], a["dist_init_addr"]) for a in args] == [
+        (2, 0, "192.0.2.1:29501"),
+        (2, 1, "192.0.2.1:29501"),
+    ]
+
+
+def test_a_local_mocker_gang_shares_the_host_with_a_port_per_gang() -> None:
+    text = """\
+schema: 1
+name: g
+model: {name: m, path: m}
+workers:
+  agg: {engine: mocker, replicas: 2, nodes_per_replica: 2, gpus_per_replica: 0}
+"""
+    plan, _ = build_plan(load_recipe_text(text, "r.yaml"), Path("/run"))
+    specs = plan.by_pool("agg")
+    assert [s.name for s in specs] == ["agg-0", "agg-0.1", "agg-1", "agg-1.1"]
+    assert [_engine_args(s)["master_port"] for s in specs] == [29701, 29701, 29702, 29702]
+
+
+def test_follower_names_parse_and_order_after_their_leader() -> None:
+    spec = InstanceSpec(name="decode-3.2", pool="decode", component="follower", host="h", argv=[])
+    name = InstanceName.of(spec)
+    assert (name.index, name.rank, str(name), str(name.leader)) == (3, 2, "decode-3.2", "decode-3")
+    assert sorted(
+        [InstanceName("agg", 1, 1), InstanceName("agg", 1), InstanceName("agg", 0, 1)]
+    ) == [
+        InstanceName("agg", 0, 1),
+        InstanceName("agg", 1),
+        InstanceName("agg", 1, 1),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("pool", "nodes", "field", "says"),
+    [
+        (
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tensor-parallel-size: 8}",
+            4,
+            "workers.agg.engine_args.tensor-parallel-size",
+            "tensor-parallel-size 8 = 8 GPUs but the replica has 2 nodes x 8 = 16",
+        ),
+        (
+            "nodes_per_replica: 2, gpus_per_replica: 16, "
+            "engine_args: {tensor-parallel-size: 8, pipeline-parallel-size: 3}",
+            4,
+            "workers.agg.engine_args.tensor-parallel-size",
+            "tensor-parallel-size 8 x pipeline-parallel-size 3 = 24 GPUs",
+        ),
+        (
+            "nodes_per_replica: 2, gpus_per_replica: 8",
+            4,
+            "workers.agg.gpus_per_replica",
+            "a replica of 2 whole nodes has 2 x 8 = 16 GPUs",
+        ),
+        (
+            "nodes_per_replica: 4, gpus_per_replica: 32",
+            2,
+            "workers.agg.nodes_per_replica",
+            "4 nodes per replica but the target has 2 (target.nodes)",
+        ),
+        (
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {node-rank: 1}",
+            4,
+            "workers.agg.engine_args.node-rank",
+            "is set by dynamoctl for each member",
+        ),
+        (
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {master-addr: 10.0.0.1}",
+            4,
+            "workers.agg.engine_args.master-addr",
+            "is set by dynamoctl",
+        ),
+    ],
+)
+def test_bad_gangs_are_refused_naming_the_field(
+    pool: str, nodes: int, field: str, says: str
+) -> None:
+    with pytest.raises(RecipeError) as error:
+        load_recipe_text(_recipe(pool, nodes), "r.yaml")
+    assert field in str(error.value) and says in str(error.value)
+
+
+def test_a_gang_on_a_local_target_is_the_mockers_only() -> None:
+    text = """\
+schema: 1
+name: g
+target: {kind: local, gpus: 8}
+model: {name: m, path: m}
+workers:
+  agg: {engine: vllm, nodes_per_replica: 2, gpus_per_replica: 8}
+"""
+    with pytest.raises(RecipeError, match=r"workers.agg.nodes_per_replica.*only the mocker"):
+        load_recipe_text(text, "r.yaml")
+
+
+def test_trtllm_gangs_are_refused_until_its_mpi_world_is_supported() -> None:
+    with pytest.raises(RecipeError, match=r"workers.agg.nodes_per_replica.*TensorRT-LLM"):
+        load_recipe_text(
+            _recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm"), "r"
+        )
+
+
+def test_more_gangs_than_free_nodes_is_a_plan_error_naming_nodes_per_replica() -> None:
+    text = _recipe("replicas: 3, nodes_per_replica: 2, gpus_per_replica: 16")
+    with pytest.raises(PlanError, match=r"workers.agg.nodes_per_replica: replica 2 needs 2 whole"):
+        _plan(text)
+
+
+def test_one_node_replicas_do_not_land_on_a_gangs_nodes() -> None:
+    text = _recipe("nodes_per_replica: 2, gpus_per_replica: 16").replace(
+        "  agg:", "  prefill: {engine: vllm, replicas: 2, gpus_per_replica: 8}\n  decode:"
+    )
+    recipe = load_recipe_text(text, "r.yaml")
+    plan, gpu_map = build_plan(
+        recipe,
+        Path("/run"),
+        ["n0", "n1", "n2", "n3"],
+        {f"n{i}": f"192.0.2.{i + 1}" for i in range(4)},
+    )
+    assert [(s.name, s.host) for s in plan.instances if s.pool in ("prefill", "decode")] == [
+        ("prefill-0", "n0"),
+        ("prefill-1", "n1"),
+        ("decode-0", "n2"),
+        ("decode-0.1", "n3"),
+    ]
+    assert gpu_map.take(1) is None and gpu_map.take_nodes(1) is None
+    gpu_map.release_node("n3")
+    assert gpu_map.take_nodes(1) == [(plan.hosts[3], list(range(8)))]
+
+
+def test_a_gang_member_on_a_node_with_another_gpu_count_is_refused() -> None:
+    from dynamoctl.launch.api import LaunchError
+    from dynamoctl.launch.gpus import check_gpus
+
+    specs = _plan(_recipe("nodes_per_replica: 2, gpus_per_replica: 16"))
+    check_gpus("n1", 8, specs, "target.gpus_per_node", "fix it")  # as declared: fine
+    with pytest.raises(LaunchError, match=r"agg-0.1 \(gang agg-0, rank 1\): n1 has 12 GPU"):
+        check_gpus("n1", 12, specs, "target.gpus_per_node", "fix it")
