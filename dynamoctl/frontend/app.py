@@ -1,6 +1,6 @@
-"""The OpenAI-compatible HTTP API: routes, body handling, SSE framing.
+"""The OpenAI-compatible HTTP API: its routes and the two hot handlers.
 
-Bodies are read and parsed here rather than by FastAPI's dependency injection so that every
+Bodies are read (``asgi.py``) and parsed (``body.py``) by us rather than by FastAPI's dependency injection so that every
 failure (oversized, not JSON, invalid UTF-8, wrong types, unknown fields) becomes an
 OpenAI-shaped 4xx; the request schemas are still declared for ``/openapi.json``.
 
@@ -22,50 +22,39 @@ Limits on headers and slow clients are the HTTP server's (:mod:`dynamoctl.util.h
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import re
-import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator
 from json.encoder import encode_basestring_ascii
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import generate_latest
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dynamoctl import __version__
+from dynamoctl.frontend.asgi import ASGIApp, Disconnect, Message, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
+from dynamoctl.frontend.body import decode_body, job_of, too_long
 from dynamoctl.frontend.errors import (
     OpenAIError,
     bad_request,
     internal_error,
     model_not_found,
     model_unavailable,
-    too_large,
 )
 from dynamoctl.frontend.generate import Generator, Job, Outcome
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
-from dynamoctl.frontend.protocol import (
-    ChatCompletionRequest,
-    CompletionRequest,
-    usage,
-)
+from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from dynamoctl.frontend.shape import Shape, sse_data, usage_of
 
 log = logging.getLogger(__name__)
 
-Body = TypeVar("Body", bound=BaseModel)
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Larger bodies get 413 before they are read in full (default of ``--max-body-bytes``)."""
 TRIM_AFTER_BYTES = 256 << 10
@@ -212,7 +201,7 @@ class _Completions:
     async def _serve(self, scope: Scope, receive: Receive, send: Send, endpoint: str) -> None:
         raw: bytes | None = None
         try:
-            raw = await _read_body(scope, receive, self.max_body_bytes)
+            raw = await read_body(scope, receive, self.max_body_bytes)
             if raw is None:
                 return  # the client left before sending its whole body
             prepare = self._chat if endpoint == "chat" else self._completion
@@ -230,7 +219,7 @@ class _Completions:
         self.metrics.input_tokens.labels(model.name).inc(len(job.prompt_ids))
         outcome = Outcome()
         deltas = self.generator.run(job, model.tokenizer, model.picker, outcome)
-        shape = _Shape(endpoint, job.request_id, model.name)
+        shape = Shape(endpoint, job.request_id, model.name)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             await self._stream(receive, send, deltas, shape, outcome, len(job.prompt_ids),
@@ -241,7 +230,7 @@ class _Completions:
     async def _chat(
         self, raw: bytes
     ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
-        body = _decode(raw, ChatCompletionRequest)
+        body = decode_body(raw, ChatCompletionRequest)
         model = _model(self.registry, body.model)
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -249,18 +238,18 @@ class _Completions:
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
         ids = await self._encode(model, prompt, False, "messages")
-        return model, body, _job(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
+        return model, body, job_of(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
 
     async def _completion(
         self, raw: bytes
     ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
-        body = _decode(raw, CompletionRequest)
+        body = decode_body(raw, CompletionRequest)
         model = _model(self.registry, body.model)
         if isinstance(body.prompt, str):
             ids = await self._encode(model, body.prompt, True, "prompt")
         else:
             ids = list(body.prompt)
-        return model, body, _job(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
+        return model, body, job_of(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
 
     async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:
         """``text``'s ids: inline when short, else on a thread (:mod:`longtext`); a
@@ -270,7 +259,7 @@ class _Completions:
         context = model.card.context_length
         ids = await self._long.encode(model, text, special, context)
         if isinstance(ids, int):
-            raise _too_long(context, ids, param)
+            raise too_long(context, ids, param)
         return ids
 
     async def _stream(
@@ -278,7 +267,7 @@ class _Completions:
         receive: Receive,
         send: Send,
         deltas: AsyncIterator[str],
-        shape: _Shape,
+        shape: Shape,
         outcome: Outcome,
         prompt_tokens: int,
         include_usage: bool,
@@ -294,14 +283,14 @@ class _Completions:
         metrics = self.metrics
         name = shape.model
         await send(_SSE_START)
-        watch = _Disconnect(receive)
+        watch = Disconnect(receive)
         held: list[bytes] = []  # events not written yet: the worker's next chunk is here
         try:
             metrics.inflight.labels(name).inc()
             try:
                 try:
                     if shape.chat:
-                        await send(_part(_data(shape.with_usage(
+                        await send(_part(sse_data(shape.with_usage(
                             shape.chunk("", first=True), include_usage))))  # fmt: skip
                     frame = shape.text_frame(include_usage)
                     buffered = outcome.probe.buffered
@@ -313,7 +302,9 @@ class _Completions:
                                 frame[0] + encode_basestring_ascii(text).encode() + frame[1]
                             )
                         else:
-                            held.append(_data(shape.with_usage(shape.chunk(text), include_usage)))
+                            held.append(
+                                sse_data(shape.with_usage(shape.chunk(text), include_usage))
+                            )
                         # Hold while more is already here (or the end is): one write for all.
                         if held and outcome.finish_reason is None and not buffered():
                             event = held[0] if len(held) == 1 else b"".join(held)
@@ -323,17 +314,17 @@ class _Completions:
                             )
                     tail = held
                     final = shape.chunk(None, outcome.finish_reason)
-                    tail.append(_data(shape.with_usage(final, include_usage)))
+                    tail.append(sse_data(shape.with_usage(final, include_usage)))
                     if include_usage:
                         final = shape.chunk(None)
                         final["choices"] = []
-                        final["usage"] = _usage(outcome, prompt_tokens)
-                        tail.append(_data(final))
+                        final["usage"] = usage_of(outcome, prompt_tokens)
+                        tail.append(sse_data(final))
                 except OpenAIError as exc:  # headers are sent: report in-band, as OpenAI does
-                    tail = [*held, _data(exc.body())]
+                    tail = [*held, sse_data(exc.body())]
                 except Exception:  # a bug: the stream still ends well-formed
                     log.exception("stream of %s failed", shape.id)
-                    tail = [*held, _data(internal_error().body())]
+                    tail = [*held, sse_data(internal_error().body())]
                 tail.append(b"data: [DONE]\n\n")
             except asyncio.CancelledError:  # client went away: the worker stream is cancelled
                 metrics.cancellations.labels(name).inc()
@@ -357,14 +348,14 @@ class _Completions:
         receive: Receive,
         send: Send,
         deltas: AsyncIterator[str],
-        shape: _Shape,
+        shape: Shape,
         outcome: Outcome,
         prompt_tokens: int,
     ) -> None:
         """One JSON body; a client that disconnects meanwhile cancels the generation."""
         metrics = self.metrics
         name = shape.model
-        watch = _Disconnect(receive)
+        watch = Disconnect(receive)
         metrics.inflight.labels(name).inc()
         error: BaseException | None = None
         try:
@@ -391,208 +382,12 @@ class _Completions:
         await JSONResponse(shape.full(text, outcome, prompt_tokens))(scope, receive, send)
 
 
-class _Disconnect:
-    """Cancels the serving task when ``receive()`` reports the client gone.
-
-    One pending ``receive()`` per request, with a callback: cheaper than a task group, and
-    the cancellation lands wherever the request is waiting (for a worker, a token, the
-    router's queue), as Starlette's disconnect listener does.
-    """
-
-    __slots__ = ("_receive", "_task", "_waiter", "gone")
-
-    def __init__(self, receive: Receive) -> None:
-        self._receive = receive
-        self._task = asyncio.current_task()
-        self.gone = False
-        self._waiter: asyncio.Future[Message] | None = None
-        self._arm()
-
-    def _arm(self) -> None:
-        self._waiter = asyncio.ensure_future(self._receive())
-        self._waiter.add_done_callback(self._received)
-
-    def _received(self, waiter: asyncio.Future[Message]) -> None:
-        if waiter.cancelled() or self._waiter is None:
-            return
-        if waiter.exception() is not None:
-            self._waiter = None
-            return
-        if waiter.result()["type"] != "http.disconnect":
-            self._arm()
-            return
-        self._waiter = None
-        self.gone = True
-        if self._task is not None:
-            self._task.cancel()
-
-    def stop(self) -> None:
-        waiter, self._waiter = self._waiter, None
-        if waiter is not None:
-            waiter.remove_done_callback(self._received)
-            waiter.cancel()
-
-    def absorb(self) -> None:
-        """The cancellation was ours: the request is over, the task goes on."""
-        uncancel = getattr(self._task, "uncancel", None)  # Python 3.11+
-        if uncancel is not None:
-            uncancel()
-
-
-_MARK = "\x00\x01\x02"
-_MARK_JSON = encode_basestring_ascii(_MARK).encode()
-
-
-class _Shape:
-    """OpenAI response objects for one request."""
-
-    def __init__(self, endpoint: str, request_id: str, model: str) -> None:
-        self.endpoint = endpoint
-        self.chat = endpoint == "chat"
-        self.id = request_id
-        self.model = model
-        self.created = int(time.time())
-        self.object = "chat.completion" if self.chat else "text_completion"
-
-    def _choice(self, text: str | None, finish: str | None, *, first: bool = False) -> Any:
-        if self.chat:
-            delta: dict[str, str] = {}
-            if first:
-                delta["role"] = "assistant"
-            if text is not None:
-                delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
-
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> Any:
-        obj = "chat.completion.chunk" if self.chat else "text_completion"
-        return {
-            "id": self.id,
-            "object": obj,
-            "created": self.created,
-            "model": self.model,
-            "choices": [self._choice(text, finish, first=first)],
-        }
-
-    @staticmethod
-    def with_usage(obj: Any, include_usage: bool) -> Any:
-        if include_usage:
-            obj["usage"] = None
-        return obj
-
-    def text_frame(self, include_usage: bool) -> tuple[bytes, bytes] | None:
-        """The SSE event of a text chunk split around its text: ``head + json(text) + tail``
-        is byte for byte ``_data(self.with_usage(self.chunk(text), include_usage))``.
-        None in the one case the split is ambiguous (a model named exactly ``_MARK``)."""
-        event = _data(self.with_usage(self.chunk(_MARK), include_usage))
-        head, sep, tail = event.partition(_MARK_JSON)
-        return (head, tail) if sep and _MARK_JSON not in tail else None
-
-    def full(self, text: str, outcome: Outcome, prompt_tokens: int) -> Any:
-        if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": outcome.finish_reason,
-            }
-        else:
-            choice = self._choice(text, outcome.finish_reason)
-        return {
-            "id": self.id,
-            "object": self.object,
-            "created": self.created,
-            "model": self.model,
-            "choices": [choice],
-            "usage": _usage(outcome, prompt_tokens),
-        }
-
-
-def _usage(outcome: Outcome, prompt_tokens: int) -> Any:
-    return usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens).model_dump()
-
-
-def _data(obj: Any) -> bytes:
-    return b"data: " + json.dumps(obj, separators=(",", ":")).encode() + b"\n\n"
-
-
 def _count(
     metrics: FrontendMetrics, model: str, endpoint: str, outcome: Outcome, status: str
 ) -> None:
     metrics.requests.labels(model, endpoint, status).inc()
     metrics.output_tokens.labels(model).inc(outcome.completion_tokens)
     metrics.cached_tokens.labels(model).inc(outcome.cached_tokens)
-
-
-async def _read_body(scope: Scope, receive: Receive, limit: int) -> bytes | None:
-    """The request body, or None if the client disconnects first; 413 past ``limit``."""
-    for name, value in scope["headers"]:
-        if name == b"content-length":
-            declared = value.decode("latin-1")
-            # Digits only (the HTTP parser checked), but maybe many: compare lengths first.
-            if declared.isdigit() and (len(declared) > 18 or int(declared) > limit):
-                raise too_large(limit)
-            break
-    parts: list[bytes] = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.request":
-            part = message.get("body", b"")
-            if part:
-                parts.append(part)
-                size += len(part)
-                if size > limit:
-                    raise too_large(limit)
-            if not message.get("more_body", False):
-                return b"".join(parts)
-        elif message["type"] == "http.disconnect":
-            return None
-
-
-def _decode(raw: bytes, model: type[Body]) -> Body:
-    """``raw`` parsed and validated in one pass by pydantic's JSON parser (strict: no
-    coercion; depth-limited; lone surrogates refused); any failure is a 400."""
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as exc:
-        raise _invalid(raw, exc) from None
-
-
-_TYPE_TAG = re.compile(r"str|int|float|bool|.*\W.*")
-"""Parts of an error location that name a union member's type, not a parameter
-(``prompt.str``, ``prompt.list[int].0``)."""
-
-
-def _invalid(raw: bytes, exc: ValidationError) -> OpenAIError:
-    errors = exc.errors(include_url=False, include_input=False)
-    first = errors[0]
-    kind = first["type"]
-    if kind == "json_invalid":
-        try:
-            raw.decode("utf-8")
-        except UnicodeDecodeError as err:
-            return bad_request(f"request body is not valid UTF-8: {err}")
-        return bad_request(f"request body is not valid JSON: {first['msg']}")
-    if kind == "model_type" and not first["loc"]:
-        return bad_request("request body must be a JSON object")
-    if kind == "extra_forbidden":
-        name = ".".join(str(p) for p in first["loc"])[:200]  # a client's key: maybe huge
-        return bad_request(f"unknown or unsupported parameter '{name}'", name)
-    # Of a union's failures, the deepest says most ([1.0] as a prompt: not "a string").
-    top = first["loc"][:1]
-    first = max((e for e in errors if e["loc"][:1] == top), key=lambda e: len(e["loc"]))
-    parts = [p for p in first["loc"] if isinstance(p, int) or not _TYPE_TAG.fullmatch(p)]
-    param = ".".join(map(str, parts)) or None
-    return bad_request(f"{param}: {first['msg']}" if param else first["msg"], param)
-
-
-def _too_long(context: int, prompt_tokens: int, param: str) -> OpenAIError:
-    return bad_request(
-        f"This model's maximum context length is {context} tokens; the prompt has "
-        f"{prompt_tokens} tokens.",
-        param,
-    )
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:
@@ -602,32 +397,6 @@ def _model(registry: ModelRegistry, name: str) -> ServedModel:
             raise model_unavailable(name)
         raise model_not_found(name, [m.name for m in registry.models()])
     return model
-
-
-def _job(
-    model: ServedModel, body: ChatCompletionRequest | CompletionRequest, ids: list[int], rid: str
-) -> Job:
-    context = model.card.context_length
-    if len(ids) >= context:
-        param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-        raise _too_long(context, len(ids), param)
-    limit = body.token_limit()
-    if limit is not None and len(ids) + limit > context:
-        raise bad_request(
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{len(ids) + limit} tokens ({len(ids)} in the prompt, {limit} in the completion).",
-            "max_tokens",
-        )
-    return Job(
-        request_id=rid,
-        model=model.name,
-        prompt_ids=ids,
-        max_tokens=limit if limit is not None else context - len(ids),
-        stop=body.stop_strings(),
-        ignore_eos=body.ignore_eos,
-        seed=body.seed,
-        temperature=body.temperature,
-    )
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dynamoctl.frontend.app import _MARK, _data, _Shape
+from dynamoctl.frontend.shape import _MARK, Shape, sse_data
 
 
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
@@ -18,15 +18,15 @@ from dynamoctl.frontend.app import _MARK, _data, _Shape
 def test_text_frame_matches_generic_encoding(
     endpoint: str, include_usage: bool, model: str, text: str
 ) -> None:
-    shape = _Shape(endpoint, "cmpl-0123", model)
+    shape = Shape(endpoint, "cmpl-0123", model)
     frame = shape.text_frame(include_usage)
     assert frame is not None
     fast = frame[0] + json.encoder.encode_basestring_ascii(text).encode() + frame[1]
-    assert fast == _data(shape.with_usage(shape.chunk(text), include_usage))
+    assert fast == sse_data(shape.with_usage(shape.chunk(text), include_usage))
 
 
 def test_text_frame_refuses_an_ambiguous_split() -> None:
-    assert _Shape("completions", "cmpl-0", _MARK).text_frame(False) is None
+    assert Shape("completions", "cmpl-0", _MARK).text_frame(False) is None
 
 
 class _NoModels:
