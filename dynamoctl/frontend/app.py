@@ -1,8 +1,9 @@
 """The OpenAI-compatible HTTP API: its routes and the two hot handlers.
 
-Bodies are read (``asgi.py``) and parsed (``body.py``) by us rather than by FastAPI's dependency injection so that every
-failure (oversized, not JSON, invalid UTF-8, wrong types, unknown fields) becomes an
-OpenAI-shaped 4xx; the request schemas are still declared for ``/openapi.json``.
+Bodies are read (``asgi.py``) and parsed (``body.py``) by us rather than by FastAPI's
+dependency injection so that every failure (oversized, not JSON, invalid UTF-8, wrong
+types, unknown fields) becomes an OpenAI-shaped 4xx; the request schemas are still
+declared for ``/openapi.json``.
 
 The two hot routes (``POST /v1/completions`` and ``/v1/chat/completions``) are served by
 :class:`FrontendApp`, a raw ASGI handler in front of the FastAPI app: it writes SSE chunks
