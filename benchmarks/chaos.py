@@ -31,6 +31,7 @@ from typing import Any
 
 import httpx
 import psutil
+from probes import MODEL, mocker_recipe
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamoctl.bench.client import RequestRecord, Sender
@@ -41,21 +42,8 @@ from dynamoctl.bench.stats import Slo, summarize
 from dynamoctl.bench.workload import LengthDist, synthetic_sessions
 
 NAME = "chaos"
-MODEL = "mock-llama"
 WORKERS = 4
 WINDOW = 5.0
-RECIPE = """\
-schema: 1
-name: {name}
-model: {{name: {model}, path: {model}, block_size: 16}}
-frontend: {{port: {port}, router: {{mode: kv}}}}
-workers:
-  agg:
-    engine: mocker
-    replicas: {workers}
-    gpus_per_replica: 0
-    engine_args: {{num-gpu-blocks: 4096, max-num-seqs: 256, speedup-ratio: 10}}
-"""
 
 
 def free_port() -> int:
@@ -212,7 +200,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dynamoctl-chaos-") as tmp:
         home, port = Path(tmp) / "home", free_port()
         recipe = Path(tmp) / "chaos.yaml"
-        recipe.write_text(RECIPE.format(name=NAME, model=MODEL, port=port, workers=WORKERS))
+        recipe.write_text(mocker_recipe(NAME, port, WORKERS, 10))
         began = time.monotonic()
         up = dynamoctl(home, "up", str(recipe), "--detach")
         if up.returncode != 0:

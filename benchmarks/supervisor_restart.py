@@ -28,48 +28,16 @@ from typing import Any
 
 from chaos import dynamoctl as run_dynamoctl
 from chaos import free_port
+from probes import MODEL, mocker_recipe, stream_summary
 
-from dynamoctl.bench.client import RequestRecord, Sender
+from dynamoctl.bench.client import Sender
 from dynamoctl.bench.clock import LoopClock
 from dynamoctl.bench.http import Endpoint
 from dynamoctl.bench.schedule import Limits, drive
-from dynamoctl.bench.stats import percentile
 from dynamoctl.bench.workload import LengthDist, synthetic_sessions
 
 NAME = "restartprobe"
-MODEL = "mock-llama"
-RECIPE = """\
-schema: 1
-name: {name}
-model: {{name: {model}, path: {model}, block_size: 16}}
-frontend: {{port: {port}, router: {{mode: kv}}}}
-workers:
-  agg:
-    engine: mocker
-    replicas: 3
-    gpus_per_replica: 0
-    engine_args: {{num-gpu-blocks: 4096, max-num-seqs: 256, speedup-ratio: 2}}
-supervision: {{orphan_grace: 60, probe_interval: 0.5}}
-"""
-
-
-def _stats(values: list[float]) -> dict[str, float | None]:
-    ordered = sorted(values)
-    if not ordered:
-        return {"p50": None, "p99": None, "max": None}
-    ms = [percentile(ordered, q) * 1000 for q in (0.5, 0.99)]
-    return {"p50": round(ms[0], 1), "p99": round(ms[1], 1), "max": round(ordered[-1] * 1000, 1)}
-
-
-def summary(records: list[RequestRecord], unfinished: int) -> dict[str, Any]:
-    ok = [r for r in records if r.error is None]
-    return {
-        "requests": len(records) + unfinished,
-        "failed": len(records) - len(ok) + unfinished,
-        "error_details": sorted({f"{r.error}: {r.detail}" for r in records if r.error})[:5],
-        "stream_gap_ms": _stats([max(r.gaps) for r in ok if r.gaps]),
-        "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]),
-    }
+SUPERVISION = "supervision: {orphan_grace: 60, probe_interval: 0.5}\n"
 
 
 def pids(home: Path) -> dict[str, int]:
@@ -103,7 +71,7 @@ async def probe(args: argparse.Namespace, url: str, home: Path, recipe: Path) ->
     )  # fmt: skip
     found = await restarting
     await endpoint.close()
-    return summary(outcome.records, outcome.unfinished) | found
+    return stream_summary(outcome.records, outcome.unfinished) | found
 
 
 def main() -> None:
@@ -117,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="restartprobe-") as tmp:
         home, port = Path(tmp) / "home", free_port()
         recipe = Path(tmp) / "recipe.yaml"
-        recipe.write_text(RECIPE.format(name=NAME, model=MODEL, port=port))
+        recipe.write_text(mocker_recipe(NAME, port, 3, 2, SUPERVISION))
         up = run_dynamoctl(home, "up", str(recipe), "--detach")
         if up.returncode != 0:
             raise SystemExit(up.stderr)

@@ -34,30 +34,17 @@ import httpx
 import psutil
 from chaos import dynamoctl as run_dynamoctl
 from chaos import free_port, scrape
+from probes import MODEL, mocker_recipe, stream_summary
 
 import dynamoctl as package
-from dynamoctl.bench.client import RequestRecord, Sender
+from dynamoctl.bench.client import Sender
 from dynamoctl.bench.clock import LoopClock
 from dynamoctl.bench.http import Endpoint
 from dynamoctl.bench.schedule import Limits, drive
-from dynamoctl.bench.stats import percentile
 from dynamoctl.bench.workload import LengthDist, synthetic_sessions
 
 NAME = "killprobe"
-MODEL = "mock-llama"
 WORKERS = 3
-RECIPE = """\
-schema: 1
-name: {name}
-model: {{name: {model}, path: {model}, block_size: 16}}
-frontend: {{port: {port}, router: {{mode: kv}}}}
-workers:
-  agg:
-    engine: mocker
-    replicas: {workers}
-    gpus_per_replica: 0
-    engine_args: {{num-gpu-blocks: 4096, max-num-seqs: 256, speedup-ratio: {speedup}}}
-"""
 MIGRATION_LINE = re.compile(r"worker (\S+) .*failed \((.*)\); migrating with (\d+) tokens")
 
 
@@ -97,31 +84,6 @@ class Killer:
         await self.http.aclose()
 
 
-def _stats(values: list[float]) -> dict[str, float | None]:
-    ordered = sorted(values)
-    if not ordered:
-        return {"p50": None, "p99": None, "max": None}
-    ms = [percentile(ordered, q) * 1000 for q in (0.5, 0.99)]
-    return {"p50": round(ms[0], 1), "p99": round(ms[1], 1), "max": round(ordered[-1] * 1000, 1)}
-
-
-def phase_summary(records: list[RequestRecord], unfinished: int) -> dict[str, Any]:
-    ok = [r for r in records if r.error is None]
-    errors: dict[str, int] = {}
-    for r in records:
-        if r.error is not None:
-            errors[r.error] = errors.get(r.error, 0) + 1
-    return {
-        "requests": len(records) + unfinished,
-        "failed": len(records) - len(ok) + unfinished,
-        "errors_by_kind": errors,
-        "error_details": sorted({f"{r.error}: {r.detail}" for r in records if r.error})[:5],
-        "stream_gap_ms": _stats([max(r.gaps) for r in ok if r.gaps]),
-        "ttft_ms": _stats([r.ttft for r in ok if r.ttft is not None]),
-        "output_tokens": sum(r.output_tokens for r in ok),
-    }
-
-
 def migrations_in_log(log: Path, skip_bytes: int) -> dict[str, Any]:
     """The frontend's migration lines after ``skip_bytes``: how many, how many with 0
     tokens, and why the old worker's stream failed (first words of the error)."""
@@ -159,7 +121,7 @@ async def run_phase(
     if task is not None:
         await task
     await endpoint.close()
-    return phase_summary(outcome.records, outcome.unfinished)
+    return stream_summary(outcome.records, outcome.unfinished)
 
 
 async def probe(args: argparse.Namespace, url: str, state: dict[str, Any], log: Path) -> Any:
@@ -202,9 +164,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dynamoctl-killprobe-") as tmp:
         home, port = Path(tmp) / "home", free_port()
         recipe = Path(tmp) / "probe.yaml"
-        recipe.write_text(
-            RECIPE.format(name=NAME, model=MODEL, port=port, workers=WORKERS, speedup=args.speedup)
-        )
+        recipe.write_text(mocker_recipe(NAME, port, WORKERS, args.speedup))
         up = run_dynamoctl(home, "up", str(recipe), "--detach")
         if up.returncode != 0:
             sys.exit(f"up failed:\n{up.stderr}")
