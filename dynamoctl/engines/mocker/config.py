@@ -53,7 +53,25 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Seconds (of real time) a prefill worker keeps a finished prefill's blocks pinned
     for its decode worker; unpulled blocks are freed after it."""
 
+    nnodes: int = 1
+    """Nodes of a multi-node replica (vLLM's ``--nnodes``); above 1 this engine is the
+    gang's leader and each step is a round trip with every follower (docs/mocker.md)."""
+    node_rank: int = 0
+    """This member's node rank (vLLM's ``--node-rank``); an engine is rank 0, followers
+    run ``dynamoctl follower``."""
+    master_addr: str = "127.0.0.1"
+    """Address of the leader's step channel (vLLM's ``--master-addr``)."""
+    master_port: int = 29501
+    """Port of the leader's step channel (vLLM's ``--master-port``)."""
+    collective_timeout: float = 300.0
+    """Seconds the leader waits for its gang to form, and for one step's round trip,
+    before its engine dies (vLLM's ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
+
     def __post_init__(self) -> None:
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
+        if not self.collective_timeout > 0:
+            raise ValueError(f"collective_timeout must be > 0, got {self.collective_timeout}")
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

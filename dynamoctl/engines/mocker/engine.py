@@ -32,6 +32,7 @@ from typing import Any
 
 from dynamoctl.engines.api import (
     Engine,
+    EngineDied,
     EngineError,
     EngineStopped,
     FinishReason,
@@ -49,6 +50,7 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
+from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
 from dynamoctl.engines.mocker.timing import TimingModel
 from dynamoctl.engines.mocker.transfer import KvTransfers
@@ -167,6 +169,12 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
         self._work = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._failure: BaseException | None = None
+        self._died = asyncio.Event()
+        self._gang: GangLeader | None = None
+        if self.config.nnodes > 1 and not isinstance(self.clock, RealClock):
+            raise ValueError("a mocker gang (nnodes > 1) runs on the real clock only")
+        if self.config.node_rank != 0:
+            raise ValueError("an engine is node rank 0; followers run `dynamoctl follower`")
         self.transfers = KvTransfers(self.config, self._scheduler, self.clock)
         """Pinned prefills and KV pulls (disaggregation)."""
         self._pulling: dict[str, asyncio.Task[None]] = {}
@@ -197,6 +205,15 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
     async def start(self) -> None:
         if self._task is not None:
             return
+        cfg = self.config
+        if cfg.nnodes > 1 and self._gang is None:
+            gang = GangLeader(cfg.master_addr, cfg.master_port, cfg.nnodes)
+            try:
+                await gang.form(cfg.collective_timeout)
+            except BaseException:
+                gang.close()
+                raise
+            self._gang = gang
         self._failure = None
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"mocker[{self.config.model}]"
@@ -214,6 +231,17 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
             self._finish_stream(rid, "abort")
         self._scheduler.clear()
         await self.transfers.close()
+        gang, self._gang = self._gang, None
+        if gang is not None:
+            gang.close()
+
+    async def wait_dead(self) -> EngineDied:
+        """Return once the engine loop has died (a gang step past ``collective_timeout``,
+        a bug); never for :meth:`stop`."""
+        await self._died.wait()
+        error = EngineDied(f"mocker engine loop died: {self._failure!r}")
+        error.__cause__ = self._failure
+        return error
 
     def generate(self, request: GenerateRequest) -> MockerStream:
         """Queue ``request`` now and return its output stream (errors surface when read)."""
@@ -342,7 +370,11 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
                     raise RuntimeError("mocker scheduler made no progress with work queued")
                 dt = timing.step_ms(plan.prefill_tokens, plan.num_decode, plan.kv_usage) / 1e3
                 t += dt
-                await clock.sleep_until(t)
+                if self._gang is None:
+                    await clock.sleep_until(t)
+                else:  # the step ends when the compute and the collective both have
+                    collective = self._gang.step_within(self.config.collective_timeout)
+                    await asyncio.gather(clock.sleep_until(t), collective)
                 outputs = sched.finish_step(plan)
                 stats.steps += 1
                 stats.busy_s += dt
@@ -355,6 +387,7 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
             logger.exception("[mocker/%s] engine loop died", self.config.model)
             self._failure = exc
             self._task = None
+            self._died.set()
             error = EngineStopped("mocker engine loop died")
             error.__cause__ = exc
             for stream in self._streams.values():

@@ -1,0 +1,99 @@
+"""``dynamoctl follower``: a member of a multi-node replica other than its leader.
+
+It never registers in discovery and serves no request: the leader does both, and the
+supervisor treats the gang as one replica (docs/operations.md, "Multi-node replicas").
+It first waits, within ``--rendezvous-timeout``, until the leader's rendezvous address
+accepts a TCP connection, so a follower placed where the leader cannot be reached exits
+2 with the member, its node, the address and the last error instead of hanging in the
+engine's own (much longer) timeouts. Then it runs the engine's follower side:
+
+- mocker: answers every simulated step (:func:`dynamoctl.engines.mocker.gang.follow`);
+  it exits 1 when the leader's connection ends.
+- vLLM: ``vllm serve ... --headless`` (the process is replaced), vLLM's own follower.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import os
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+from dynamoctl.worker.options import parse_engine_args
+
+log = logging.getLogger(__name__)
+
+PROBE_INTERVAL = 0.2
+"""Seconds between connection attempts to the leader's rendezvous address."""
+UNREACHABLE = 2
+"""Exit status of a follower that could not reach its leader in time."""
+
+
+class FollowerError(Exception):
+    """The follower cannot join its gang; ``status`` is its exit status."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def split_address(rendezvous: str) -> tuple[str, int]:
+    host, _, port = rendezvous.rpartition(":")
+    if not host or not port.isdigit():
+        raise ValueError(f"--rendezvous {rendezvous!r} should look like ADDRESS:PORT")
+    return host, int(port)
+
+
+def wait_reachable(label: str, host: str, port: int, timeout: float) -> float:
+    """Return the seconds left of ``timeout`` once ``host:port`` accepts a connection."""
+    deadline = time.monotonic() + timeout
+    why = "no attempt"
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise FollowerError(
+                f"{label} on {socket.gethostname()}: cannot reach the leader's rendezvous "
+                f"{host}:{port} within {timeout:g} s ({why})",
+                UNREACHABLE,
+            )
+        try:
+            with socket.create_connection((host, port), timeout=min(left, 2.0)):
+                return max(deadline - time.monotonic(), 0.1)
+        except OSError as exc:
+            code = exc.errno
+            why = os.strerror(code) if code else "timed out"
+            if code == errno.ECONNREFUSED:
+                why = "connection refused"
+        time.sleep(min(PROBE_INTERVAL, max(deadline - time.monotonic(), 0)))
+
+
+def run_follower(
+    engine: str, label: str, rendezvous: str, timeout: float, argv: Sequence[str]
+) -> int:
+    """Join the gang and run its follower side; the exit status (or exec)."""
+    options = parse_engine_args(argv)
+    host, port = split_address(rendezvous)
+    left = wait_reachable(label, host, port, timeout)
+    log.info("%s: the leader's rendezvous %s:%d is up", label, host, port)
+    if engine == "mocker":
+        from dynamoctl.engines.mocker.gang import GangError, follow
+
+        try:
+            why = asyncio.run(
+                follow(host, port, int(options["node_rank"]), int(options["nnodes"]), left)
+            )
+        except GangError as exc:
+            raise FollowerError(f"{label}: {exc}", UNREACHABLE) from exc
+        log.error("%s: %s; exiting", label, why)
+        return 1
+    if engine == "vllm":
+        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
+        sys.stdout.flush()
+        os.execv(sys.executable, command)  # vLLM's own headless follower takes over
+    raise FollowerError(
+        f"{label}: engine {engine!r} has no follower side yet (mocker, vllm)", UNREACHABLE
+    )
