@@ -49,13 +49,18 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
         box=box.SIMPLE_HEAD,
         pad_edge=False,
     )
+    nodes: dict[str, list[str]] = {}  # a gang's hosts, leader first
+    for row in report.instances:
+        if row.gang:
+            nodes.setdefault(row.gang, []).append(row.host)
     rows = [
         (
-            row.name,
+            # A gang is one replica: the leader's row names its nodes, members sit under it.
+            f" └ {row.name}" if row.rank else row.name,
             f"[{STATE_STYLE.get(row.state, '')}]{row.state}[/]",
-            row.host,
+            ",".join(nodes[row.gang]) if row.gang and not row.rank else row.host,
             str(row.pid) if row.pid else "-",
-            str(row.restarts),
+            "-" if row.rank else str(row.restarts),
             _uptime(row.uptime_s),
             "-" if row.inflight is None else str(row.inflight),
             "-" if row.kv_usage is None else f"{row.kv_usage:.0%}",

@@ -40,6 +40,7 @@ from dynamoctl.recipe.models import (
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
 from dynamoctl.supervisor.gang_plan import gang_specs
+from dynamoctl.supervisor.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
 from dynamoctl.supervisor.transfer import TransferChannel, TransferError, transfer_channel
@@ -356,60 +357,6 @@ def _endpoint(recipe: Recipe, head: Host) -> str:
     return f"http://{host}:{recipe.frontend.port}/v1"
 
 
-class GpuMap:
-    """Free GPUs per host, handed out first-fit and contiguously; gangs take whole hosts."""
-
-    def __init__(self, hosts: list[Host], gpus_per_host: int) -> None:
-        self.hosts = hosts
-        self.gpus_per_host = gpus_per_host
-        self.used: dict[str, set[int]] = {host.name: set() for host in hosts}
-        self.whole: set[str] = set()
-        """Hosts a gang member owns (also on targets without GPUs)."""
-        self._next_cpu_host = 0
-
-    def take(self, count: int) -> tuple[Host, list[int]] | None:
-        if count == 0:  # CPU replicas: round-robin over hosts
-            host = self.hosts[self._next_cpu_host % len(self.hosts)]
-            self._next_cpu_host += 1
-            return host, []
-        for host in self.hosts:
-            if host.name in self.whole:
-                continue
-            if self.gpus_per_host - len(self.used[host.name]) < count:
-                continue  # full enough: no block fits (keeps big plans linear in hosts)
-            for start in range(self.gpus_per_host - count + 1):
-                block = set(range(start, start + count))
-                if not block & self.used[host.name]:
-                    self.used[host.name] |= block
-                    return host, sorted(block)
-        return None
-
-    def release(self, host: str, gpus: list[int]) -> None:
-        self.used[host] -= set(gpus)
-
-    def take_nodes(self, count: int, shared: bool = False) -> list[tuple[Host, list[int]]] | None:
-        """``count`` whole hosts, none of whose GPUs is taken, in host order (the first
-        leads the gang); ``shared`` (a local target): every member on its one host."""
-        if shared:
-            return [(self.hosts[0], [])] * count
-        free = [
-            host for host in self.hosts if host.name not in self.whole and not self.used[host.name]
-        ][:count]
-        if len(free) < count:
-            return None
-        everything = list(range(self.gpus_per_host))
-        for host in free:
-            self.whole.add(host.name)
-            self.used[host.name] |= set(everything)
-        return [(host, everything) for host in free]
-
-    def release_node(self, host: str) -> None:
-        """Give a gang member's whole host back."""
-        if host in self.whole:
-            self.whole.discard(host)
-            self.used[host].clear()
-
-
 def build_plan(
     recipe: Recipe,
     run_dir: Path,
@@ -436,17 +383,7 @@ def build_plan(
         if pool is None:
             continue
         for index in range(pool.replicas):
-            if pool.nodes_per_replica > 1:
-                instances += _place_gang(recipe, role, index, gpu_map, url, run_dir)
-                continue
-            placed = gpu_map.take(pool.gpus_per_replica)
-            if placed is None:
-                raise PlanError(
-                    f"workers.{role}.gpus_per_replica: replica {index} needs "
-                    f"{pool.gpus_per_replica} GPU(s) but the target has {len(hosts)} host(s) "
-                    f"with {gpus_per_host} GPU(s) each, already taken by earlier replicas"
-                )
-            instances.append(worker_spec(recipe, role, index, placed[0], placed[1], url, run_dir))
+            instances += place_replica(recipe, role, index, gpu_map, url, run_dir)
     for index in range(recipe.frontend.router.replicas):  # spread, like CPU replicas
         instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url, run_dir))
     instances.append(_frontend_spec(recipe, head, url, run_dir))
@@ -461,6 +398,24 @@ def build_plan(
         instances=instances,
     )
     return plan, gpu_map
+
+
+def place_replica(
+    recipe: Recipe, role: Role, index: int, gpu_map: GpuMap, url: str, run_dir: Path
+) -> list[InstanceSpec]:
+    """Replica ``index`` of pool ``role`` placed on what ``gpu_map`` has left (also what
+    ``scale`` adds): one instance, or a gang's members, leader first."""
+    pool = recipe.workers.pools()[role]
+    if pool.nodes_per_replica > 1:
+        return _place_gang(recipe, role, index, gpu_map, url, run_dir)
+    placed = gpu_map.take(pool.gpus_per_replica)
+    if placed is None:
+        raise PlanError(
+            f"workers.{role}.gpus_per_replica: replica {index} needs "
+            f"{pool.gpus_per_replica} GPU(s) but the target has {len(gpu_map.hosts)} host(s) "
+            f"with {gpu_map.gpus_per_host} GPU(s) each, already taken by earlier replicas"
+        )
+    return [worker_spec(recipe, role, index, placed[0], placed[1], url, run_dir)]
 
 
 def _place_gang(

@@ -42,6 +42,8 @@ def instance_status(inst: Instance, now: float) -> InstanceStatus:
         kv_usage=sample.kv_usage if sample else None,
         last_exit=inst.last_exit,
         message=inst.message,
+        gang=inst.spec.gang,
+        rank=inst.spec.rank,
     )
 
 

@@ -28,9 +28,10 @@ from dataclasses import dataclass
 from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
 from dynamoctl.recipe.models import Recipe, Supervision
+from dynamoctl.supervisor.gang import Gangs
 from dynamoctl.supervisor.instance import Instance, InstanceName, free_indices
 from dynamoctl.supervisor.metrics import RestartKey, TransitionKey
-from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, worker_spec
+from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, place_replica
 from dynamoctl.supervisor.probes import DeploymentProber, Prober
 from dynamoctl.supervisor.report import (
     register_control,
@@ -115,6 +116,8 @@ class Supervisor:
             api_key=keys[0] if keys else None,
         )
         self.instances = {spec.name: self._new(spec) for spec in plan.instances}
+        self.gangs = Gangs(self)
+        """Multi-node replicas: followers live, fail and stop with their leader."""
         for name, proc in (adopted or {}).items():  # their lives begin at watching
             self.instances[name].adopted = proc
         self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
@@ -237,7 +240,7 @@ class Supervisor:
         else:
             if inst.proc is not None and inst.running:
                 await self._drain(inst, inst.proc, NOW_TIMEOUT if now else None, why)
-            await asyncio.wait({task})  # its life task records STOPPED
+            await asyncio.wait({task})  # its life task records STOPPED (and its followers)
         self._release(inst)  # also when it had failed for good
 
     async def _drain(self, inst: Instance, proc: Launched, grace: float | None, why: str) -> None:
@@ -256,6 +259,8 @@ class Supervisor:
     def _release(self, inst: Instance) -> None:
         """Give a stopped instance's GPUs back for ``scale`` (once: the map may have handed
         them to another instance since)."""
+        if inst.spec.gang and not inst.released:
+            self.gangs.release(inst, self.gpu_map.release_node)  # whole nodes
         if inst.spec.gpus and not inst.released:
             self.gpu_map.release(inst.spec.host, inst.spec.gpus)
             inst.released = True
@@ -291,14 +296,16 @@ class Supervisor:
                 inst.proc = None
                 return RestartReason.LAUNCH, str(exc)
         inst.proc = proc
+        failure = await self.gangs.launch(inst)  # a gang's followers start with it
         self.save()
         if not inst.wanted:  # asked to stop while it was being launched
             await self._drain(inst, proc, NOW_TIMEOUT if self._down_now else None, inst.stop_why)
-        failure = await self._watch(inst, proc)
+        failure = failure or await self.gangs.watch(inst, self._watch(inst, proc))
         if failure is not None:
             log.warning("%s %s: killing it", inst.spec.name, failure[1])
             await stop(proc, HUNG_GRACE)
         inst.last_exit = await proc.wait()
+        await self.gangs.stop(inst, NOW_TIMEOUT)  # followers after their leader ended
         await self.withdrawal.ended(inst.spec)  # routers drop it now, not at lease expiry
         return failure or (RestartReason.EXIT, f"exited with status {inst.last_exit}")
 
@@ -385,6 +392,7 @@ class Supervisor:
         inst.state = new
         log.info("%s on %s: %s -> %s (%s)", spec.name, spec.host, old, new, why)
         self.transition_counts[(spec.name, spec.component, spec.pool, old, new)] += 1
+        self.gangs.mirror(inst, new, why)
         self.changed()
 
     def _set_phase(self, new: Phase, why: str = "") -> None:
@@ -411,10 +419,11 @@ class Supervisor:
     # -- commands -----------------------------------------------------------------------
 
     def select(self, target: str) -> list[Instance]:
-        """Instances named ``target``, or every instance of pool ``target``."""
+        """Instances named ``target``, or every instance of pool ``target``; a gang's
+        follower stands for its leader (a gang is stopped as one)."""
         if target in self.instances:
-            return [self.instances[target]]
-        return [i for i in self.instances.values() if i.spec.pool == target]
+            return self.gangs.leaders([self.instances[target]])
+        return self.gangs.leaders(i for i in self.instances.values() if i.spec.pool == target)
 
     async def drain(self, target: str, why: str = "drain") -> list[str]:
         chosen = [i for i in self.select(target) if i.wanted]
@@ -434,8 +443,12 @@ class Supervisor:
         role = next((r for r in pools if r == pool), None)
         if role is None:
             raise KeyError(f"no worker pool {pool!r} (pools: {', '.join(pools)})")
-        active = sorted(
-            (i for i in self.instances.values() if i.spec.pool == pool and i.wanted),
+        active = sorted(  # leaders: a gang counts once
+            (
+                i
+                for i in self.instances.values()
+                if i.spec.pool == pool and i.wanted and not i.spec.rank
+            ),
             key=lambda i: i.name,
         )
         if replicas < len(active):
@@ -448,12 +461,14 @@ class Supervisor:
             old = self.instances.get(str(InstanceName(pool, index)))
             if old is not None and old.task is not None and not old.task.done():
                 raise PlanError(f"{old.spec.name} is still stopping; try again when it is STOPPED")
-            placed = self.gpu_map.take(pools[role].gpus_per_replica)
-            if placed is None:
-                raise PlanError(f"no free GPUs left for another {pool} replica")
-            url = self.plan.discovery_url
-            spec = worker_spec(self.recipe, role, index, *placed, url, self.run_dir.path)
-            inst = self.instances[spec.name] = self._new(spec)
+            url, run_dir = self.plan.discovery_url, self.run_dir.path
+            try:
+                specs = place_replica(self.recipe, role, index, self.gpu_map, url, run_dir)
+            except PlanError as exc:  # the plan's words name the recipe field
+                raise PlanError(f"no free GPUs left for another {pool} replica: {exc}") from None
+            for spec in specs:
+                self.instances[spec.name] = self._new(spec)
+            inst, spec = self.instances[specs[0].name], specs[0]
             inst.task = asyncio.create_task(self._life(inst), name=f"life-{spec.name}")
             started.append(spec.name)
         self.save()

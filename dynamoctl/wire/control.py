@@ -29,6 +29,10 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     """Exit status of the previous process, when one ended."""
     message: str = ""
     """The last failure, in words (kept after a successful restart)."""
+    gang: str = ""
+    """The multi-node replica it belongs to (its leader's name); empty for one node."""
+    rank: int = 0
+    """Its node rank in ``gang`` (0: the leader, which serves)."""
 
 
 class DiscoveryStatus(msgspec.Struct, kw_only=True):
