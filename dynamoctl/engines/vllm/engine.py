@@ -113,7 +113,10 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         self.engine_args = AsyncEngineArgs.from_cli_args(
             parser.parse_args(vargs.engine_argv(options))
         )
-        if self.engine_args.data_parallel_size > 1:
+        # A multi-node replica's leader (dynamoctl set its local DP size) fronts every DP
+        # rank of its gang with one AsyncLLM (docs/engines.md, "Multi-node replicas").
+        gang_leader = options.get("data_parallel_size_local") is not None
+        if self.engine_args.data_parallel_size > 1 and not gang_leader:
             raise ValueError(
                 "vllm engine arguments: data-parallel-size > 1 is not supported in one "
                 "worker; run one worker replica per data-parallel rank"
