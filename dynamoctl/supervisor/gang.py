@@ -22,6 +22,7 @@ probes, a backoff and a restart budget; its followers have none of their own
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,9 @@ from dynamoctl.supervisor.states import STATE_TRANSITIONS, RestartReason, State
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Failure, Supervisor
+
+
+log = logging.getLogger(__name__)
 
 
 class Gangs:
@@ -132,6 +136,13 @@ class Gangs:
             member.last_exit = await stop(proc, grace)  # followers have no records
 
         running = [(m, m.proc) for m in self.followers(leader) if m.proc is not None]
+        if running:
+            log.info(
+                "%s ended (status %s): stopping its followers %s",
+                leader.spec.name,
+                leader.last_exit,
+                ", ".join(m.spec.name for m, _ in running),
+            )
         await asyncio.gather(*(end(m, p) for m, p in running if p.returncode is None))
         for member, _ in running:
             member.proc = None

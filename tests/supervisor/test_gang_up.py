@@ -141,7 +141,17 @@ def test_a_killed_follower_restarts_its_gang_once_and_no_request_fails(cli: Cli)
         timeout=60,
         what="gang agg-1 back",
     )
-    pgids = [row["pid"] for row in report["instances"]]
+    # drain a follower's name: its gang drains, the leader first, then its followers.
+    assert cli("drain", "agg-1.1").returncode == 0
+    report = cli.wait_for(
+        lambda r: {_row(r, n)["state"] for n in ("agg-1", "agg-1.1")} == {"STOPPED"},
+        what="gang agg-1 drained",
+    )
+    assert _row(report, "agg-1")["restarts"] == 0  # on purpose: no budget spent
+    log = (cli.home / "runs" / "gang" / "supervisor.log").read_text()
+    drained = log.rindex("agg-1 on localhost: READY -> DRAINING")
+    assert log.index("agg-1 ended (status 0): stopping its followers agg-1.1", drained) > drained
+    pgids = [row["pid"] for row in report["instances"] if row["pid"]]
     assert cli("down").returncode == 0
     for pgid in pgids:
         assert live_in_group(pgid) == [], pgid
