@@ -42,7 +42,8 @@ print(json.dumps({"done": done, "errors": errors}))
 def four_nodes(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiNodeCluster]:
     """Four named compute nodes (``gpu:2`` each): two gangs of two whole nodes."""
     _require_slurm()
-    with multinode_cluster(tmp_path_factory.mktemp("slurm-gang"), nodes=4) as cluster:
+    # A short directory: slurmstepd's unix sockets live under it, at most 108 bytes.
+    with multinode_cluster(tmp_path_factory.mktemp("sg"), nodes=4) as cluster:
         yield cluster
 
 
