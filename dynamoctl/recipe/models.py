@@ -26,6 +26,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
 from dynamoctl.settings.frontend import ApiKeySettings
@@ -404,51 +405,6 @@ class WorkerPool(_Model):
         return self
 
 
-GANG_FLAGS = frozenset(
-    {
-        "nnodes",
-        "node-rank",
-        "master-addr",
-        "master-port",
-        "headless",
-        "dist-init-addr",
-        "data-parallel-address",
-        "data-parallel-rpc-port",
-        "data-parallel-start-rank",
-        "data-parallel-size-local",
-    }
-)
-"""Engine flags dynamoctl derives for every member of a gang (never from ``engine_args``)."""
-
-PARALLEL_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
-    # Each entry: the spellings of one parallel size; their product is the GPUs one engine
-    # instance uses (vLLM: arg_utils.py world size; SGLang: dp-attention lives inside tp).
-    "vllm": (
-        ("tensor-parallel-size", "tp"),
-        ("pipeline-parallel-size", "pp"),
-        ("data-parallel-size", "dp"),
-    ),
-    "sglang": (("tp-size", "tp", "tensor-parallel-size"), ("pp-size", "pipeline-parallel-size")),
-    "mocker": (),
-}
-
-
-def parallel_product(pool: WorkerPool) -> tuple[int, list[str]]:
-    """The product of the pool's parallel sizes and the ``engine_args`` keys giving them."""
-    product, named = 1, []
-    args = {key.replace("_", "-"): (key, value) for key, value in pool.engine_args.items()}
-    for spellings in PARALLEL_SIZES.get(pool.engine, ()):
-        for spelling in spellings:
-            if spelling in args:
-                key, value = args[spelling]
-                if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                    raise rule_error(f"engine_args.{key}", "must be a whole number >= 1")
-                product *= value
-                named.append(f"{key} {value}")
-                break
-    return product, named
-
-
 class Workers(_Model):
     """Worker pools. Either aggregated (``agg``: each replica prefills and decodes) or
     disaggregated (``prefill`` and ``decode``, KV moved between them). Mixing ``agg`` with
@@ -573,7 +529,7 @@ class Recipe(_Model):
             )
         for role, pool in self.workers.pools().items():
             if pool.nodes_per_replica > 1:
-                _check_gang(role, pool, target)
+                check_gang(role, pool, target)
         if isinstance(target, SlurmTarget):
             for role, pool in self.workers.pools().items():
                 if pool.nodes_per_replica == 1 and pool.gpus_per_replica > target.gpus_per_node:
@@ -583,47 +539,3 @@ class Recipe(_Model):
                         f" = {target.gpus_per_node}; a replica must fit on one node",
                     )
         return self
-
-
-def _check_gang(role: str, pool: WorkerPool, target: LocalTarget | SshTarget | SlurmTarget) -> None:
-    """A multi-node replica: whole nodes of the target, parallel sizes that fill them."""
-    nodes = pool.nodes_per_replica
-    at = f"workers.{role}"
-    if isinstance(target, LocalTarget):
-        # One machine: members are processes on it (the mocker's gang, for tests and demos).
-        if pool.engine != "mocker" or pool.gpus_per_replica != 0:
-            raise rule_error(
-                f"{at}.nodes_per_replica",
-                "a local target has one node: only the mocker (gpus_per_replica: 0) may "
-                "simulate a multi-node replica there",
-            )
-        return
-    have = len(target.hosts) if isinstance(target, SshTarget) else target.nodes
-    field = "target.hosts" if isinstance(target, SshTarget) else "target.nodes"
-    if nodes > have:
-        raise rule_error(
-            f"{at}.nodes_per_replica",
-            f"{nodes} nodes per replica but the target has {have} ({field})",
-        )
-    per_node = target.gpus_per_host if isinstance(target, SshTarget) else target.gpus_per_node
-    if pool.gpus_per_replica not in (0, nodes * per_node):
-        raise rule_error(
-            f"{at}.gpus_per_replica",
-            f"{pool.gpus_per_replica} but a replica of {nodes} whole nodes has {nodes} x "
-            f"{per_node} = {nodes * per_node} GPUs (or 0 on CPU nodes)",
-        )
-    product, named = parallel_product(pool)
-    if not named:
-        return
-    sizes = " x ".join(named)
-    if pool.gpus_per_replica and product != pool.gpus_per_replica:
-        raise rule_error(
-            f"{at}.engine_args.{named[0].split()[0]}",
-            f"{sizes} = {product} GPUs but the replica has {nodes} nodes x {per_node} = "
-            f"{pool.gpus_per_replica}",
-        )
-    if not pool.gpus_per_replica and product % nodes:
-        raise rule_error(
-            f"{at}.engine_args.{named[0].split()[0]}",
-            f"{sizes} = {product} ranks cannot be split evenly over {nodes} nodes",
-        )

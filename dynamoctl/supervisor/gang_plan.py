@@ -28,6 +28,7 @@ a local target every gang shares the one host, so each gets its own port.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -96,14 +97,7 @@ def gang_specs(
 ) -> list[InstanceSpec]:
     """The members of replica ``index`` of pool ``role`` on ``members`` (leader first);
     also what ``scale`` adds."""
-    from dynamoctl.supervisor.plan import (
-        PlanError,
-        engine_arguments,
-        member_channel,
-        python_for,
-        worker_spec,
-    )
-    from dynamoctl.worker.options import render_engine_args
+    from dynamoctl.supervisor.plan import engine_arguments, worker_spec
 
     pool = recipe.workers.pools()[role]
     nnodes = len(members)
@@ -135,51 +129,74 @@ def gang_specs(
             env=_member_env(pool.engine, leader.env, leader_host),
         )
     ]
-    timeout = min(recipe.supervision.start_timeout, RENDEZVOUS_TIMEOUT_CAP)
+    rendezvous = f"{leader_host.address}:{port}"
     for rank, (host, gpus) in enumerate(members[1:], start=1):
-        name = str(InstanceName(role, index, rank))
         flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port)
-        try:
-            channel = member_channel(pool.engine, role, index, host, args, flags)
-        except TransferError as exc:
-            raise PlanError(str(exc)) from None
-        argv = [
-            python_for(recipe),
-            "-m",
-            "dynamoctl",
-            "follower",
-            *("--engine", pool.engine),
-            *("--label", name),
-            *("--rendezvous", f"{leader_host.address}:{port}"),
-            *("--rendezvous-timeout", f"{timeout:g}"),
-            "--",
-            *render_engine_args({**args, **channel.args, **flags}),
-        ]
-        plain = {k: v for k, v in pool.env.items() if isinstance(v, str)}
-        hidden = {
-            k: credentials.secret_ref(v) for k, v in pool.env.items() if not isinstance(v, str)
-        }
-        env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
-        if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-        specs.append(
-            InstanceSpec(
-                name=name,
-                pool=role,
-                component="follower",
-                host=host.name,
-                address=host.address,
-                ports=channel.ports,
-                argv=argv,
-                env=_member_env(pool.engine, env, host),
-                gpus=gpus,
-                secrets=hidden,
-                gang=gang,
-                rank=rank,
-                nnodes=nnodes,
-            )
-        )
+        member = _Member(role, index, rank, nnodes, host, gpus)
+        specs.append(_follower_spec(recipe, member, args, flags, rendezvous))
     return specs
+
+
+@dataclass(frozen=True)
+class _Member:
+    """One follower's place: its replica, node rank and node."""
+
+    role: Role
+    index: int
+    rank: int
+    nnodes: int
+    host: Host
+    gpus: list[int]
+
+    @property
+    def name(self) -> InstanceName:
+        return InstanceName(self.role, self.index, self.rank)
+
+
+def _follower_spec(
+    recipe: Recipe, member: _Member, args: dict[str, Any], flags: dict[str, Any], rendezvous: str
+) -> InstanceSpec:
+    """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags;
+    the pool's env and secrets (weights need the same token), its node's GPUs."""
+    from dynamoctl.supervisor.plan import PlanError, member_channel, python_for
+    from dynamoctl.worker.options import render_engine_args
+
+    role, index = member.role, member.index
+    pool = recipe.workers.pools()[role]
+    host = member.host
+    try:
+        channel = member_channel(pool.engine, role, index, host, args, flags)
+    except TransferError as exc:
+        raise PlanError(str(exc)) from None
+    timeout = min(recipe.supervision.start_timeout, RENDEZVOUS_TIMEOUT_CAP)
+    argv = [
+        python_for(recipe),
+        *("-m", "dynamoctl", "follower"),
+        *("--engine", pool.engine, "--label", str(member.name)),
+        *("--rendezvous", rendezvous, "--rendezvous-timeout", f"{timeout:g}"),
+        "--",
+        *render_engine_args({**args, **channel.args, **flags}),
+    ]
+    plain = {k: v for k, v in pool.env.items() if isinstance(v, str)}
+    hidden = {k: credentials.secret_ref(v) for k, v in pool.env.items() if not isinstance(v, str)}
+    env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
+    if member.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, member.gpus))
+    return InstanceSpec(
+        name=str(member.name),
+        pool=role,
+        component="follower",
+        host=host.name,
+        address=host.address,
+        ports=channel.ports,
+        argv=argv,
+        env=_member_env(pool.engine, env, host),
+        gpus=member.gpus,
+        secrets=hidden,
+        gang=str(member.name.leader),
+        rank=member.rank,
+        nnodes=member.nnodes,
+    )
 
 
 def _data_parallel(engine: str, args: dict[str, Any]) -> bool:
