@@ -14,7 +14,8 @@ import typer
 
 from dynamoctl.cli.locate import find_deployment, recipe_of
 from dynamoctl.recipe.loader import RecipeError, load_recipe
-from dynamoctl.recipe.models import Recipe, SlurmTarget
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.targets import SlurmTarget
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.states import Phase
 

@@ -39,7 +39,8 @@ from dynamoctl.launch.api import (
 from dynamoctl.launch.gpus import check_gpus
 from dynamoctl.launch.local import keeper_argv
 from dynamoctl.launch.slurm_state import JobState
-from dynamoctl.recipe.models import Recipe, SlurmContainer, SlurmTarget
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.targets import SlurmContainer, SlurmTarget
 
 STEP_PREFIX = "dynamoctl:"
 """Job-step names are ``dynamoctl:INSTANCE``: how ``start`` finds the step it made."""

@@ -51,7 +51,8 @@ from dynamoctl.launch.api import (
 from dynamoctl.launch.gpus import FIX_GPU_COUNT, check_gpus
 from dynamoctl.launch.lifeline import NO_KEEPER
 from dynamoctl.launch.local import keeper_argv, lifeline_options
-from dynamoctl.recipe.models import Recipe, SshTarget
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.targets import SshTarget
 
 DEFAULT_KNOWN_HOSTS = "~/.ssh/known_hosts"
 __all__ = ["LOST", "SshLauncher", "SshProcess"]  # LOST: a lost connection's return code

@@ -7,8 +7,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from dynamoctl.recipe.fields import rule_error
+from dynamoctl.recipe.targets import LocalTarget, SshTarget, Target
+
 if TYPE_CHECKING:
-    from dynamoctl.recipe.models import Target, WorkerPool
+    from dynamoctl.recipe.models import WorkerPool
 
 GANG_FLAGS = frozenset(
     {
@@ -41,7 +44,6 @@ PARALLEL_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
 
 def parallel_product(pool: WorkerPool) -> tuple[int, list[str]]:
     """The product of the pool's parallel sizes and the ``engine_args`` keys giving them."""
-    from dynamoctl.recipe.models import rule_error
 
     product, named = 1, []
     args = {key.replace("_", "-"): (key, value) for key, value in pool.engine_args.items()}
@@ -59,7 +61,6 @@ def parallel_product(pool: WorkerPool) -> tuple[int, list[str]]:
 
 def check_gang(role: str, pool: WorkerPool, target: Target) -> None:
     """A multi-node replica: whole nodes of the target, parallel sizes that fill them."""
-    from dynamoctl.recipe.models import LocalTarget, SshTarget, rule_error
 
     nodes = pool.nodes_per_replica
     at = f"workers.{role}"

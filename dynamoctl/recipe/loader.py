@@ -25,9 +25,10 @@ from ruamel.yaml.comments import CommentedMap, CommentedSeq
 from ruamel.yaml.error import MarkedYAMLError, ReusedAnchorWarning, YAMLError
 
 from dynamoctl.recipe import guard
+from dynamoctl.recipe.fields import RULE_ERROR
 from dynamoctl.recipe.introspect import choices, models_in, union_tag
 from dynamoctl.recipe.issues import FieldPath, Issue, RecipeError, dotted
-from dynamoctl.recipe.models import ENV_VALUE_TAGS, RULE_ERROR, SCHEMA_VERSION, Recipe
+from dynamoctl.recipe.models import ENV_VALUE_TAGS, SCHEMA_VERSION, Recipe
 
 __all__ = ["Issue", "RecipeError", "load_recipe", "load_recipe_text"]
 

@@ -10,23 +10,21 @@ raise :func:`rule_error` naming the offending field, so the loader can point at 
 
 from __future__ import annotations
 
-import ipaddress
-import re
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    AfterValidator,
-    BaseModel,
-    ConfigDict,
-    Discriminator,
-    Field,
-    Tag,
-    model_validator,
-)
-from pydantic_core import PydanticCustomError
+from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
 
+from dynamoctl.recipe.fields import (
+    DnsLabel,
+    LocalPath,
+    NonEmptyStr,
+    Port,
+    RecipeModel,
+    check_etcd_endpoint,
+    rule_error,
+)
 from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
+from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
 from dynamoctl.settings.frontend import ApiKeySettings
@@ -38,67 +36,10 @@ SCHEMA_VERSION = 1
 
 Engine = Literal["mocker", "vllm", "sglang", "trtllm"]
 
-RULE_ERROR = "recipe_rule"
-"""Error type of cross-field rules; their ``ctx["at"]`` is the dotted path of the culprit,
-relative to the model whose validator raised it."""
-
-
-def rule_error(at: str, message: str) -> PydanticCustomError:
-    return PydanticCustomError(RULE_ERROR, message, {"at": at})
-
-
-def _check_dns_label(value: str) -> str:
-    if len(value) > 63 or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", value):
-        raise ValueError(
-            "must be lowercase letters, digits and '-', start with a letter or digit "
-            "and be at most 63 characters"
-        )
-    return value
-
-
-def _check_time_limit(value: str) -> str:
-    match = re.fullmatch(r"(?:(\d+)-)?(\d{1,2}):(\d{2}):(\d{2})", value)
-    if match is None or int(match[3]) > 59 or int(match[4]) > 59:
-        raise ValueError("must look like HH:MM:SS or D-HH:MM:SS")
-    return value
-
-
-def _check_etcd_endpoint(value: str) -> str:
-    if not re.fullmatch(r"https?://[^\s/]+:\d+", value):
-        raise ValueError("must look like http://HOST:PORT")
-    return value
-
-
-def _check_ipv4(value: str) -> str:
-    try:
-        ipaddress.IPv4Address(value)
-    except ValueError:
-        raise ValueError("must be an IPv4 address, e.g. 10.0.0.5") from None
-    return value
-
-
-def _check_unique(values: list[str]) -> list[str]:
-    duplicates = sorted({v for v in values if values.count(v) > 1})
-    if duplicates:
-        raise ValueError(f"lists {', '.join(map(repr, duplicates))} more than once")
-    return values
-
-
-NonEmptyStr = Annotated[str, Field(min_length=1)]
-DnsLabel = Annotated[str, AfterValidator(_check_dns_label)]
-Port = Annotated[int, Field(ge=1, le=65535)]
-# Paths read on the head node; strict mode would refuse the YAML string otherwise.
-LocalPath = Annotated[Path, Field(strict=False)]
-
-
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
-
-
 # --- secrets and security -------------------------------------------------------------------
 
 
-class SecretSource(_Model):
+class SecretSource(RecipeModel):
     """Where a secret is read, on the supervisor's host, right before an instance starts:
     exactly one of ``from_env`` and ``from_file``. The value never appears in the recipe,
     the plan, ``state.json``, a dry run or a command line (docs/security.md)."""
@@ -117,7 +58,7 @@ class SecretSource(_Model):
         return self
 
 
-class Security(_Model):
+class Security(RecipeModel):
     """Who may talk to the deployment's processes (docs/security.md). The defaults lock
     every target whose components listen on a network address (ssh, slurm) and leave a
     single user's machine (local) as it is."""
@@ -144,7 +85,7 @@ EnvValue = Annotated[
 # --- discovery ------------------------------------------------------------------------------
 
 
-class _Discovery(_Model):
+class _Discovery(RecipeModel):
     backend: str
     """Discovery backend; every process registers itself there under a lease."""
     lease_ttl: float = Field(default=10.0, ge=2, le=3600)
@@ -167,7 +108,7 @@ class EtcdDiscovery(_Discovery):
 
     backend: Literal["etcd"]
     """``etcd``: an etcd 3.x cluster, external or started by dynamoctl."""
-    endpoints: list[Annotated[str, AfterValidator(_check_etcd_endpoint)]] = Field(
+    endpoints: list[Annotated[str, AfterValidator(check_etcd_endpoint)]] = Field(
         default_factory=list
     )
     """Client URLs of an external etcd, e.g. ``http://10.0.0.1:2379``, or
@@ -221,102 +162,10 @@ class EtcdDiscovery(_Discovery):
 Discovery = Annotated[EmbeddedDiscovery | EtcdDiscovery, Field(discriminator="backend")]
 
 
-# --- target ---------------------------------------------------------------------------------
-
-
-class LocalTarget(_Model):
-    """Every component on the machine that runs ``dynamoctl up``."""
-
-    kind: Literal["local"]
-    """``local``: child processes of the supervisor, each in its own process group."""
-    gpus: int | None = Field(default=None, ge=0, le=64)
-    """GPUs on this machine that replicas may use. Default: counted with ``nvidia-smi -L``
-    (0 without it). At most 64, several times the GPUs of the largest machines."""
-
-
-class SshTarget(_Model):
-    """Nodes reachable over SSH; remote processes outlive the SSH session."""
-
-    kind: Literal["ssh"]
-    """``ssh``: components are started on ``hosts`` over SSH."""
-    hosts: Annotated[list[NonEmptyStr], AfterValidator(_check_unique)] = Field(min_length=1)
-    """Host names or addresses, as ``ssh`` accepts them; the first one is the head node."""
-    user: str | None = None
-    """Remote user. Default: whatever ``ssh`` picks (``~/.ssh/config``, then the local user)."""
-    port: Port = 22
-    """SSH port."""
-    key: LocalPath | None = None
-    """Private key file. Default: the SSH agent and ``~/.ssh/config``."""
-    known_hosts: LocalPath | None = None
-    """File of trusted host keys; an unknown host key is refused. Default:
-    ``~/.ssh/known_hosts``."""
-    python: NonEmptyStr = "python3"
-    """Python interpreter on the hosts that has dynamoctl installed, e.g. a venv's
-    ``bin/python``."""
-    workdir: str | None = None
-    """Remote working directory of components (a managed etcd keeps its data there).
-    Default: the remote home."""
-    gpus_per_host: int = Field(default=0, ge=0, le=64)
-    """GPUs on each host that replicas may use; a replica fits on one host unless its pool
-    spans several (``nodes_per_replica``). At most 64, several times the GPUs of the
-    largest machines."""
-    addresses: dict[str, Annotated[str, AfterValidator(_check_ipv4)]] = Field(default_factory=dict)
-    """IPv4 address each host's components bind and advertise, by host name, where the
-    name does not resolve to it on the supervisor's machine (an ``~/.ssh/config`` alias) or
-    the host has several networks. Default: the name, resolved on the supervisor's machine."""
-
-    @model_validator(mode="after")
-    def _addresses_name_hosts(self) -> SshTarget:
-        for name in self.addresses:
-            if name not in self.hosts:
-                raise rule_error(f"addresses.{name}", "is not one of target.hosts")
-        return self
-
-
-class SlurmContainer(_Model):
-    """A container for every job step (pyxis/enroot ``srun --container-*``)."""
-
-    image: NonEmptyStr
-    """Image reference or squashfs file, passed to ``--container-image``."""
-    mounts: list[NonEmptyStr] = Field(default_factory=list)
-    """``SRC:DST[:FLAGS]`` entries, passed to ``--container-mounts``."""
-
-
-class SlurmTarget(_Model):
-    """A Slurm allocation; each component is one ``srun`` job step."""
-
-    kind: Literal["slurm"]
-    """``slurm``: run inside an allocation, or submit one with sbatch from a login node."""
-    partition: NonEmptyStr
-    """Partition to submit to (``--partition``)."""
-    account: str | None = None
-    """Account to charge (``--account``). Default: the user's default account."""
-    nodes: int = Field(default=1, ge=1, le=1024)
-    """Nodes in the allocation (``--nodes``). At most 1024: one frontend and one etcd serve
-    the whole deployment; past that, run several."""
-    gpus_per_node: int = Field(ge=0, le=64)
-    """GPUs on each node (``--gpus-per-node``); a worker replica fits on one node unless
-    its pool spans several (``nodes_per_replica``). At most 64, several times the GPUs of
-    the largest machines."""
-    time_limit: Annotated[str, AfterValidator(_check_time_limit)] | None = None
-    """Wall-clock limit, ``HH:MM:SS`` or ``D-HH:MM:SS`` (``--time``). Default: the partition's."""
-    container: SlurmContainer | None = None
-    """Run every component in this container. Default: on the nodes' own environment."""
-    extra_sbatch_args: list[NonEmptyStr] = Field(default_factory=list)
-    """Extra ``sbatch`` arguments, verbatim, e.g. ``["--exclusive", "--qos=high"]``."""
-    addresses: dict[str, Annotated[str, AfterValidator(_check_ipv4)]] = Field(default_factory=dict)
-    """IPv4 address each node's components bind and advertise, by node name, where the name
-    does not resolve to the network the nodes should talk over (several networks per node).
-    Default: the node name, resolved inside the allocation."""
-
-
-Target = Annotated[LocalTarget | SshTarget | SlurmTarget, Field(discriminator="kind")]
-
-
 # --- model, frontend, workers ---------------------------------------------------------------
 
 
-class ModelSpec(_Model):
+class ModelSpec(RecipeModel):
     """The model every worker serves."""
 
     name: NonEmptyStr
@@ -331,7 +180,7 @@ class ModelSpec(_Model):
     """Longest prompt plus completion, in tokens. Default: the model's own limit."""
 
 
-class Router(_Model, ReplicaSettings, DisaggSettings, RouterSettings):
+class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):
     """How the frontend picks a worker for each request. The routing and disaggregation
     fields are the components' own options (``dynamoctl frontend --help``), declared once
     in :mod:`dynamoctl.settings`."""
@@ -341,7 +190,7 @@ class Router(_Model, ReplicaSettings, DisaggSettings, RouterSettings):
     the prefill and decode pools alike. At most 64, far more than failover needs."""
 
 
-class Frontend(_Model, HttpLimitSettings, ApiKeySettings, AdmissionSettings):
+class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings):
     """The OpenAI-compatible HTTP endpoint."""
 
     host: NonEmptyStr | None = None
@@ -355,7 +204,7 @@ class Frontend(_Model, HttpLimitSettings, ApiKeySettings, AdmissionSettings):
     """Request routing."""
 
 
-class WorkerPool(_Model):
+class WorkerPool(RecipeModel):
     """A set of identical engine replicas in one role."""
 
     engine: Engine
@@ -405,7 +254,7 @@ class WorkerPool(_Model):
         return self
 
 
-class Workers(_Model):
+class Workers(RecipeModel):
     """Worker pools. Either aggregated (``agg``: each replica prefills and decodes) or
     disaggregated (``prefill`` and ``decode``, KV moved between them). Mixing ``agg`` with
     the other two is rejected. ``decode`` alone is allowed: decode workers then prefill
@@ -441,7 +290,7 @@ class Workers(_Model):
         return self
 
 
-class Supervision(_Model):
+class Supervision(RecipeModel):
     """How ``dynamoctl up`` keeps instances alive. The defaults suit real engines, which take
     minutes to load weights. Every duration is at most a day (86400 s): longer is never
     meant, and ``.inf`` would overflow the supervisor's arithmetic."""
@@ -477,7 +326,7 @@ class Supervision(_Model):
     run directory reach it. Every route but ``/metrics`` needs the token in ``state.json``."""
 
 
-class Recipe(_Model):
+class Recipe(RecipeModel):
     """A deployment: where it runs, how its processes find each other, what they serve."""
 
     schema_version: Literal[1] = Field(alias="schema")

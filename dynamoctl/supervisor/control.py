@@ -25,7 +25,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from dynamoctl.recipe.models import LocalTarget, Recipe
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.targets import LocalTarget
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.supervisor import Supervisor

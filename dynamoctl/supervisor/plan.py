@@ -28,15 +28,13 @@ from dynamoctl.launch.slurm import sbatch_resources
 from dynamoctl.recipe.models import (
     EmbeddedDiscovery,
     EtcdDiscovery,
-    LocalTarget,
     ModelSpec,
     Recipe,
     Role,
     SecretSource,
-    SlurmTarget,
-    SshTarget,
     WorkerPool,
 )
+from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
 from dynamoctl.supervisor.gang_plan import gang_specs

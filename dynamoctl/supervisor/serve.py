@@ -15,7 +15,8 @@ from pathlib import Path
 
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.registry import launcher_for
-from dynamoctl.recipe.models import Recipe, SlurmTarget
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.targets import SlurmTarget
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.adopt import take_over
 from dynamoctl.supervisor.control import build_app, control_address

@@ -50,7 +50,7 @@ def slurm_multinode(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MultiN
     for tool in ("ip", "nsenter", "unshare"):
         if shutil.which(tool) is None:
             pytest.fail(f"{tool} not found: apt-get install iproute2 util-linux")
-    with multinode_cluster(tmp_path_factory.mktemp("slurm-mn"), nodes=3) as cluster:
+    with multinode_cluster(tmp_path_factory.mktemp("mn"), nodes=3) as cluster:
         yield cluster
 
 

@@ -18,7 +18,7 @@ import pytest
 
 from dynamoctl.launch.registry import launcher_for
 from dynamoctl.recipe import Recipe, RecipeError, load_recipe
-from dynamoctl.recipe.models import SlurmTarget, SshTarget
+from dynamoctl.recipe.targets import SlurmTarget, SshTarget
 from dynamoctl.supervisor.hosts import HostError
 from dynamoctl.supervisor.plan import PlanError, build_plan, render
 from tests.recipe.mutation import corpus

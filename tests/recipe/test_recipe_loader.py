@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from dynamoctl.recipe import Recipe, RecipeError, load_recipe, load_recipe_text
-from dynamoctl.recipe.models import EtcdDiscovery, SlurmTarget, SshTarget
+from dynamoctl.recipe.models import EtcdDiscovery
+from dynamoctl.recipe.targets import SlurmTarget, SshTarget
 
 
 def issues(text: str) -> list[str]:

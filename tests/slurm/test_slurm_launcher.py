@@ -33,7 +33,7 @@ from dynamoctl.launch.slurm import (
     submit,
 )
 from dynamoctl.launch.slurm_state import JobState
-from dynamoctl.recipe.models import SlurmTarget
+from dynamoctl.recipe.targets import SlurmTarget
 from tests.infra.slurm_cluster import SlurmCluster
 from tests.slurm.conftest import allocate, wait_job_state
 
