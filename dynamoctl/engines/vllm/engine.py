@@ -49,6 +49,7 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
+from dynamoctl.engines.vllm import gang
 from dynamoctl.engines.vllm.load import LoadTracker
 
 try:
@@ -121,6 +122,7 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
                 "vllm engine arguments: data-parallel-size > 1 is not supported in one "
                 "worker; run one worker replica per data-parallel rank"
             )
+        self._gang = gang.is_gang(options)
         self._host = "127.0.0.1"
         self._engine: Any = None  # AsyncLLM once started
         self._load = LoadTracker()
@@ -161,6 +163,8 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         ip = vargs.bind_ip(self._host)
         if ip is not None:  # where vLLM binds what it binds on "this node" (tcp://*:0)
             os.environ.setdefault("VLLM_HOST_IP", ip)
+        if self._gang:  # gloo's ranks meet on the gang's network (docs/engines.md)
+            gang.set_network_env()
         began = time.monotonic()
         self._engine = engine = await asyncio.to_thread(
             AsyncLLM.from_engine_args,
