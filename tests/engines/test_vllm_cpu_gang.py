@@ -69,15 +69,7 @@ def recipe(hosts: SshHosts, model_dir: Path, workdir: Path, port: int) -> str:
 schema: 1
 name: {NAME}
 discovery: {{backend: etcd, managed: true, lease_ttl: 5}}
-target:
-  kind: ssh
-  hosts: [{", ".join(hosts.names)}]
-  user: {hosts.user}
-  port: {hosts.port}
-  key: {hosts.key}
-  known_hosts: {hosts.known_hosts}
-  python: {this_trees_python(workdir)}
-  workdir: {workdir}
+{hosts.target_yaml(workdir, this_trees_python(workdir))}
 model: {{name: {MODEL}, path: {model_dir}, block_size: 32, context_length: 512}}
 frontend: {{port: {port}}}
 workers:

@@ -136,15 +136,7 @@ def recipe(hosts: SshHosts, model_dir: Path, workdir: Path, port: int) -> str:
 schema: 1
 name: {NAME}
 discovery: {{backend: etcd, managed: true, lease_ttl: 5}}
-target:
-  kind: ssh
-  hosts: [{", ".join(hosts.names)}]
-  user: {hosts.user}
-  port: {hosts.port}
-  key: {hosts.key}
-  known_hosts: {hosts.known_hosts}
-  python: {sys.executable}
-  workdir: {workdir}
+{hosts.target_yaml(workdir)}
 model: {{name: {MODEL}, path: {model_dir}, block_size: {BLOCK}, context_length: 1024}}
 frontend:
   port: {port}

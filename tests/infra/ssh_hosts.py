@@ -21,6 +21,7 @@ import contextlib
 import os
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,20 @@ class SshHosts:
     def hostnames(self) -> list[str]:
         """Same as :attr:`names`."""
         return self.names
+
+    def target_yaml(self, workdir: Path | str, python: Path | str = sys.executable) -> str:
+        """A recipe's ``target:`` section reaching these hosts by name, as the ``ssh``
+        launcher does: their user, port, key and known_hosts, ``python`` and ``workdir``."""
+        return f"""\
+target:
+  kind: ssh
+  hosts: [{", ".join(self.names)}]
+  user: {self.user}
+  port: {self.port}
+  key: {self.key}
+  known_hosts: {self.known_hosts}
+  python: {python}
+  workdir: {workdir}"""
 
     def netns_exec(self, index: int) -> list[str]:
         """Prefix that runs a command on host ``index`` (its network and hostname)."""

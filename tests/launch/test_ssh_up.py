@@ -44,15 +44,7 @@ def _write_recipe(hosts: SshHosts, tmp_path: Path, port: int, name: str) -> Path
 schema: 1
 name: {name}
 discovery: {{backend: etcd, managed: true, lease_ttl: 3}}
-target:
-  kind: ssh
-  hosts: [{", ".join(hosts.names)}]
-  user: {hosts.user}
-  port: {hosts.port}
-  key: {hosts.key}
-  known_hosts: {hosts.known_hosts}
-  python: {sys.executable}
-  workdir: {tmp_path}
+{hosts.target_yaml(tmp_path)}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
 frontend: {{host: 0.0.0.0, port: {port}}}
 workers:
