@@ -7,12 +7,14 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import openai
 import psutil
 import pytest
 
@@ -83,6 +85,27 @@ class Cli:
             if time.monotonic() > deadline:
                 raise AssertionError(f"timed out waiting for {what}: {report}")
             time.sleep(0.3)
+
+
+def completions_until(
+    base_url: str,
+    stop: threading.Event,
+    errors: list[str],
+    done: list[int],
+    most: int = 400,
+    timeout: float = 30.0,
+) -> None:
+    """A client thread's load: 16-token completions until ``stop`` or ``most`` are done
+    (bounded in count and time); each success appended to ``done``, each failure to
+    ``errors``."""
+    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout)
+    while not stop.is_set() and len(done) < most:
+        try:
+            out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16)
+            assert out.usage is not None and out.usage.completion_tokens == 16
+            done.append(1)
+        except Exception as exc:
+            errors.append(repr(exc))
 
 
 def states(report: dict[str, Any]) -> dict[str, str]:

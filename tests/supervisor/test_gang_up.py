@@ -12,11 +12,10 @@ import threading
 import time
 from typing import Any
 
-import openai
 import psutil
 import pytest
 
-from tests.supervisor.conftest import Cli, free_port, live_in_group, states
+from tests.supervisor.conftest import Cli, completions_until, free_port, live_in_group, states
 
 pytestmark = pytest.mark.gang
 
@@ -40,17 +39,6 @@ supervision:
   hang_timeout: 4
   drain_timeout: 20
 """
-
-
-def _load(base_url: str, stop: threading.Event, errors: list[str], done: list[int]) -> None:
-    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=60)
-    while not stop.is_set() and len(done) < 2000:  # bounded in count and time
-        try:
-            out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16)
-            assert out.usage is not None and out.usage.completion_tokens == 16
-            done.append(1)
-        except Exception as exc:
-            errors.append(repr(exc))
 
 
 def _row(report: dict[str, Any], name: str) -> dict[str, Any]:
@@ -91,7 +79,8 @@ def test_a_killed_follower_restarts_its_gang_once_and_no_request_fails(cli: Cli)
 
     stop, errors, done = threading.Event(), [], []
     url = f"http://127.0.0.1:{port}/v1"
-    load = [threading.Thread(target=_load, args=(url, stop, errors, done)) for _ in range(4)]
+    load_args = (url, stop, errors, done, 2000, 60.0)
+    load = [threading.Thread(target=completions_until, args=load_args) for _ in range(4)]
     for thread in load:
         thread.start()
     try:
@@ -165,7 +154,8 @@ def test_a_stopped_follower_stalls_its_leader_and_the_gang_is_restarted_as_hung(
     follower = psutil.Process(_row(report, "agg-0.1")["pid"]).children()[0]
     stop, errors, done = threading.Event(), [], []
     url = f"http://127.0.0.1:{port}/v1"
-    load = [threading.Thread(target=_load, args=(url, stop, errors, done)) for _ in range(4)]
+    load_args = (url, stop, errors, done, 2000, 60.0)
+    load = [threading.Thread(target=completions_until, args=load_args) for _ in range(4)]
     for thread in load:
         thread.start()
     try:

@@ -12,18 +12,14 @@ import httpx
 import openai
 import psutil
 
-from tests.supervisor.conftest import Cli, free_port, live_in_group, mocker_recipe, states
-
-
-def _load(base_url: str, stop: threading.Event, errors: list[str], done: list[int]) -> None:
-    client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=30)
-    while not stop.is_set() and len(done) < 400:  # bounded in count and time
-        try:
-            out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16)
-            assert out.usage is not None and out.usage.completion_tokens == 16
-            done.append(1)
-        except Exception as exc:
-            errors.append(repr(exc))
+from tests.supervisor.conftest import (
+    Cli,
+    completions_until,
+    free_port,
+    live_in_group,
+    mocker_recipe,
+    states,
+)
 
 
 def test_up_serve_drain_restart_down(cli: Cli) -> None:
@@ -47,10 +43,8 @@ def test_up_serve_drain_restart_down(cli: Cli) -> None:
 
     # Drain agg-1 under a bounded load: no request fails, agg-1 ends STOPPED, not restarted.
     stop, errors, done = threading.Event(), [], []
-    load = [
-        threading.Thread(target=_load, args=(f"http://127.0.0.1:{port}/v1", stop, errors, done))
-        for _ in range(3)
-    ]
+    load_args = (f"http://127.0.0.1:{port}/v1", stop, errors, done)
+    load = [threading.Thread(target=completions_until, args=load_args) for _ in range(3)]
     for thread in load:
         thread.start()
     try:
