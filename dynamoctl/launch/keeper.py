@@ -25,7 +25,9 @@ Every launcher starts instances through it. The keeper
 - survives the group-wide SIGTERM a launcher sends, so it can wait for COMMAND, then kill
   anything COMMAND left behind in the group (an engine's helper processes), tell its
   lifelines, and exit with COMMAND's status (128 + N when killed by signal N, as a shell
-  reports it).
+  reports it);
+- on Linux, asks the kernel to send COMMAND SIGTERM if the keeper itself dies (SIGKILL,
+  the OOM killer): an instance nobody can adopt any more must not run on unsupervised.
 
 ``attach SOCKET`` is the other end, for an adopter on another host: it attaches a lifeline
 and turns it back into what a fresh launch looks like over SSH (header line, output,
@@ -39,6 +41,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes
+import ctypes.util
 import json
 import os
 import signal
@@ -47,6 +51,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import IO
 
 import psutil
@@ -153,6 +158,29 @@ def _relay(out: IO[bytes], lifelines: Lifelines) -> None:
             lifelines.output(chunk)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def _parent_death_signal() -> Callable[[], None] | None:
+    """What the child runs before exec so the kernel SIGTERMs it when the keeper dies.
+
+    Without it a SIGKILLed keeper leaves its command running with nobody to stop it (its
+    lifeline socket is gone with the keeper, so no supervisor can adopt it). SIGTERM, not
+    SIGKILL: the command drains and stops its own helper processes. None off Linux.
+    """
+    if not sys.platform.startswith("linux"):
+        return None
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    keeper = os.getpid()
+
+    def arm() -> None:  # in the child, between fork and exec: async-signal-safe calls only
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+        if os.getppid() != keeper:  # the keeper died before prctl took effect
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
 def _start(
     args: argparse.Namespace, env: dict[str, str], lifelines: Lifelines
 ) -> subprocess.Popen[bytes] | None:
@@ -163,6 +191,7 @@ def _start(
             stdout=subprocess.PIPE if args.relay_output else None,
             stderr=subprocess.STDOUT if args.relay_output else None,
             env={**os.environ, **env} if env else None,
+            preexec_fn=_parent_death_signal(),
         )
     except OSError as exc:
         lifelines.say(f"cannot run {args.command[0]!r}: {exc}")

@@ -189,3 +189,36 @@ def test_a_starting_keeper_removes_the_sockets_of_killed_keepers(
     record, _ = supervised(30.0)
     _until(lambda: Path(record.socket).exists(), "the new keeper listening")
     assert not stale.exists()
+
+
+def test_a_sigkilled_keeper_takes_its_command_down_with_it(tmp_path: Path) -> None:
+    ticks = tmp_path / "ticks"
+    command = [sys.executable, "-c", TICKER, str(ticks)]
+    keeper = subprocess.Popen(
+        [sys.executable, "-m", "dynamoctl.launch.keeper", "--setsid", "--header", "--", *command],
+        stdout=subprocess.PIPE,
+        stdin=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert keeper.stdout is not None
+        json.loads(keeper.stdout.readline())
+        _until(ticks.exists, "the command ticking")
+        pids = [p for p in _group(keeper.pid) if p != keeper.pid]
+        assert len(pids) == 1
+        keeper.kill()  # no chance to stop its group: the kernel must
+        keeper.wait()
+        _until(lambda: _zombie(pids[0]), "the command gone")
+        stopped_at = ticks.read_text()
+        time.sleep(0.3)
+        assert ticks.read_text() == stopped_at  # not ticking on, unsupervised
+    finally:
+        for pid in _group(keeper.pid):
+            psutil.Process(pid).kill()
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
