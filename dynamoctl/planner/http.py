@@ -57,11 +57,15 @@ class PlannerCollector(Collector):
         yield from (desired, ready, floor, bound, kv, queued)
         yield _value("gpus", "Budget units the desired replicas hold.", status.gpus)
         yield _value("gpu_budget", "The GPU budget.", status.budget)
-        window = planner.window
+        ttft = _gauge("observed_ttft_seconds", "Mean TTFT over the last load interval.", [])
+        itl = _gauge("observed_itl_seconds", "Mean ITL over the last load interval.", [])
+        window = planner.window  # no sample while nothing was measured
         if window is not None and window.ttft is not None:
-            yield _value("observed_ttft_seconds", "Mean TTFT, last load interval.", window.ttft)
+            ttft.add_metric([], window.ttft)
         if window is not None and window.itl is not None:
-            yield _value("observed_itl_seconds", "Mean ITL, last load interval.", window.itl)
+            itl.add_metric([], window.itl)
+        yield ttft
+        yield itl
         series = ["series"]
         predicted = _gauge("predicted_load", "Forecast of the next throughput interval.", series)
         observed = _gauge("observed_load", "The last throughput interval.", series)
