@@ -22,7 +22,14 @@ from dynamoctl.discovery import Discovery, DiscoveryError
 from dynamoctl.planner import budget
 from dynamoctl.planner.apply import SupervisorLink, pool_counts
 from dynamoctl.planner.decide import decide_load, decide_throughput
-from dynamoctl.planner.observe import FrontendScrape, FrontendTotals, LoadWatch, Window, window
+from dynamoctl.planner.observe import (
+    FrontendScrape,
+    FrontendTotals,
+    LoadWatch,
+    Window,
+    WorkerLoad,
+    window,
+)
 from dynamoctl.planner.perf import PerfModel
 from dynamoctl.planner.predict import TrafficForecaster
 from dynamoctl.planner.records import (
@@ -62,6 +69,32 @@ def pool_specs(options: PlannerOptions) -> list[PoolSpec]:
         raise ValueError("no pool to scale: give --agg-gpus, or --prefill-gpus and --decode-gpus")
     budget.check_budget(specs, settings.gpu_budget)
     return specs
+
+
+def pool_metrics(
+    roles: list[Role], ready: dict[Role, int], workers: list[WorkerLoad], span: Window | None
+) -> dict[Role, PoolMetrics]:
+    """Each pool's metrics from its workers' latest load and the frontends' window; a pool
+    whose data is incomplete is left out, so that the load loop holds it: no window (the
+    latencies unknown, silence would read as idle), nothing READY, or a READY replica
+    whose load has not arrived."""
+    if span is None:
+        return {}
+    metrics = {}
+    for role in roles:
+        samples = [w for w in workers if w.role == role]
+        count = ready.get(role, 0)
+        if count == 0 or len({w.label for w in samples}) < count:
+            continue
+        metrics[role] = PoolMetrics(
+            at=min(w.at for w in samples),  # the oldest: one silent worker makes it stale
+            ready=count,
+            queued_prefill_tokens=sum(w.metrics.prefill_tokens_queued for w in samples),
+            kv_usage=sum(w.metrics.kv_usage for w in samples) / len(samples),
+            ttft=span.ttft if role in ("prefill", "agg") else None,
+            itl=span.itl if role in ("decode", "agg") else None,
+        )
+    return metrics
 
 
 class PlannerService:
@@ -159,22 +192,7 @@ class PlannerService:
         if totals is not None and self._load_mark is not None:
             self.window = window(self._load_mark, totals)
         self._load_mark = totals
-        if self.window is None:  # without the latencies, silence would read as idle
-            return totals
-        workers = self.load.workers()
-        for role in self.roles:
-            samples = [w for w in workers if w.role == role]
-            ready = self.ready.get(role, 0)
-            if ready == 0 or len({w.label for w in samples}) < ready:
-                continue  # nothing ready, or a ready replica's load not seen yet: hold
-            self.metrics[role] = PoolMetrics(
-                at=min(w.at for w in samples),
-                ready=ready,
-                queued_prefill_tokens=sum(w.metrics.prefill_tokens_queued for w in samples),
-                kv_usage=sum(w.metrics.kv_usage for w in samples) / len(samples),
-                ttft=self.window.ttft if role in ("prefill", "agg") else None,
-                itl=self.window.itl if role in ("decode", "agg") else None,
-            )
+        self.metrics = pool_metrics(self.roles, self.ready, self.load.workers(), self.window)
         return totals
 
     def _throughput(self, totals: FrontendTotals | None, now: float) -> None:

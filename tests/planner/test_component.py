@@ -18,8 +18,8 @@ from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.planner.apply import SupervisorLink, pool_counts
 from dynamoctl.planner.http import PlannerCollector
-from dynamoctl.planner.observe import FrontendTotals, parse_totals, window
-from dynamoctl.planner.service import PlannerService
+from dynamoctl.planner.observe import FrontendTotals, Window, WorkerLoad, parse_totals, window
+from dynamoctl.planner.service import PlannerService, pool_metrics
 from dynamoctl.planner.settings import PlannerOptions, PlannerPools, PlannerSettings
 from dynamoctl.recipe import load_recipe_text
 from dynamoctl.recipe.issues import RecipeError
@@ -30,6 +30,7 @@ from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.states import Phase, State
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import InstanceStatus, StatusReport
+from dynamoctl.wire.engine import LoadMetrics
 from dynamoctl.wire.records import Component, Endpoint, InstanceRecord, encode_json
 from tests.planner.helpers import PROFILE
 
@@ -238,3 +239,32 @@ def test_status_json_carries_the_planner_line() -> None:
     line = planner_line(status)
     assert "agg 2/3 ready/desired" in line and "budget-bound" in line
     assert "last change agg 2 -> 3" in line and "\\[x]" in line  # reasons are not markup
+
+
+def _load(role: str, label: str, at: float, queued: int = 0, kv: float = 0.0) -> WorkerLoad:
+    metrics = LoadMetrics(
+        active_blocks=0, total_blocks=1, num_waiting=0, num_running=1,
+        prefill_tokens_queued=queued, kv_usage=kv,
+    )  # fmt: skip
+    return WorkerLoad(role=role, label=label, metrics=metrics, at=at)
+
+
+def test_incomplete_data_leaves_a_pool_out_so_it_holds() -> None:
+    span = Window(seconds=1.0, requests=4, mean_isl=100, mean_osl=10, ttft=0.3, itl=0.02)
+    workers = [
+        _load("prefill", "prefill-0", 5.0, queued=100),
+        _load("prefill", "prefill-1", 3.0, queued=50),
+        _load("decode", "decode-0", 5.0, kv=0.5),
+    ]
+    ready = {"prefill": 2, "decode": 2}
+    metrics = pool_metrics(["prefill", "decode"], ready, workers, span)
+    # decode-1 is READY but its load never came: decode is left out (held), not scaled
+    # as if its one reporting replica were the whole pool.
+    assert set(metrics) == {"prefill"}
+    prefill = metrics["prefill"]
+    assert (prefill.ready, prefill.queued_prefill_tokens, prefill.at) == (2, 150, 3.0)
+    assert (prefill.ttft, prefill.itl) == (0.3, None)  # TTFT is the prefill pool's signal
+    assert pool_metrics(["prefill", "decode"], ready, workers, None) == {}  # no latencies
+    assert pool_metrics(["decode"], {"decode": 0}, workers, span) == {}  # nothing READY
+    agg = pool_metrics(["agg"], {"agg": 1}, [_load("agg", "agg-0", 1.0, kv=0.9)], span)["agg"]
+    assert (agg.ttft, agg.itl, agg.kv_usage) == (0.3, 0.02, 0.9)
