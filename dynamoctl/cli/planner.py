@@ -17,8 +17,7 @@ def register(app: typer.Typer) -> None:
 def planner(*, options: PlannerOptions) -> None:
     """Size the worker pools to the TTFT and ITL targets within the GPU budget.
 
-    Reads the workers' load and the frontend's latencies; scales through the supervisor's
-    control endpoint (token in DYNAMOCTL_CONTROL_TOKEN), so every scale-down drains.
+    Scales through the supervisor (token in DYNAMOCTL_CONTROL_TOKEN): scale-downs drain.
     """
     from dynamoctl.planner.main import run_planner
 
