@@ -245,7 +245,8 @@ class PlannerService:
             f"{p.role} {p.current} -> {p.desired}" for p in decision.pools if p.role in changes
         )
         log.log(
-            logging.INFO if changes else logging.DEBUG,
+            # Every change, and every throughput decision (minutes apart), at INFO.
+            logging.INFO if changes or decision.loop == "throughput" else logging.DEBUG,
             "%s loop: %s; gpus %d/%d; inputs %s; %s",
             decision.loop,
             moves or "hold",
