@@ -121,6 +121,9 @@ class LoadWatch:
 
 
 _FAMILIES = {
+    "dynamoctl_frontend_requests_received": {
+        "dynamoctl_frontend_requests_received_total": "received"
+    },
     "dynamoctl_frontend_requests": {"dynamoctl_frontend_requests_total": "requests"},
     "dynamoctl_frontend_input_tokens": {"dynamoctl_frontend_input_tokens_total": "input_tokens"},
     "dynamoctl_frontend_output_tokens": {"dynamoctl_frontend_output_tokens_total": "output_tokens"},
@@ -143,7 +146,10 @@ class FrontendTotals:
     """The frontends' cumulative counters at one scrape (summed over frontends and models)."""
 
     at: float
+    received: float
+    """Requests accepted, counted on arrival (with their prompt tokens)."""
     requests: float
+    """Requests ended, counted at their end (with their output tokens)."""
     input_tokens: float
     output_tokens: float
     ttft_sum: float
@@ -158,8 +164,11 @@ class Window:
 
     seconds: float
     requests: float
+    """Requests that arrived (under a backlog, more than ended)."""
     mean_isl: float
+    """Mean prompt length of those that arrived."""
     mean_osl: float
+    """Mean output length of those that ended."""
     ttft: float | None
     """Mean time to first token; None when no request got one."""
     itl: float | None
@@ -172,12 +181,12 @@ def window(before: FrontendTotals, after: FrontendTotals) -> Window | None:
     seconds = after.at - before.at
     if seconds <= 0 or any(value < 0 for value in d.values()):
         return None
-    requests = d["requests"]
+    arrived, ended = d["received"], d["requests"]
     return Window(
         seconds=seconds,
-        requests=requests,
-        mean_isl=d["input_tokens"] / requests if requests else 0.0,
-        mean_osl=d["output_tokens"] / requests if requests else 0.0,
+        requests=arrived,
+        mean_isl=d["input_tokens"] / arrived if arrived else 0.0,
+        mean_osl=d["output_tokens"] / ended if ended else 0.0,
         ttft=d["ttft_sum"] / d["ttft_count"] if d["ttft_count"] else None,
         itl=d["itl_sum"] / d["itl_count"] if d["itl_count"] else None,
     )

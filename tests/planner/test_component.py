@@ -12,13 +12,21 @@ from pathlib import Path
 
 import msgspec
 import pytest
+from prometheus_client import generate_latest
 
 from dynamoctl.cli.view import planner_line
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.planner.apply import SupervisorLink, pool_counts
 from dynamoctl.planner.http import PlannerCollector
-from dynamoctl.planner.observe import FrontendTotals, Window, WorkerLoad, parse_totals, window
+from dynamoctl.planner.observe import (
+    COUNTERS,
+    FrontendTotals,
+    Window,
+    WorkerLoad,
+    parse_totals,
+    window,
+)
 from dynamoctl.planner.service import PlannerService, pool_metrics
 from dynamoctl.planner.settings import PlannerOptions, PlannerPools, PlannerSettings
 from dynamoctl.recipe import load_recipe_text
@@ -103,24 +111,23 @@ def test_every_knob_is_a_flag_and_the_plan_renders_the_section(tmp_path: Path) -
 
 def test_frontend_counters_make_a_window() -> None:
     metrics = FrontendMetrics()
+    for _ in range(3):  # three arrive, two end: a backlog of one
+        metrics.received.labels("m").inc()
+    metrics.input_tokens.labels("m").inc(3000)
     for ttft in (0.1, 0.3):
         metrics.ttft.labels("m").observe(ttft)
         metrics.requests.labels("m", "completions", "200").inc()
     metrics.itl.labels("m").observe(0.02)
-    metrics.input_tokens.labels("m").inc(3000)
     metrics.output_tokens.labels("m").inc(40)
     metrics.ttft.labels("other").observe(9.0)  # another model's: not ours
-    from prometheus_client import generate_latest
-
     text = generate_latest(metrics.registry).decode()
-    before = FrontendTotals(at=10.0, **dict.fromkeys(
-        ("requests", "input_tokens", "output_tokens", "ttft_sum", "ttft_count", "itl_sum",
-         "itl_count"), 0.0))  # fmt: skip
+    before = FrontendTotals(at=10.0, **dict.fromkeys(COUNTERS, 0.0))
     after = parse_totals(text, 12.0, model="m")
-    assert (after.requests, after.ttft_count, after.input_tokens) == (2, 2, 3000)
+    assert (after.received, after.requests, after.ttft_count) == (3, 2, 2)
     span = window(before, after)
     assert span is not None
-    assert span.seconds == 2.0 and span.mean_isl == 1500 and span.mean_osl == 20
+    # The rate and prompt lengths are those of arrivals, output lengths those of ends.
+    assert (span.seconds, span.requests, span.mean_isl, span.mean_osl) == (2.0, 3, 1000, 20)
     assert span.ttft == pytest.approx(0.2) and span.itl == pytest.approx(0.02)
     assert window(after, before) is None  # counters went back: a restarted frontend
     assert parse_totals(text, 12.0).ttft_count == 3  # no model: every model's
