@@ -1,12 +1,14 @@
-"""The SLA planner against static provisioning, on a bursty load, three deployments side by
+"""The SLA planner against static provisioning, on a bursty load, the deployments side by
 side in one run.
 
     python benchmarks/planner.py [--out benchmarks/results/planner.json]
                                  [--plot docs/img/planner.png]
 
-Three ``dynamoctl up`` deployments of mocker workers on the real clock (local target, one
-private ``DYNAMOCTL_HOME``): ``static-small`` (1 replica), ``static-large`` (4 replicas)
-and ``planner`` (1 replica and a ``planner:`` section, at most 4, GPU budget 4). Each gets
+Four ``dynamoctl up`` deployments of mocker workers on the real clock (local target, one
+private ``DYNAMOCTL_HOME``): ``static-small`` (1 replica), ``static-medium`` (2: about what
+the planner spends, the reference's "static provisioning" at equal cost),
+``static-large`` (4 replicas) and ``planner`` (1 replica and a ``planner:`` section, at
+most 4, GPU budget 4). Each gets
 the same open-loop load from ``dynamoctl.bench``: Poisson arrivals at a rate that is low,
 jumps (the spike), holds high (the plateau), then falls back. The planner runs both
 loops: the throughput loop every 10 s from a profile computed from the mocker's timing
@@ -56,7 +58,7 @@ PHASES = (("low", 25.0, 0.8), ("spike and plateau", 50.0, 7.0), ("fall", 35.0, 0
 """(name, seconds, requests per second) of the load, in order."""
 MAX_REPLICAS = 4
 GONE = ("STOPPED", "FAILED", "PENDING")
-DEPLOYMENTS = {"static-small": 1, "static-large": MAX_REPLICAS, "planner": 1}
+DEPLOYMENTS = {"static-small": 1, "static-medium": 2, "static-large": MAX_REPLICAS, "planner": 1}
 """Name → replicas at start."""
 
 PLANNER = f"""\
@@ -322,6 +324,7 @@ def main() -> None:
         "phases": [{"name": n, "seconds": s, "rate": r} for n, s, r in PHASES],
         "deployments": {
             "static-small": "1 mocker replica",
+            "static-medium": "2 mocker replicas (about the planner's GPU-seconds)",
             "static-large": f"{MAX_REPLICAS} mocker replicas",
             "planner": f"1 replica at start, planner mode both (throughput loop every 10 s, "
             f"constant predictor, profile from the mocker's timing model; load loop every 2 s, "
