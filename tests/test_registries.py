@@ -42,4 +42,4 @@ def test_a_name_registered_twice_is_refused() -> None:
 def test_every_engine_has_its_plan_rules() -> None:
     # An engine the workers can run is one the plan knows how to command.
     assert set(ENGINES) == set(MODEL_ARGS) == set(CHANNELS)
-    assert set(PROBES) == {"etcd", "frontend", "router", "worker"}
+    assert set(PROBES) == {"etcd", "frontend", "router", "worker", "planner"}

@@ -11,10 +11,12 @@ from typing import TYPE_CHECKING, Any, Literal
 from rich import box
 from rich.console import Console
 from rich.live import Live
+from rich.markup import escape
 from rich.table import Table
 
 from dynamoctl.supervisor.states import State
 from dynamoctl.wire.control import DiscoveryStatus, StatusReport
+from dynamoctl.wire.planner import PlannerStatus
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor
@@ -86,6 +88,8 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
     ]
     if not disc.reachable:
         failures.insert(0, _unreachable_line(disc))
+    if report.planner is not None:
+        failures.insert(0, planner_line(report.planner))
     if failures:  # below the table, where a long message does not squeeze the columns
         table.caption = "\n".join(failures)
         table.caption_justify = "left"
@@ -93,6 +97,24 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
 
 
 _HEADERS = ("instance", "state", "host", "pid", "restarts", "uptime", "reqs", "KV")
+
+
+def planner_line(planner: PlannerStatus) -> str:
+    """The planner's mode, pools, last decision and why, on one (long) line."""
+    pools = " ".join(f"{p.role} {p.ready}/{p.desired}" for p in planner.pools)
+    parts = [f"planner ({planner.mode}, {planner.phase}): {pools or '-'} ready/desired"]
+    parts.append(f"GPUs {planner.gpus}/{planner.budget}")
+    if planner.budget_bound:
+        parts.append("[bold yellow]budget-bound[/]")
+    if planner.last_decision_age_s is not None:
+        parts.append(f"last {planner.last_loop} decision {planner.last_decision_age_s:.0f} s ago")
+    if planner.last_change:
+        parts.append(f"last change {planner.last_change}")
+    if planner.scale_error:
+        parts.append(f"[bold red]{escape(planner.scale_error)}[/]")
+    if planner.reason:
+        parts.append(f"why: {escape(planner.reason)}")
+    return " · ".join(parts)
 
 
 def _unreachable_line(disc: DiscoveryStatus) -> str:

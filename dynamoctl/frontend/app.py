@@ -217,6 +217,7 @@ class _Completions:
         finally:
             if raw is None or len(raw) >= TRIM_AFTER_BYTES:  # None: left, or 413
                 self._trim.soon()
+        self.metrics.received.labels(model.name).inc()
         self.metrics.input_tokens.labels(model.name).inc(len(job.prompt_ids))
         outcome = Outcome()
         deltas = self.generator.run(job, model.tokenizer, model.picker, outcome)

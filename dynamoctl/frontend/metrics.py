@@ -37,6 +37,12 @@ class FrontendMetrics:
             "dynamoctl_frontend_requests", "Requests by outcome.",
             ["model", "endpoint", "status"], registry=r,
         )  # fmt: skip
+        self.received = Counter(
+            "dynamoctl_frontend_requests_received",
+            "Requests accepted for generation, counted on arrival (requests_total counts "
+            "them when they end): the arrival rate the planner forecasts.",
+            labels, registry=r,
+        )  # fmt: skip
         self.input_tokens = Counter(
             "dynamoctl_frontend_input_tokens", "Prompt tokens.", labels, registry=r
         )

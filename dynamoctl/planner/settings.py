@@ -1,6 +1,7 @@
 """The planner's knobs, declared once (docs/architecture.md, "Options declared once"): the
-recipe's ``planner:`` section and the flags of ``dynamoctl planner`` will both come from
-:class:`PlannerSettings`. What each knob does to a decision: docs/planner.md."""
+recipe's ``planner:`` section and the flags of ``dynamoctl planner`` both come from
+:class:`PlannerSettings`; :class:`PlannerOptions` adds what every component is told and
+the pools it scales. What each knob does to a decision: docs/planner.md."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Literal, get_args
 from pydantic import Field, model_validator
 
 from dynamoctl.settings.base import Options
-from dynamoctl.settings.component import Role
+from dynamoctl.settings.component import ComponentSettings, Role
 
 PlannerMode = Literal["both", "throughput", "load"]
 PLANNER_MODES: tuple[str, ...] = get_args(PlannerMode)
@@ -120,3 +121,39 @@ class PlannerSettings(Options):
     def itl_target(self) -> float:
         """The ITL target in seconds."""
         return self.itl_target_ms / 1000.0
+
+
+class PlannerPools(Options):
+    """The pools a deployment has and what their replicas hold (rendered by the plan from
+    the recipe's ``workers``): the planner scales these and no others."""
+
+    agg_gpus: int | None = Field(default=None, ge=0, le=4096)
+    """GPUs per replica of the aggregated pool; unset: the deployment has none."""
+    prefill_gpus: int | None = Field(default=None, ge=0, le=4096)
+    """GPUs per replica of the prefill pool; unset: the deployment has none."""
+    decode_gpus: int | None = Field(default=None, ge=0, le=4096)
+    """GPUs per replica of the decode pool; unset: the deployment has none."""
+    engine: str = "mocker"
+    """The pools' engine (a profile measured on another is refused)."""
+    model: str = ""
+    """The served model (a profile measured for another is refused; empty: not checked)."""
+
+    def gpus(self) -> dict[Role, int]:
+        """GPUs per replica of each pool the deployment has, in :data:`POOL_ROLES` order."""
+        values: dict[Role, int | None] = {
+            role: getattr(self, f"{role}_gpus") for role in POOL_ROLES
+        }
+        return {role: gpus for role, gpus in values.items() if gpus is not None}
+
+
+class PlannerOptions(ComponentSettings):
+    """Everything ``dynamoctl planner`` is told on its command line."""
+
+    planner: PlannerSettings = Field(default_factory=PlannerSettings)
+    """Targets, bounds, budget and the loops' behaviour."""
+    pools: PlannerPools = Field(default_factory=PlannerPools)
+    """The pools it scales."""
+    http_port: int = Field(default=0, ge=0, le=65535)
+    """Port of ``/metrics`` and ``/health``; 0 picks a free one (registered)."""
+    drain_grace: float = Field(default=0.0, ge=0.0)
+    """Seconds between leaving discovery and exiting (a planner has no work in flight)."""

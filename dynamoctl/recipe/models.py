@@ -24,6 +24,7 @@ from dynamoctl.recipe.fields import (
     rule_error,
 )
 from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
+from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
@@ -349,6 +350,9 @@ class Recipe(RecipeModel):
     """Restart, health and drain policy of ``dynamoctl up``."""
     security: Security = Field(default_factory=Security)
     """Locks on the planes and on a managed etcd."""
+    planner: Planner | None = None
+    """The SLA planner, which scales the worker pools to latency targets; absent: the
+    pools keep their ``replicas`` until ``dynamoctl scale`` changes them."""
 
     @model_validator(mode="after")
     def _fits_target(self) -> Recipe:
@@ -379,6 +383,8 @@ class Recipe(RecipeModel):
         for role, pool in self.workers.pools().items():
             if pool.nodes_per_replica > 1:
                 check_gang(role, pool, target)
+        if self.planner is not None:
+            check_planner(self.planner, self.workers, self.model)
         if isinstance(target, SlurmTarget):
             for role, pool in self.workers.pools().items():
                 if pool.nodes_per_replica == 1 and pool.gpus_per_replica > target.gpus_per_node:

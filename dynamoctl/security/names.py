@@ -26,3 +26,7 @@ ETCD_SERVER_CERT = "DYNAMOCTL_ETCD_SERVER_CERT"
 """PEM of a managed etcd's own certificate (server and peer)."""
 ETCD_SERVER_KEY = "DYNAMOCTL_ETCD_SERVER_KEY"
 """PEM of a managed etcd's private key."""
+
+CONTROL_TOKEN = "DYNAMOCTL_CONTROL_TOKEN"
+"""The bearer token of the supervisor's control endpoint, given to the components that
+call it (the planner's ``scale`` requests)."""

@@ -4,8 +4,10 @@ flag, a default or a recipe field."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, TypeVar
 
+from dynamoctl.planner.settings import PlannerOptions, PlannerPools, PlannerSettings
 from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.settings import (
     AdmissionSettings,
@@ -86,3 +88,24 @@ def frontend_argv(recipe: Recipe, label: str, listen: str, url: str) -> list[str
         **extra,
     )
     return ["frontend", *to_argv(options, explicit=True)]
+
+
+def planner_argv(recipe: Recipe, label: str, address: str, url: str) -> list[str]:
+    """``dynamoctl planner``'s flags: the recipe's ``planner`` section, and the pools it
+    scales (their GPUs per replica, engine and model) from ``workers`` and ``model``."""
+    assert recipe.planner is not None
+    settings = _part(PlannerSettings, recipe.planner)
+    if settings.profile is not None:  # the planner may run elsewhere than `up`'s directory
+        profile = str(Path(settings.profile).expanduser().resolve())
+        settings = PlannerSettings(**{**settings.model_dump(), "profile": profile})
+    pools = recipe.workers.pools()
+    options = PlannerOptions(
+        **_component(recipe, url, label, address),
+        planner=settings,
+        pools=PlannerPools(
+            **{f"{role}_gpus": pool.gpus_per_replica for role, pool in pools.items()},
+            engine=next(iter(pools.values())).engine,
+            model=recipe.model.name,
+        ),
+    )
+    return ["planner", *to_argv(options, explicit=True)]

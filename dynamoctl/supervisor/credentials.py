@@ -12,6 +12,7 @@ and the ones it adopts still speak to each other. The plan references these file
 from __future__ import annotations
 
 import os
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,6 +62,10 @@ class KeyFiles:
     @property
     def client_key(self) -> Path:
         return self.root / "etcd-client.key"
+
+    @property
+    def control_token(self) -> Path:
+        return self.root / "control.token"
 
 
 def key_files(run_dir: Path) -> KeyFiles:
@@ -203,6 +208,22 @@ def ensure(recipe: Recipe, run_dir: Path, head: Host) -> None:
         client = pki.issue(ca, f"{recipe.name} component", server=False, client=True)
         _write(files.client_key, client.key)
         _write(files.client_cert, client.cert)
+
+
+def control_token(run_dir: Path) -> str:
+    """The control endpoint's bearer token, made once per deployment in ``RUN/keys``: a
+    planner that an earlier supervisor started, and a new one adopted, still holds a valid
+    one (it is handed the file's content as a secret)."""
+    path = key_files(run_dir).control_token
+    if not path.exists():
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _write(path, secrets.token_urlsafe(24).encode())
+    return path.read_text().strip()
+
+
+def planner_secrets(run_dir: Path) -> dict[str, SecretRef]:
+    """What the planner gets besides :func:`component_secrets`: the control token."""
+    return {names.CONTROL_TOKEN: SecretRef(file=str(key_files(run_dir).control_token))}
 
 
 def _covers(cert_file: Path, hosts: tuple[str, ...]) -> bool:

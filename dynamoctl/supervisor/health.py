@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import TypeVar
 
 import httpx
 import msgspec
@@ -25,6 +26,8 @@ from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.records import InstanceRecord
 
 log = logging.getLogger(__name__)
+
+H = TypeVar("H", bound=msgspec.Struct)
 
 SETTLE_S = 10.0
 """Seconds after discovery comes back during which a missing record is not yet believed
@@ -162,9 +165,14 @@ class Probes:
     async def worker_health(self, health_url: str) -> WorkerHealth | None:
         """A worker process's ``/health`` (a typed contract, whatever its status code);
         None when it does not answer or answers something else."""
+        return await self.typed_health(health_url, WorkerHealth)
+
+    async def typed_health(self, health_url: str, kind: type[H]) -> H | None:
+        """A ``/health`` answering ``kind`` as JSON, whatever its status code; None when it
+        does not answer or answers something else."""
         try:
             body = (await self.http.get(health_url)).content
-            return msgspec.json.decode(body, type=WorkerHealth)
+            return msgspec.json.decode(body, type=kind)
         except (httpx.HTTPError, msgspec.DecodeError):
             return None
 

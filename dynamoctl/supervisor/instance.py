@@ -11,6 +11,7 @@ from dynamoctl.launch.api import InstanceSpec, Launched
 from dynamoctl.supervisor.states import RestartReason, State
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.health import WorkerHealth
+from dynamoctl.wire.planner import PlannerStatus
 
 
 @dataclass(frozen=True, order=True)
@@ -74,7 +75,7 @@ class Instance:
     last_exit: int | None = None
     message: str = ""
     """The last failure, in words (kept after a successful restart)."""
-    sample: WorkerHealth | None = None
+    sample: WorkerHealth | PlannerStatus | None = None
     released: bool = False
     """Its GPUs went back to the map (it was stopped on purpose)."""
     task: asyncio.Task[None] | None = None

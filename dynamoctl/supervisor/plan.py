@@ -4,7 +4,8 @@ The plan is a pure function of the recipe, the hosts and the run directory, so
 ``dynamoctl up --dry-run`` prints the same text every time (golden-file tested), and the
 supervisor starts exactly what the dry run showed.
 
-Placement: the head host (first one) runs the managed etcd and the frontend; router
+Placement: the head host (first one) runs the managed etcd, the frontend and the
+planner (when the recipe has one); router
 replicas are spread over the hosts;
 worker replicas go first-fit over hosts in pool order (prefill, decode, agg), each taking
 ``gpus_per_replica`` contiguous free GPUs (``CUDA_VISIBLE_DEVICES``). Replicas without
@@ -36,7 +37,7 @@ from dynamoctl.recipe.models import (
 )
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
+from dynamoctl.supervisor.commands import frontend_argv, planner_argv, router_argv, worker_argv
 from dynamoctl.supervisor.gang_plan import gang_specs
 from dynamoctl.supervisor.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
@@ -312,6 +313,24 @@ def _router_spec(recipe: Recipe, index: int, host: Host, url: str, run_dir: Path
     )
 
 
+def _planner_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> InstanceSpec:
+    """The SLA planner (a ``planner:`` section), on the head host beside the frontend; it
+    alone gets the control endpoint's token (its ``scale`` requests)."""
+    name = str(InstanceName("planner", 0))
+    argv = [python_for(recipe), "-m", "dynamoctl", *planner_argv(recipe, name, head.address, url)]
+    env, secrets = _component_env(recipe, run_dir)
+    return InstanceSpec(
+        name=name,
+        pool="planner",
+        component="planner",
+        host=head.name,
+        address=head.address,
+        argv=argv,
+        env=env,
+        secrets={**secrets, **credentials.planner_secrets(run_dir)},
+    )
+
+
 WILDCARDS = ("0.0.0.0", "::")
 
 
@@ -385,6 +404,8 @@ def build_plan(
     for index in range(recipe.frontend.router.replicas):  # spread, like CPU replicas
         instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url, run_dir))
     instances.append(_frontend_spec(recipe, head, url, run_dir))
+    if recipe.planner is not None:
+        instances.append(_planner_spec(recipe, head, url, run_dir))
     plan = Plan(
         name=recipe.name,
         namespace=recipe.namespace,

@@ -16,6 +16,7 @@ from dynamoctl.supervisor.health import Probes
 from dynamoctl.util.registry import Registry
 from dynamoctl.wire.control import DiscoveryStatus
 from dynamoctl.wire.health import WorkerHealth
+from dynamoctl.wire.planner import PlannerStatus
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,8 @@ class Health:
     tokens: float | None = None
     """A worker with requests in flight: its generated-token counter, which must keep
     moving; None when progress is not in question."""
-    sample: WorkerHealth | None = None
-    """What a worker's ``/health`` said (``status`` shows it)."""
+    sample: WorkerHealth | PlannerStatus | None = None
+    """What a worker's or the planner's ``/health`` said (``status`` shows it)."""
 
 
 class Prober(Protocol):
@@ -127,6 +128,19 @@ class WorkerProbe(RouterProbe, component="worker"):
         if sample is None or sample.status != "ready":
             return Health(False)
         return Health(True, sample.output_tokens if sample.inflight > 0 else None, sample)
+
+
+class PlannerProbe(RouterProbe, component="planner"):
+    """Ready once registered; healthy while registered and its ``/health`` answers its
+    :class:`~dynamoctl.wire.planner.PlannerStatus` (the planner line of ``status``)."""
+
+    async def health(self, spec: InstanceSpec) -> Health:
+        await self.probes.refresh_records()
+        record = self.probes.record_of(spec.name)
+        if record is None or record.health_url is None:
+            return Health(False)
+        status = await self.probes.typed_health(record.health_url, PlannerStatus)
+        return Health(status is not None, sample=status)
 
 
 def probe_kind(component: str) -> type[ComponentProbe]:

@@ -20,6 +20,8 @@ from dynamoctl.supervisor.plan import Plan
 from dynamoctl.supervisor.rundir import RunState
 from dynamoctl.supervisor.states import Phase
 from dynamoctl.wire.control import DiscoveryStatus, InstanceStatus, StatusReport
+from dynamoctl.wire.health import WorkerHealth
+from dynamoctl.wire.planner import PlannerStatus
 from dynamoctl.wire.records import Component, Endpoint
 
 log = logging.getLogger(__name__)
@@ -28,7 +30,7 @@ log = logging.getLogger(__name__)
 def instance_status(inst: Instance, now: float) -> InstanceStatus:
     """One row of ``status``: figures only while a process runs (none are stale)."""
     proc, running = inst.proc, inst.running
-    sample = inst.sample if running else None
+    sample = inst.sample if running and isinstance(inst.sample, WorkerHealth) else None
     return InstanceStatus(
         name=inst.spec.name,
         pool=inst.spec.pool,
@@ -53,7 +55,10 @@ def status_report(
     instances: Iterable[Instance],
     discovery: DiscoveryStatus | None = None,
 ) -> StatusReport:
-    now = time.monotonic()
+    now, instances = time.monotonic(), list(instances)
+    planner = next(
+        (i.sample for i in instances if i.running and isinstance(i.sample, PlannerStatus)), None
+    )
     return StatusReport(
         name=plan.name,
         phase=phase,
@@ -62,6 +67,7 @@ def status_report(
         target=plan.target,
         instances=[instance_status(inst, now) for inst in instances],
         discovery=discovery or DiscoveryStatus(),
+        planner=planner,
     )
 
 

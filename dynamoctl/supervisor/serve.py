@@ -8,7 +8,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import secrets
 import signal
 from collections.abc import Callable
 from pathlib import Path
@@ -75,7 +74,7 @@ async def serve(
         adopted = await take_over(plan, run_dir, launcher)
         if adopted:
             log.info("took back %s from the previous supervisor", ", ".join(sorted(adopted)))
-        token = secrets.token_urlsafe(24)
+        token = credentials.control_token(run_dir.path)
         bind, shown = control_address(recipe)
         made: list[Supervisor] = []  # the routes act on it once it exists (below)
         try:

@@ -3,7 +3,8 @@
 Each instance has a life task: start → wait until ready → monitor → on an unexpected exit
 or a hang, FAILED → BACKOFF → start again, within a restart budget. Drains, scale-downs
 and ``down`` ask the instance to stop first, so its exit is STOPPED and spends no budget.
-Start order is discovery (a managed etcd), routers, workers, then the frontend; ``down``
+Start order is discovery (a managed etcd), routers, workers, the frontend, then the
+planner (it scales what is already serving); ``down``
 goes the other way, in ``finally`` on every exit path. While ``up`` is still starting, a
 failure is not retried: ``up`` rolls back and reports the instance and its log tail,
 because a typo in engine arguments would otherwise crash-loop.
@@ -56,7 +57,7 @@ from dynamoctl.wire.control import ScaleReply, StatusReport
 
 log = logging.getLogger(__name__)
 
-START_ORDER = ("etcd", "router", "worker", "frontend")
+START_ORDER = ("etcd", "router", "worker", "frontend", "planner")
 NOW_TIMEOUT = 3.0
 """Seconds ``down --now`` gives each instance between SIGTERM and SIGKILL."""
 HUNG_GRACE = 5.0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from dynamoctl.supervisor.states import Phase, State
+from dynamoctl.wire.planner import PlannerStatus
 
 
 class InstanceStatus(msgspec.Struct, kw_only=True):
@@ -58,6 +59,9 @@ class StatusReport(msgspec.Struct, kw_only=True):
     instances: list[InstanceStatus]
     discovery: DiscoveryStatus = msgspec.field(default_factory=DiscoveryStatus)
     """Whether the supervisor reaches discovery (absent from older supervisors)."""
+    planner: PlannerStatus | None = None
+    """The SLA planner's mode and last decision, as its last probe saw it; None without a
+    planner (or before its first probe)."""
 
 
 class DrainRequest(msgspec.Struct, kw_only=True):

@@ -31,6 +31,7 @@ class Component(_Name):
     FRONTEND = "frontend"
     ROUTER = "router"
     SUPERVISOR = "supervisor"
+    PLANNER = "planner"
 
 
 class Endpoint(_Name):
@@ -47,6 +48,9 @@ class Endpoint(_Name):
     """The frontend's OpenAI API (an HTTP base URL, not a request plane)."""
     CONTROL = "control"
     """The supervisor's control endpoint (HTTP)."""
+    PLAN = "plan"
+    """The SLA planner: its ``/health`` answers :class:`dynamoctl.wire.planner.PlannerStatus`
+    (it serves no requests; the record says it runs and where)."""
 
 
 class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -9,7 +9,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -94,14 +94,15 @@ def completions_until(
     done: list[int],
     most: int = 400,
     timeout: float = 30.0,
+    prompt: Callable[[], str] = lambda: "hello " * 30,
 ) -> None:
-    """A client thread's load: 16-token completions until ``stop`` or ``most`` are done
-    (bounded in count and time); each success appended to ``done``, each failure to
-    ``errors``."""
+    """A client thread's load: 16-token completions of ``prompt()`` until ``stop`` or
+    ``most`` are done (bounded in count and time); each success appended to ``done``, each
+    failure to ``errors``."""
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout)
     while not stop.is_set() and len(done) < most:
         try:
-            out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16)
+            out = client.completions.create(model="mock-llama", prompt=prompt(), max_tokens=16)
             assert out.usage is not None and out.usage.completion_tokens == 16
             done.append(1)
         except Exception as exc:

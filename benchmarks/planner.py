@@ -1,0 +1,347 @@
+"""The SLA planner against static provisioning, on a bursty load, the deployments side by
+side in one run.
+
+    python benchmarks/planner.py [--out benchmarks/results/planner.json]
+                                 [--plot docs/img/planner.png]
+
+Four ``dynamoctl up`` deployments of mocker workers on the real clock (local target, one
+private ``DYNAMOCTL_HOME``): ``static-small`` (1 replica), ``static-medium`` (2: about what
+the planner spends, the reference's "static provisioning" at equal cost),
+``static-large`` (4 replicas) and ``planner`` (1 replica and a ``planner:`` section, at
+most 4, GPU budget 4). Each gets
+the same open-loop load from ``dynamoctl.bench``: Poisson arrivals at a rate that is low,
+jumps (the spike), holds high (the plateau), then falls back. The planner runs both
+loops: the throughput loop every 10 s from a profile computed from the mocker's timing
+model (the replicas' floor), the load loop every 2 s above it. A mocker replica counts as
+one GPU. Reported per deployment: the fraction of requests meeting both the TTFT and the
+ITL target (a failed or unfinished request meets neither), TTFT p50/p99, failed requests,
+GPU-seconds (replicas holding a GPU, sampled from ``status`` every 0.5 s), scale events,
+and for the planner the seconds from the spike to its first scale-up and to that
+replica's READY. The mockers run at ``speedup-ratio`` 0.1 (a simulated second lasts ten):
+what a replica can carry fits the request rates one shared machine generates and serves.
+Bounded: the load lasts ``sum(phases)`` seconds, open requests get 60 s, then ``down``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+from probes import MODEL, latency_ms
+
+from dynamoctl.bench.client import RequestRecord, Sender
+from dynamoctl.bench.clock import LoopClock
+from dynamoctl.bench.http import Endpoint
+from dynamoctl.bench.schedule import Limits, drive
+from dynamoctl.bench.workload import LengthDist, Session, synthetic_sessions
+from dynamoctl.engines.mocker.timing import TimingModel
+from dynamoctl.planner.perf import PROFILE_VERSION, DecodePoint, PrefillPoint, Profile
+
+TTFT_MS, ITL_MS = 1500.0, 500.0
+SPEEDUP = 0.1
+BLOCKS, BLOCK_SIZE, STEP_TOKENS = 4096, 16, 2048
+PHASES = (("low", 25.0, 0.8), ("spike and plateau", 50.0, 7.0), ("fall", 35.0, 0.8))
+"""(name, seconds, requests per second) of the load, in order."""
+MAX_REPLICAS = 4
+GONE = ("STOPPED", "FAILED", "PENDING")
+DEPLOYMENTS = {"static-small": 1, "static-medium": 2, "static-large": MAX_REPLICAS, "planner": 1}
+"""Name → replicas at start."""
+
+PLANNER = f"""\
+planner:
+  mode: both
+  ttft_target_ms: {TTFT_MS}
+  itl_target_ms: {ITL_MS}
+  agg_max_replicas: {MAX_REPLICAS}
+  gpu_budget: {MAX_REPLICAS}
+  throughput_interval: 10.0
+  predictor: constant
+  load_interval: 2.0
+  cooldown: 5.0
+  stable_intervals: 2
+  profile: PROFILE
+"""
+
+
+def mocker_profile() -> Profile:
+    """The performance profile of the benchmark's mocker replicas, computed from the
+    mocker's own timing model (what a profiling sweep of it would measure, without its
+    noise): prefill time by prompt length, in steps of at most ``STEP_TOKENS``; decode
+    step time by batch and context, from the KV usage they make."""
+    timing, scale = TimingModel(), 1000.0 * SPEEDUP
+    capacity = BLOCKS * BLOCK_SIZE
+
+    def prefill(isl: int) -> float:
+        full, rest = divmod(isl, STEP_TOKENS)
+        return (full * timing.prefill_ms(STEP_TOKENS) + timing.prefill_ms(rest)) / scale
+
+    decode = [
+        DecodePoint(batch=b, context=c, itl=timing.decode_ms(min(1.0, b * c / capacity)) / scale)
+        for c in (512, 1024, 2048, 4096)
+        for b in (1, 2, 4, 8, 16, 32, 64, 128)
+    ]
+    return Profile(
+        version=PROFILE_VERSION,
+        model=MODEL,
+        engine="mocker",
+        gpus_per_replica=0,
+        prefill=tuple(
+            PrefillPoint(isl=n, seconds=prefill(n)) for n in (128, 512, 1024, 2048, 4096)
+        ),
+        decode=tuple(decode),
+        kv_capacity_tokens=capacity,
+        source=f"the mocker's timing model at speedup-ratio {SPEEDUP} (benchmarks/planner.py)",
+    )
+
+
+def recipe(name: str, port: int, replicas: int, profile: Path) -> str:
+    """A mocker deployment whose requests never fail from overload (they queue), so that
+    a failure can only come from scaling."""
+    return f"""\
+schema: 1
+name: {name}
+model: {{name: {MODEL}, path: {MODEL}, block_size: 16}}
+frontend: {{port: {port}, queue_timeout: 120.0, max_queued: 4096,
+            router: {{mode: kv, busy_kv_usage: null}}}}
+workers:
+  agg:
+    engine: mocker
+    replicas: {replicas}
+    gpus_per_replica: 0
+    engine_args: {{num-gpu-blocks: {BLOCKS}, max-num-batched-tokens: {STEP_TOKENS},
+                   speedup-ratio: {SPEEDUP}}}
+supervision: {{probe_interval: 0.5, drain_timeout: 60}}
+{PLANNER.replace("PROFILE", str(profile)) if name == "planner" else ""}"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def dynamoctl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "DYNAMOCTL_HOME": str(home)}
+    return subprocess.run(
+        [sys.executable, "-m", "dynamoctl", *args],
+        env=env, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
+
+
+def bursty(seed: int) -> Iterator[Session]:
+    """Single-turn sessions (500 to 1500 prompt tokens, 16 out, no shared prefix) arriving
+    as a Poisson process whose rate follows :data:`PHASES`."""
+    rng = random.Random(f"{seed}/bursty")
+    sessions = synthetic_sessions(LengthDist.parse("uniform:500:1500"), LengthDist.parse("16"))
+    t, start = 0.0, 0.0
+    for _, seconds, rate in PHASES:
+        end = start + seconds
+        while (t := t + rng.expovariate(rate)) < end:
+            yield msgspec.structs.replace(next(sessions), arrival=t)
+        t, start = end, end
+
+
+class Replicas:
+    """Samples a deployment's ``status`` every 0.5 s: replicas holding a GPU, READY ones,
+    and the planner's desired count."""
+
+    def __init__(self, control: str, token: str, clock: LoopClock, origin: float) -> None:
+        headers = {"authorization": f"Bearer {token}"}
+        self.http = httpx.AsyncClient(base_url=control, headers=headers, trust_env=False)
+        self.clock, self.origin = clock, origin
+        self.samples: list[tuple[float, int, int]] = []
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            rows = (await self.http.get("/status")).json()["instances"]
+            agg = [r for r in rows if r["pool"] == "agg"]
+            holding = sum(r["state"] not in GONE for r in agg)
+            ready = sum(r["state"] == "READY" for r in agg)
+            self.samples.append((self.clock.now() - self.origin, holding, ready))
+            await asyncio.sleep(0.5)
+        await self.http.aclose()
+
+    def gpu_seconds(self) -> float:
+        pairs = zip(self.samples, self.samples[1:], strict=False)
+        return sum((b[0] - a[0]) * a[1] for a, b in pairs)
+
+    def scale_events(self) -> int:
+        return sum(a[1] != b[1] for a, b in zip(self.samples, self.samples[1:], strict=False))
+
+    def first_after(self, t: float, column: int) -> float | None:
+        """Seconds from ``t`` until the count in ``column`` first exceeded its value at ``t``."""
+        before = next((s[column] for s in reversed(self.samples) if s[0] <= t), None)
+        later = (
+            s[0] for s in self.samples if s[0] > t and before is not None and s[column] > before
+        )
+        first = next(later, None)
+        return None if first is None else round(first - t, 1)
+
+
+def sla_met(record: RequestRecord) -> bool:
+    if record.error is not None or record.ttft is None or record.ttft * 1000 > TTFT_MS:
+        return False
+    return record.tpot is None or record.tpot * 1000 <= ITL_MS
+
+
+async def load_all(urls: dict[str, str], access: dict[str, tuple[str, str]]) -> dict[str, Any]:
+    clock = LoopClock()
+    origin = clock.now()
+    stop = asyncio.Event()
+    watches = {name: Replicas(*access[name], clock, origin) for name in urls}
+    watching = [asyncio.create_task(w.run(stop)) for w in watches.values()]
+    endpoints = {name: Endpoint(url) for name, url in urls.items()}
+    seconds = sum(p[1] for p in PHASES)
+
+    async def one(name: str) -> Any:
+        sender = Sender(endpoints[name], MODEL, clock, timeout=180)
+        return await drive(bursty(seed=7), sender.send, clock=clock,
+                           limits=Limits(10**9, seconds, 60, max_inflight=4096))  # fmt: skip
+
+    outcomes = dict(zip(urls, await asyncio.gather(*(one(n) for n in urls)), strict=True))
+    await asyncio.sleep(2.0)  # the planner's drains after the fall
+    stop.set()
+    await asyncio.gather(*watching)
+    for endpoint in endpoints.values():
+        await endpoint.close()
+    spike = PHASES[0][1]
+    found: dict[str, Any] = {}
+    for name, outcome in outcomes.items():
+        records, watch = outcome.records, watches[name]
+        sent = len(records) + outcome.unfinished
+        met = sum(sla_met(r) for r in records)
+        ok = [r for r in records if r.error is None]
+        found[name] = {
+            "requests": sent,
+            "failed": sent - len(ok),
+            "sla_met_fraction": round(met / sent, 3) if sent else None,
+            "sla_breaches": sent - met,
+            "ttft_ms": latency_ms([r.ttft for r in ok if r.ttft is not None]),
+            "itl_ms": latency_ms([r.tpot for r in ok if r.tpot is not None]),
+            "gpu_seconds": round(watch.gpu_seconds(), 1),
+            "scale_events": watch.scale_events(),
+            "react_s": {
+                "first_scale_up": watch.first_after(spike, 1),
+                "first_new_replica_ready": watch.first_after(spike, 2),
+            },
+            "replicas_over_time": watch.samples,
+            "ttft_over_time": [
+                (round(r.start, 2), round(r.ttft, 3)) for r in ok if r.ttft is not None
+            ],
+        }
+    return found
+
+
+def plot(found: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6.5), sharex=True)
+    for name, row in found.items():
+        times = [s[0] for s in row["replicas_over_time"]]
+        top.step(times, [s[1] for s in row["replicas_over_time"]], where="post", label=name)
+        points = row["ttft_over_time"]
+        bottom.scatter([p[0] for p in points], [p[1] for p in points], s=4, label=name)
+    bottom.axhline(TTFT_MS / 1000, color="grey", linestyle="--", label="TTFT target")
+    edge = 0.0
+    for _, seconds, _ in PHASES[:-1]:
+        edge += seconds
+        for ax in (top, bottom):
+            ax.axvline(edge, color="lightgrey", linewidth=1)
+    top.set_ylabel("replicas holding a GPU")
+    bottom.set_ylabel("TTFT (s), by request start")
+    bottom.set_yscale("log")
+    bottom.set_xlabel("seconds since the load started")
+    top.legend(loc="upper right")
+    bottom.legend(loc="upper right", markerscale=3)
+    rates = " → ".join(f"{rate:g} req/s for {seconds:g} s" for _, seconds, rate in PHASES)
+    fig.suptitle(f"SLA planner vs static provisioning (mocker, speedup 0.1): {rates}", fontsize=9)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default="benchmarks/results/planner.json")
+    parser.add_argument("--plot", default="docs/img/planner.png")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dynamoctl-planner-") as tmp:
+        home = Path(tmp) / "home"
+        urls, access = {}, {}
+        profile = Path(tmp) / "mocker-profile.json"
+        profile.write_bytes(msgspec.json.encode(mocker_profile()))
+        try:
+            for name, replicas in DEPLOYMENTS.items():
+                port = free_port()
+                path = Path(tmp) / f"{name}.yaml"
+                path.write_text(recipe(name, port, replicas, profile))
+                up = dynamoctl(home, "up", str(path), "--detach")
+                if up.returncode != 0:
+                    sys.exit(f"up {name} failed:\n{up.stderr}")
+                state = json.loads((home / "runs" / name / "state.json").read_text())
+                urls[name], access[name] = (
+                    f"http://127.0.0.1:{port}",
+                    (
+                        state["control"],
+                        state["token"],
+                    ),
+                )
+                print(f"{name} up", flush=True)
+            began = time.monotonic()
+            found = asyncio.run(load_all(urls, access))
+            print(f"load done in {time.monotonic() - began:.0f} s", flush=True)
+            log = (home / "runs" / "planner" / "logs" / "planner-0.log").read_text()
+            found["planner"]["decisions_logged"] = [
+                line.split(": ", 1)[1][:160] for line in log.splitlines() if " loop: " in line
+            ]
+        finally:
+            for name in DEPLOYMENTS:
+                dynamoctl(home, "down", name)
+    result = {
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+        "targets": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
+        "phases": [{"name": n, "seconds": s, "rate": r} for n, s, r in PHASES],
+        "deployments": {
+            "static-small": "1 mocker replica",
+            "static-medium": "2 mocker replicas (about the planner's GPU-seconds)",
+            "static-large": f"{MAX_REPLICAS} mocker replicas",
+            "planner": f"1 replica at start, planner mode both (throughput loop every 10 s, "
+            f"constant predictor, profile from the mocker's timing model; load loop every 2 s, "
+            f"cooldown 5 s), at most {MAX_REPLICAS}, gpu_budget {MAX_REPLICAS}",
+        },
+        **found,
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    plot(found, Path(args.plot))
+    brief = {
+        name: {k: v for k, v in row.items() if not k.endswith("over_time")}
+        for name, row in found.items()
+    }
+    print(json.dumps(brief, indent=1))
+    print(f"wrote {args.out} and {args.plot}")
+
+
+if __name__ == "__main__":
+    main()

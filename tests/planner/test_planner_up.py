@@ -1,0 +1,149 @@
+"""The planner in a running deployment (``dynamoctl up``, local target, mocker workers on
+the real clock): a load step makes it add replicas within a few load intervals, a load
+drop makes it take them away by draining, with no client request failing, and the GPU
+budget holds in every status seen along the way."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.supervisor.conftest import Cli, completions_until, free_port
+
+pytestmark = pytest.mark.planner
+
+BUDGET = 3
+WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
+GONE = ("STOPPED", "FAILED")
+
+
+def recipe(port: int) -> str:
+    # 1000-word prompts (no shared prefix) cost ~30 ms of simulated prefill each alone; 12
+    # clients keep a replica's TTFT far above 150 ms, one client far below 80% of it. The
+    # router never refuses (busy_kv_usage null) and the frontend queues long, so that a
+    # failed request can only come from a scale-down.
+    return f"""\
+schema: 1
+name: planned
+model: {{name: mock-llama, path: mock-llama, block_size: 16}}
+frontend: {{port: {port}, queue_timeout: 60.0, router: {{busy_kv_usage: null}}}}
+workers:
+  agg:
+    engine: mocker
+    replicas: 1
+    gpus_per_replica: 0
+    engine_args: {{num-gpu-blocks: 8192, speedup-ratio: 1}}
+supervision: {{probe_interval: 0.3, backoff_base: 0.2, hang_timeout: 20, drain_timeout: 30}}
+planner:
+  mode: load
+  ttft_target_ms: 150.0
+  itl_target_ms: 1000.0
+  agg_max_replicas: {BUDGET}
+  gpu_budget: {BUDGET}
+  load_interval: 0.5
+  cooldown: 1.5
+  stable_intervals: 2
+"""
+
+
+def prompt() -> str:
+    return " ".join(random.choice(WORDS) for _ in range(1000))
+
+
+def agg_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
+    return [row for row in report["instances"] if row["pool"] == "agg"]
+
+
+class Watch:
+    """Every status seen; each is checked against the budget as it comes."""
+
+    def __init__(self, cli: Cli) -> None:
+        self.cli = cli
+        self.seen: list[dict[str, Any]] = []
+
+    def until(self, predicate: Any, timeout: float, what: str) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            report = self.cli.status()
+            self.seen.append(report)
+            holding = [row for row in agg_rows(report) if row["state"] not in GONE]
+            assert len(holding) <= BUDGET, f"over the GPU budget: {holding}"
+            planner = report.get("planner")
+            if planner is not None:
+                assert planner["gpus"] <= planner["budget"] == BUDGET, planner
+            if predicate(report):
+                return report
+            assert time.monotonic() < deadline, f"timed out waiting for {what}: {report}"
+            time.sleep(0.25)
+
+
+def desired(report: dict[str, Any]) -> int:
+    planner = report.get("planner") or {"pools": []}
+    return next((pool["desired"] for pool in planner["pools"] if pool["role"] == "agg"), 0)
+
+
+def test_load_step_scales_up_and_load_drop_drains_back(cli: Cli) -> None:
+    port = free_port()
+    up = cli("up", str(cli.recipe(recipe(port))), "--detach", timeout=120)
+    assert up.returncode == 0, up.stderr
+    watch = Watch(cli)
+    watch.until(lambda r: (r.get("planner") or {}).get("phase") == "planning", 30, "planning")
+
+    base = f"http://127.0.0.1:{port}/v1"
+    stop_heavy, stop_light = threading.Event(), threading.Event()
+    errors: list[str] = []
+    done: list[int] = []
+
+    def clients(n: int, stop: threading.Event) -> list[threading.Thread]:
+        args = (base, stop, errors, done)
+        kwargs = {"most": 100_000, "timeout": 60.0, "prompt": prompt}
+        threads = [
+            threading.Thread(target=completions_until, args=args, kwargs=kwargs) for _ in range(n)
+        ]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    light = clients(1, stop_light)
+    heavy = clients(12, stop_heavy)
+    try:
+        stepped = time.monotonic()
+        report = watch.until(lambda r: desired(r) >= 2, 30, "a scale-up")
+        reacted = time.monotonic() - stepped
+        watch.until(
+            lambda r: sum(row["state"] == "READY" for row in agg_rows(r)) >= 2, 30, "agg-1 READY"
+        )
+        time.sleep(3.0)  # the step holds: more replicas, up to the budget, never beyond
+        stop_heavy.set()
+        for thread in heavy:
+            thread.join(90)
+        # The one client left keeps requests flowing while the planner drains.
+        report = watch.until(
+            lambda r: (
+                desired(r) == 1
+                and [row["name"] for row in agg_rows(r) if row["state"] not in GONE] == ["agg-0"]
+            ),
+            60,
+            "the drain back to one replica",
+        )
+    finally:
+        stop_heavy.set()
+        stop_light.set()
+        for thread in [*heavy, *light]:
+            thread.join(90)
+
+    assert errors == [], errors[:3]
+    assert len(done) > 20
+    assert reacted < 15.0, f"took {reacted:.1f} s to add a replica"
+    stopped = [row for row in agg_rows(report) if row["name"] != "agg-0"]
+    assert stopped and all(row["state"] == "STOPPED" and row["restarts"] == 0 for row in stopped)
+    assert report["planner"]["last_change"].endswith("-> 1"), report["planner"]
+    log = (cli.home / "runs" / "planned" / "logs" / "planner-0.log").read_text()
+    assert "load loop: agg 1 -> 2" in log and "TTFT" in log  # decisions logged with inputs
+    assert "draining agg-1" in log  # scale-down went through the supervisor's drain
+    down = cli("down", "planned", timeout=90)
+    assert down.returncode == 0, down.stderr
