@@ -39,7 +39,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from dynamoctl import __version__
 from dynamoctl.frontend.asgi import ASGIApp, Disconnect, Message, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
-from dynamoctl.frontend.body import decode_body, jobs_of, too_long
+from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import (
     OpenAIError,
@@ -223,9 +223,7 @@ class _Completions:
         self.metrics.input_tokens.labels(model.name).inc(choices.prompt_tokens)
         choices.setup_logprobs(model, endpoint == "chat")
         deltas = choices.run(self.generator, model)
-        shape = Shape(endpoint, choices.jobs[0].request_id.rsplit("-", 1)[0]
-                      if len(choices.jobs) > 1 else choices.jobs[0].request_id,
-                      model.name)  # fmt: skip
+        shape = Shape(endpoint, choices.request_id, model.name)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             await self._stream(receive, send, deltas, shape, choices, body.choices(),
@@ -242,16 +240,16 @@ class _Completions:
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
         ids = await self._encode(model, prompt, False, "messages")
-        jobs = jobs_of(model, body, [ids], f"chatcmpl-{uuid.uuid4().hex}", self._max_choices)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        jobs = jobs_of(model, body, [ids], rid, self._max_choices)
         logprobs = body.top_logprobs_count() is not None
-        return model, body, Choices(jobs, len(ids), logprobs=logprobs)
+        return model, body, Choices(rid, jobs, len(ids), logprobs=logprobs)
 
     async def _completion(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, CompletionRequest)
         model = _model(self.registry, body.model)
         prompts = body.prompts()
-        if len(prompts) * body.choices() > self._max_choices:  # before tokenising them all
-            jobs_of(model, body, [[]] * len(prompts), "", self._max_choices)
+        check_choices(body, len(prompts), self._max_choices)  # before tokenising them all
         batch: list[list[int]] = []
         texts: list[str] = []
         for prompt in prompts:
@@ -261,13 +259,11 @@ class _Completions:
             else:
                 batch.append(list(prompt))
                 texts.append(model.tokenizer.decode(prompt) if body.echo else "")
-        jobs = jobs_of(model, body, batch, f"cmpl-{uuid.uuid4().hex}", self._max_choices)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        jobs = jobs_of(model, body, batch, rid, self._max_choices)
         echo = [texts[job.index // body.choices()] for job in jobs] if body.echo else []
-        return (
-            model,
-            body,
-            Choices(jobs, sum(map(len, batch)), echo, logprobs=body.logprobs is not None),
-        )
+        logprobs = body.logprobs is not None
+        return model, body, Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
 
     @property
     def _max_choices(self) -> int:
@@ -358,9 +354,8 @@ class _Completions:
                 raise
             finally:
                 metrics.inflight.labels(name).dec()
-                for outcome in outcomes:
-                    status = "200" if outcome.finish_reason else "error"
-                    _count(metrics, name, shape.endpoint, outcome, status)
+                status = "200" if choices.done() else "error"
+                _count(metrics, name, shape.endpoint, outcomes, status)
             watch.stop()
             await send({"type": "http.response.body", "body": b"".join(tail), "more_body": False})
         except asyncio.CancelledError:
@@ -420,8 +415,7 @@ class _Completions:
                 await internal_error().response()(scope, receive, send)
                 return
             raise error
-        for outcome in choices.outcomes:
-            _count(metrics, name, shape.endpoint, outcome, "200")
+        _count(metrics, name, shape.endpoint, choices.outcomes, "200")
         parts = [
             (texts[i], outcome, choices.all_logprobs(i))
             for i, outcome in enumerate(choices.outcomes)
@@ -435,11 +429,12 @@ def _never() -> bool:
 
 
 def _count(
-    metrics: FrontendMetrics, model: str, endpoint: str, outcome: Outcome, status: str
+    metrics: FrontendMetrics, model: str, endpoint: str, outcomes: list[Outcome], status: str
 ) -> None:
+    """One request, whatever its number of choices; the tokens of all of them."""
     metrics.requests.labels(model, endpoint, status).inc()
-    metrics.output_tokens.labels(model).inc(outcome.completion_tokens)
-    metrics.cached_tokens.labels(model).inc(outcome.cached_tokens)
+    metrics.output_tokens.labels(model).inc(sum(o.completion_tokens for o in outcomes))
+    metrics.cached_tokens.labels(model).inc(sum(o.cached_tokens for o in outcomes))
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:

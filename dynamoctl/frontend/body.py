@@ -74,13 +74,7 @@ def jobs_of(
     """One job per choice: ``n`` per prompt, choice ``p * n + i`` for prompt ``p``."""
     n = body.choices()
     chat = isinstance(body, ChatCompletionRequest)
-    if n * len(prompts) > max_choices:
-        asked = f"n={n}" + ("" if chat else f" times {len(prompts)} prompts")
-        raise bad_request(
-            f"{asked} asks for {n * len(prompts)} choices; this frontend allows at most "
-            f"{max_choices} (max_choices)",
-            "n",
-        )
+    check_choices(body, len(prompts), max_choices)
     context = model.card.context_length
     limit = body.token_limit()
     tokenizer = model.tokenizer
@@ -111,6 +105,20 @@ def jobs_of(
                 index=index,
             ))  # fmt: skip
     return jobs
+
+
+def check_choices(
+    body: ChatCompletionRequest | CompletionRequest, prompts: int, max_choices: int
+) -> None:
+    """A 400 naming ``n`` when ``n`` times the prompts exceeds the frontend's bound."""
+    n = body.choices()
+    if n * prompts > max_choices:
+        asked = f"n={n}" + (f" times {prompts} prompts" if prompts > 1 else "")
+        raise bad_request(
+            f"{asked} asks for {n * prompts} choices; this frontend allows at most "
+            f"{max_choices} (max_choices)",
+            "n",
+        )
 
 
 def engine_request(

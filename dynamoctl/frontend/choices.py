@@ -26,6 +26,8 @@ Delta = tuple[int, str | None]
 class Choices:
     """The choices of one request and what their responses need."""
 
+    request_id: str
+    """The response's id; a choice's job is named after it."""
     jobs: list[Job]
     prompt_tokens: int
     """Each prompt's tokens once, however many choices it has (OpenAI's usage)."""
