@@ -39,7 +39,8 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from dynamoctl import __version__
 from dynamoctl.frontend.asgi import ASGIApp, Disconnect, Message, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
-from dynamoctl.frontend.body import decode_body, job_of, too_long
+from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
+from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import (
     OpenAIError,
     bad_request,
@@ -47,7 +48,7 @@ from dynamoctl.frontend.errors import (
     model_not_found,
     model_unavailable,
 )
-from dynamoctl.frontend.generate import Generator, Job, Outcome
+from dynamoctl.frontend.generate import Generator, Outcome
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
@@ -55,6 +56,8 @@ from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.shape import Shape, sse_data, usage_of
 
 log = logging.getLogger(__name__)
+
+_Body = ChatCompletionRequest | CompletionRequest
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """Larger bodies get 413 before they are read in full (default of ``--max-body-bytes``)."""
@@ -206,7 +209,7 @@ class _Completions:
             if raw is None:
                 return  # the client left before sending its whole body
             prepare = self._chat if endpoint == "chat" else self._completion
-            model, body, job = await prepare(raw)
+            model, body, choices = await prepare(raw)
         except OpenAIError as exc:
             await exc.response()(scope, receive, send)
             return
@@ -218,40 +221,54 @@ class _Completions:
             if raw is None or len(raw) >= TRIM_AFTER_BYTES:  # None: left, or 413
                 self._trim.soon()
         self.metrics.received.labels(model.name).inc()
-        self.metrics.input_tokens.labels(model.name).inc(len(job.prompt_ids))
-        outcome = Outcome()
-        deltas = self.generator.run(job, model.tokenizer, model.picker, outcome)
-        shape = Shape(endpoint, job.request_id, model.name)
+        self.metrics.input_tokens.labels(model.name).inc(choices.prompt_tokens)
+        choices.setup_logprobs(model, endpoint == "chat")
+        deltas = choices.run(self.generator, model)
+        shape = Shape(endpoint, choices.request_id, model.name)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            await self._stream(receive, send, deltas, shape, outcome, len(job.prompt_ids),
+            await self._stream(receive, send, deltas, shape, choices, body.choices(),
                                include_usage)  # fmt: skip
         else:
-            await self._whole(scope, receive, send, deltas, shape, outcome, len(job.prompt_ids))
+            await self._whole(scope, receive, send, deltas, shape, choices, body.choices())
 
-    async def _chat(
-        self, raw: bytes
-    ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
+    async def _chat(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, ChatCompletionRequest)
         model = _model(self.registry, body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [m.for_template() for m in body.messages]
         try:
             prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
         ids = await self._encode(model, prompt, False, "messages")
-        return model, body, job_of(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        jobs = jobs_of(model, body, [ids], rid, self._max_choices)
+        logprobs = body.top_logprobs_count() is not None
+        return model, body, Choices(rid, jobs, len(ids), logprobs=logprobs)
 
-    async def _completion(
-        self, raw: bytes
-    ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
+    async def _completion(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, CompletionRequest)
         model = _model(self.registry, body.model)
-        if isinstance(body.prompt, str):
-            ids = await self._encode(model, body.prompt, True, "prompt")
-        else:
-            ids = list(body.prompt)
-        return model, body, job_of(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
+        prompts = body.prompts()
+        check_choices(body, len(prompts), self._max_choices)  # before tokenising them all
+        batch: list[list[int]] = []
+        texts: list[str] = []
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                batch.append(await self._encode(model, prompt, True, "prompt"))
+                texts.append(prompt)
+            else:
+                batch.append(list(prompt))
+                texts.append(model.tokenizer.decode(prompt) if body.echo else "")
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        jobs = jobs_of(model, body, batch, rid, self._max_choices)
+        echo = [texts[job.index // body.choices()] for job in jobs] if body.echo else []
+        logprobs = body.logprobs is not None
+        return model, body, Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
+
+    @property
+    def _max_choices(self) -> int:
+        return self.generator.admission.settings.max_choices
 
     async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:
         """``text``'s ids: inline when short, else on a thread (:mod:`longtext`); a
@@ -268,59 +285,64 @@ class _Completions:
         self,
         receive: Receive,
         send: Send,
-        deltas: AsyncIterator[str],
+        deltas: AsyncIterator[Delta],
         shape: Shape,
-        outcome: Outcome,
-        prompt_tokens: int,
+        choices: Choices,
+        n: int,
         include_usage: bool,
     ) -> None:
         """SSE: headers at once, an event per text delta, errors in-band, then ``[DONE]``.
 
         An event is written as soon as it is made unless the worker's next chunk is already
-        buffered (``outcome.probe``) or the stream has finished: then it waits for the
-        events behind it and they go out in one write, so a frontend that falls behind
-        under load makes fewer, larger writes instead of one syscall per token. The events
-        after the last delta (finish, usage, ``[DONE]``) go out in one write with the end
-        of the body."""
+        buffered (``outcome.probe``, one choice) or every choice has finished: then it waits
+        for the events behind it and they go out in one write, so a frontend that falls
+        behind under load makes fewer, larger writes instead of one syscall per token. The
+        events after the last delta (finish, usage, ``[DONE]``) go out in one write with the
+        end of the body."""
         metrics = self.metrics
         name = shape.model
         await send(_SSE_START)
         watch = Disconnect(receive)
         held: list[bytes] = []  # events not written yet: the worker's next chunk is here
+        outcomes = choices.outcomes
         try:
             metrics.inflight.labels(name).inc()
             try:
                 try:
-                    if shape.chat:
-                        await send(_part(sse_data(shape.with_usage(
-                            shape.chunk("", first=True), include_usage))))  # fmt: skip
-                    frame = shape.text_frame(include_usage)
-                    buffered = outcome.probe.buffered
-                    async for text in deltas:
-                        if not text:
+                    held += self._openings(shape, choices, include_usage)
+                    frames = [shape.text_frame(include_usage, i) for i in range(len(outcomes))]
+                    if choices.logprobs:
+                        frames = [None] * len(frames)
+                    buffered = outcomes[0].probe.buffered if len(outcomes) == 1 else _never
+                    async for index, text in deltas:
+                        if text is None:  # the choice has finished
+                            final = shape.chunk(None, outcomes[index].finish_reason, index=index,
+                                                logprobs=choices.new_logprobs(index))  # fmt: skip
+                            held.append(sse_data(shape.with_usage(final, include_usage)))
+                        elif not text:
                             pass  # nothing to say, but the generator is about to wait: flush
-                        elif frame is not None:  # the per-token hot path: no dicts, no dumps
+                        elif (frame := frames[index]) is not None:  # the per-token hot path
                             held.append(
                                 frame[0] + encode_basestring_ascii(text).encode() + frame[1]
                             )
                         else:
-                            held.append(
-                                sse_data(shape.with_usage(shape.chunk(text), include_usage))
-                            )
+                            chunk = shape.chunk(text, index=index,
+                                                logprobs=choices.new_logprobs(index))  # fmt: skip
+                            held.append(sse_data(shape.with_usage(chunk, include_usage)))
                         # Hold while more is already here (or the end is): one write for all.
-                        if held and outcome.finish_reason is None and not buffered():
+                        if held and not buffered() and not choices.done():
                             event = held[0] if len(held) == 1 else b"".join(held)
                             held.clear()
                             await send(
                                 {"type": "http.response.body", "body": event, "more_body": True}
                             )
                     tail = held
-                    final = shape.chunk(None, outcome.finish_reason)
-                    tail.append(sse_data(shape.with_usage(final, include_usage)))
                     if include_usage:
                         final = shape.chunk(None)
                         final["choices"] = []
-                        final["usage"] = usage_of(outcome, prompt_tokens)
+                        final["usage"] = usage_of(
+                            outcomes, choices.prompt_tokens, choices.cached_tokens(n)
+                        )
                         tail.append(sse_data(final))
                 except OpenAIError as exc:  # headers are sent: report in-band, as OpenAI does
                     tail = [*held, sse_data(exc.body())]
@@ -333,8 +355,8 @@ class _Completions:
                 raise
             finally:
                 metrics.inflight.labels(name).dec()
-                status = "200" if outcome.finish_reason else "error"
-                _count(metrics, name, shape.endpoint, outcome, status)
+                status = "200" if choices.done() else "error"
+                _count(metrics, name, shape.endpoint, outcomes, status)
             watch.stop()
             await send({"type": "http.response.body", "body": b"".join(tail), "more_body": False})
         except asyncio.CancelledError:
@@ -344,15 +366,26 @@ class _Completions:
         finally:
             watch.stop()
 
+    @staticmethod
+    def _openings(shape: Shape, choices: Choices, include_usage: bool) -> list[bytes]:
+        """Events before any token: chat's role, completions' echoed prompt."""
+        events = []
+        for i in range(len(choices.jobs)):
+            if shape.chat:
+                events.append(shape.chunk("", first=True, index=i))
+            elif choices.echo and choices.echo[i]:
+                events.append(shape.chunk(choices.echo[i], index=i))
+        return [sse_data(shape.with_usage(e, include_usage)) for e in events]
+
     async def _whole(
         self,
         scope: Scope,
         receive: Receive,
         send: Send,
-        deltas: AsyncIterator[str],
+        deltas: AsyncIterator[Delta],
         shape: Shape,
-        outcome: Outcome,
-        prompt_tokens: int,
+        choices: Choices,
+        n: int,
     ) -> None:
         """One JSON body; a client that disconnects meanwhile cancels the generation."""
         metrics = self.metrics
@@ -360,8 +393,11 @@ class _Completions:
         watch = Disconnect(receive)
         metrics.inflight.labels(name).inc()
         error: BaseException | None = None
+        texts = list(choices.echo) if choices.echo else [""] * len(choices.jobs)
         try:
-            text = "".join([text async for text in deltas])
+            async for index, text in deltas:
+                if text:
+                    texts[index] += text
         except BaseException as exc:
             error = exc
         finally:
@@ -380,16 +416,26 @@ class _Completions:
                 await internal_error().response()(scope, receive, send)
                 return
             raise error
-        _count(metrics, name, shape.endpoint, outcome, "200")
-        await JSONResponse(shape.full(text, outcome, prompt_tokens))(scope, receive, send)
+        _count(metrics, name, shape.endpoint, choices.outcomes, "200")
+        parts = [
+            (texts[i], outcome, choices.all_logprobs(i))
+            for i, outcome in enumerate(choices.outcomes)
+        ]
+        whole = shape.full(parts, choices.prompt_tokens, choices.cached_tokens(n))
+        await JSONResponse(whole)(scope, receive, send)
+
+
+def _never() -> bool:
+    return False
 
 
 def _count(
-    metrics: FrontendMetrics, model: str, endpoint: str, outcome: Outcome, status: str
+    metrics: FrontendMetrics, model: str, endpoint: str, outcomes: list[Outcome], status: str
 ) -> None:
+    """One request, whatever its number of choices; the tokens of all of them."""
     metrics.requests.labels(model, endpoint, status).inc()
-    metrics.output_tokens.labels(model).inc(outcome.completion_tokens)
-    metrics.cached_tokens.labels(model).inc(outcome.cached_tokens)
+    metrics.output_tokens.labels(model).inc(sum(o.completion_tokens for o in outcomes))
+    metrics.cached_tokens.labels(model).inc(sum(o.cached_tokens for o in outcomes))
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:

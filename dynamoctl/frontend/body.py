@@ -11,7 +11,8 @@ from pydantic import BaseModel, ValidationError
 from dynamoctl.frontend.errors import OpenAIError, bad_request
 from dynamoctl.frontend.generate import Job
 from dynamoctl.frontend.models import ServedModel
-from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from dynamoctl.frontend.protocol import INT64, ChatCompletionRequest, CompletionRequest
+from dynamoctl.wire.engine import GenerateRequest
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -40,6 +41,8 @@ def invalid_body(raw: bytes, exc: ValidationError) -> OpenAIError:
         except UnicodeDecodeError as err:
             return bad_request(f"request body is not valid UTF-8: {err}")
         return bad_request(f"request body is not valid JSON: {first['msg']}")
+    if kind == "unsupported":  # the compatibility policy (compat.py)
+        return bad_request(first["msg"], str(first["ctx"]["param"]))
     if kind == "model_type" and not first["loc"]:
         return bad_request("request body must be a JSON object")
     if kind == "extra_forbidden":
@@ -61,27 +64,90 @@ def too_long(context: int, prompt_tokens: int, param: str) -> OpenAIError:
     )
 
 
-def job_of(
-    model: ServedModel, body: ChatCompletionRequest | CompletionRequest, ids: list[int], rid: str
-) -> Job:
+def jobs_of(
+    model: ServedModel,
+    body: ChatCompletionRequest | CompletionRequest,
+    prompts: list[list[int]],
+    rid: str,
+    max_choices: int,
+) -> list[Job]:
+    """One job per choice: ``n`` per prompt, choice ``p * n + i`` for prompt ``p``."""
+    n = body.choices()
+    chat = isinstance(body, ChatCompletionRequest)
+    check_choices(body, len(prompts), max_choices)
     context = model.card.context_length
-    if len(ids) >= context:
-        param = "messages" if isinstance(body, ChatCompletionRequest) else "prompt"
-        raise too_long(context, len(ids), param)
     limit = body.token_limit()
-    if limit is not None and len(ids) + limit > context:
+    tokenizer = model.tokenizer
+    eos = [] if body.ignore_eos else sorted(tokenizer.eos_token_ids)
+    jobs: list[Job] = []
+    for p, ids in enumerate(prompts):
+        if len(ids) >= context:
+            raise too_long(context, len(ids), "messages" if chat else "prompt")
+        if limit is not None and len(ids) + limit > context:
+            raise bad_request(
+                f"This model's maximum context length is {context} tokens. However, you "
+                f"requested {len(ids) + limit} tokens ({len(ids)} in the prompt, {limit} in "
+                "the completion).",
+                "max_tokens",
+            )
+        max_tokens = limit if limit is not None else context - len(ids)
+        if body.min_tokens > max_tokens:
+            raise bad_request(
+                f"min_tokens ({body.min_tokens}) exceeds max_tokens ({max_tokens})", "min_tokens"
+            )
+        for i in range(n):
+            index = p * n + i
+            jobs.append(Job(
+                request_id=rid if len(prompts) * n == 1 else f"{rid}-{index}",
+                model=model.name,
+                engine=engine_request(body, ids, max_tokens, eos, i),
+                stop=body.stop_strings(),
+                index=index,
+            ))  # fmt: skip
+    return jobs
+
+
+def check_choices(
+    body: ChatCompletionRequest | CompletionRequest, prompts: int, max_choices: int
+) -> None:
+    """A 400 naming ``n`` when ``n`` times the prompts exceeds the frontend's bound."""
+    n = body.choices()
+    if n * prompts > max_choices:
+        asked = f"n={n}" + (f" times {prompts} prompts" if prompts > 1 else "")
         raise bad_request(
-            f"This model's maximum context length is {context} tokens. However, you requested "
-            f"{len(ids) + limit} tokens ({len(ids)} in the prompt, {limit} in the completion).",
-            "max_tokens",
+            f"{asked} asks for {n * prompts} choices; this frontend allows at most "
+            f"{max_choices} (max_choices)",
+            "n",
         )
-    return Job(
-        request_id=rid,
-        model=model.name,
-        prompt_ids=ids,
-        max_tokens=limit if limit is not None else context - len(ids),
-        stop=body.stop_strings(),
+
+
+def engine_request(
+    body: ChatCompletionRequest | CompletionRequest,
+    ids: list[int],
+    max_tokens: int,
+    eos: list[int],
+    choice: int,
+) -> GenerateRequest:
+    """What a worker is asked for one choice (the id is the attempt's)."""
+    seed = body.seed
+    if seed is not None and choice:  # distinct choices, reproducibly (as vLLM does)
+        seed = seed + choice if seed + choice <= INT64[1] else seed - choice
+    return GenerateRequest(
+        request_id="",
+        token_ids=ids,
+        max_tokens=max_tokens,
+        stop_token_ids=eos,
         ignore_eos=body.ignore_eos,
-        seed=body.seed,
+        seed=seed,
         temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        min_p=body.min_p,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logit_bias=body.bias(),
+        min_tokens=body.min_tokens,
+        user_stop_token_ids=list(body.stop_token_ids or ()),
+        logprobs=body.top_logprobs_count(),
     )

@@ -28,6 +28,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import msgspec
+
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.picking import (
@@ -131,10 +133,10 @@ class Prefiller:
         return None
 
     async def _run(self, choice: WorkerChoice, request: GenerateRequest, rid: str) -> Handoff:
-        body = wire_engine.encode(GenerateRequest(
-            request_id=rid, token_ids=request.token_ids, max_tokens=1,
-            stop_token_ids=request.stop_token_ids, ignore_eos=request.ignore_eos,
-            seed=request.seed, temperature=request.temperature,
+        # The same sampling for one token: its KV is what the decode worker continues.
+        body = wire_engine.encode(msgspec.structs.replace(
+            request, request_id=rid, max_tokens=1, min_tokens=0, logprobs=None,
+            kv_transfer_params=None,
         ))  # fmt: skip
         params: dict[str, Any] | None = None
         cached, finish = 0, None

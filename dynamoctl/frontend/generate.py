@@ -25,6 +25,8 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
+import msgspec
+
 from dynamoctl.frontend.disagg import Handoff, Prefiller
 from dynamoctl.frontend.errors import OpenAIError, overloaded
 from dynamoctl.frontend.metrics import FrontendMetrics
@@ -46,7 +48,7 @@ from dynamoctl.planes.request import (
 from dynamoctl.settings.frontend import AdmissionSettings
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 from dynamoctl.wire import engine as wire_engine
-from dynamoctl.wire.engine import GenerateChunk, GenerateRequest
+from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, TokenLogprobs
 from dynamoctl.wire.records import Endpoint
 
 log = logging.getLogger(__name__)
@@ -91,16 +93,25 @@ class Admission:
 
 @dataclass
 class Job:
-    """A validated request, tokenised."""
+    """One choice of a validated request, tokenised."""
 
     request_id: str
     model: str
-    prompt_ids: list[int]
-    max_tokens: int
+    engine: GenerateRequest
+    """What each attempt asks a worker for: the prompt, ``max_tokens``, end-of-sequence
+    ids and sampling; an attempt replaces the id, the prompt (plus what was generated)
+    and what is left of ``max_tokens`` and ``min_tokens``."""
     stop: list[str] = field(default_factory=list)
-    ignore_eos: bool = False
-    seed: int | None = None
-    temperature: float | None = None
+    index: int = 0
+    """The choice's index in the response."""
+
+    @property
+    def prompt_ids(self) -> list[int]:
+        return self.engine.token_ids
+
+    @property
+    def max_tokens(self) -> int:
+        return self.engine.max_tokens
 
 
 @dataclass
@@ -114,6 +125,16 @@ class Outcome:
     probe: StreamProbe = field(default_factory=StreamProbe)
     """The current worker stream's buffer: while it holds chunks, more text is coming
     without waiting, so the SSE writer may hold its write and send several events at once."""
+    logprobs: list[tuple[int, TokenLogprobs]] = field(default_factory=list)
+    """Output tokens with their log-probabilities, when the request asked for them."""
+    logprobs_sent: int = 0
+    """How many of :attr:`logprobs` a stream has written."""
+
+    def new_logprobs(self) -> list[tuple[int, TokenLogprobs]]:
+        """The entries not written yet (streams)."""
+        fresh = self.logprobs[self.logprobs_sent :]
+        self.logprobs_sent = len(self.logprobs)
+        return fresh
 
 
 class _Migrate(Exception):
@@ -144,7 +165,7 @@ class Generator:
         exclude: set[str] = set()
         attempt = 0
         try:
-            handoff = await self._prefill(job, tokens.stop_ids, picker, outcome)
+            handoff = await self._prefill(job, picker, outcome)
             while outcome.finish_reason is None:
                 remote = handoff is not None
                 choice = await self._pick(job, picker, remote, tokens.generated, exclude)
@@ -170,16 +191,11 @@ class Generator:
             if outcome.finish_reason is not None:
                 self.metrics.duration.labels(job.model).observe(tokens.elapsed())
 
-    async def _prefill(
-        self, job: Job, stop_ids: list[int], picker: WorkerPicker, outcome: Outcome
-    ) -> Handoff | None:
+    async def _prefill(self, job: Job, picker: WorkerPicker, outcome: Outcome) -> Handoff | None:
         """The remote prefill's hand-off, or None: prefill on the decode worker."""
         if self.prefiller is None or not self.prefiller.applies(picker):
             return None
-        prompt = GenerateRequest(
-            job.request_id, job.prompt_ids, job.max_tokens, stop_ids,
-            job.ignore_eos, job.seed, job.temperature,
-        )  # fmt: skip
+        prompt = msgspec.structs.replace(job.engine, request_id=job.request_id)
         handoff = await self.prefiller.prefill(prompt, job.model, picker)
         if handoff is not None:
             outcome.cached_tokens = handoff.cached_tokens
@@ -274,7 +290,7 @@ class _TokenStream:
         self.generated: list[int] = []
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopStringMatcher(job.stop)
-        self.stop_ids = [] if job.ignore_eos else sorted(tokenizer.eos_token_ids)
+        self.user_stops = frozenset(job.engine.user_stop_token_ids)
         self.ttft = metrics.ttft.labels(job.model)
         self.itl = metrics.itl.labels(job.model)
 
@@ -283,15 +299,13 @@ class _TokenStream:
 
     def request(self, attempt: int, handoff: Handoff | None) -> GenerateRequest:
         """The next attempt: the prompt plus what was generated, for what is left."""
-        job = self.job
-        return GenerateRequest(
+        job, done = self.job, len(self.generated)
+        return msgspec.structs.replace(
+            job.engine,
             request_id=f"{job.request_id}-{attempt}",
             token_ids=job.prompt_ids + self.generated,
-            max_tokens=job.max_tokens - len(self.generated),
-            stop_token_ids=self.stop_ids,
-            ignore_eos=job.ignore_eos,
-            seed=job.seed,
-            temperature=job.temperature,
+            max_tokens=job.max_tokens - done,
+            min_tokens=max(0, job.engine.min_tokens - done),
             kv_transfer_params=handoff.params if handoff is not None else None,
         )
 
@@ -306,7 +320,12 @@ class _TokenStream:
                 self.itl.observe((now - self.last_token_at) / len(chunk.token_ids))
             self.last_token_at = now
             self.generated += chunk.token_ids
-        text, stopped = self.stops.push(self.detok.push(chunk.token_ids))
+            if chunk.logprobs is not None:
+                self.outcome.logprobs += zip(chunk.token_ids, chunk.logprobs, strict=False)
+        shown = chunk.token_ids
+        if chunk.finish_reason == "stop" and shown and shown[-1] in self.user_stops:
+            shown = shown[:-1]  # a client's stop token ends the text, as a stop string does
+        text, stopped = self.stops.push(self.detok.push(shown))
         if stopped:
             self.outcome.finish_reason = "stop"
         elif chunk.finish_reason is not None:

@@ -1,17 +1,28 @@
 """OpenAI request and response bodies, as the frontend accepts and produces them.
 
-Requests are validated strictly: an unknown field or a parameter we do not implement is a
-400 that names it, never silently ignored (a client that asks for ``n=3`` or ``logprobs``
-must learn it did not get them), and a value of the wrong JSON type is refused, not
-coerced (``"max_tokens": "5"``, ``"stream": 1``). Response shapes follow OpenAI's exactly,
-so the official client parses them unchanged.
+Requests are validated strictly: an unknown field is a 400 that names it, a parameter we do
+not implement is accepted only with a value that asks for nothing (the policy in
+:mod:`dynamoctl.frontend.compat`, docs/api.md), never silently ignored, and a value of the
+wrong JSON type is refused, not coerced (``"max_tokens": "5"``, ``"stream": 1``).
+Response shapes follow OpenAI's exactly, so the official client parses them unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, cast
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from dynamoctl.frontend import compat
+from dynamoctl.frontend.compat import Endpoint
 
 MAX_TOKENS_LIMIT = 1 << 20
 """No context is longer than this; larger max_tokens values are a client bug (and would
@@ -20,6 +31,9 @@ overflow engines' int32 fields)."""
 
 INT64 = (-(2**63), 2**63 - 1)
 """What engines and the request plane carry an integer in (msgpack, torch)."""
+
+MAX_LOGPROBS = 20
+"""Most alternatives per token (vLLM's default ``max_logprobs``)."""
 
 
 class _Strict(BaseModel):
@@ -31,26 +45,63 @@ class StreamOptions(_Strict):
     """Send a final chunk with ``usage`` before ``[DONE]``."""
 
 
-class _Sampling(_Strict):
-    """Parameters shared by chat and text completions."""
+def _token_ids(ids: list[int]) -> list[int]:
+    if any(not 0 <= t < 2**31 for t in ids):
+        raise ValueError("token ids must be in [0, 2**31)")
+    return ids
+
+
+TokenIds = Annotated[list[int], AfterValidator(_token_ids)]
+Prob = Annotated[float, Field(ge=0, le=1)]
+Penalty = Annotated[float, Field(ge=-2, le=2)]
+
+
+class _Request(_Strict):
+    """Parameters shared by chat and text completions (docs/api.md lists each, and the
+    ones not implemented: :mod:`dynamoctl.frontend.compat`). Another module's request
+    parameters join as a mixin of both request models."""
+
+    ENDPOINT: ClassVar[Endpoint]
 
     model: str = Field(min_length=1)
     """Served model name (``GET /v1/models``)."""
     max_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
-    """Most tokens to generate; default: the rest of the context."""
+    """Most tokens to generate per choice; default: the rest of the context."""
+    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
+    """Newer name of ``max_tokens``; wins when both are given."""
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[float, Field(gt=0, le=1)] | None = None
     seed: Annotated[int, Field(ge=INT64[0], le=INT64[1])] | None = None
+    """Choice ``i`` of ``n`` uses ``seed + i``."""
     stop: str | list[str] | None = None
     """Up to 4 strings; generation ends before the first one, which is not returned."""
     stream: bool = False
     stream_options: StreamOptions | None = None
-    n: int = 1
-    """Only one choice per request is supported."""
-    ignore_eos: bool = False
-    """Extension (as in vLLM): generate exactly ``max_tokens``, ignoring end-of-sequence."""
+    n: Annotated[int, Field(ge=1)] | None = None
+    """Choices to generate (null: 1); at most the frontend's ``max_choices``."""
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logit_bias: dict[str, Annotated[float, Field(ge=-100, le=100)]] | None = None
+    """Token id (as a JSON key) → bias added to its logit."""
     user: str | None = None
-    """Accepted for compatibility; recorded nowhere."""
+    """Informational: asks for no behaviour, recorded nowhere."""
+    # vLLM's extensions
+    top_k: Annotated[int, Field(ge=-1)] | None = None
+    """-1 or 0: off."""
+    min_p: Prob | None = None
+    repetition_penalty: Annotated[float, Field(gt=0, le=2)] | None = None
+    min_tokens: Annotated[int, Field(ge=0, le=MAX_TOKENS_LIMIT)] = 0
+    """No end-of-sequence or stop token ends a choice before this many tokens."""
+    ignore_eos: bool = False
+    """Generate exactly ``max_tokens``, ignoring end-of-sequence (``stop``,
+    ``stop_token_ids`` still apply)."""
+    stop_token_ids: TokenIds | None = None
+    """Token ids that end a choice (the token's text is not returned)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy(cls, data: Any) -> Any:
+        return compat.check_unsupported(data, cls.ENDPOINT)
 
     @field_validator("stop")
     @classmethod
@@ -60,16 +111,16 @@ class _Sampling(_Strict):
             raise ValueError("stop takes at most 4 non-empty strings")
         return value
 
-    @field_validator("n")
+    @field_validator("logit_bias")
     @classmethod
-    def _one_choice(cls, value: int) -> int:
-        # An int field, not Literal[1]: a literal also matches true and 1.0.
-        if value != 1:
-            raise ValueError("only n=1 (one choice per request) is supported")
+    def _token_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not (key.isascii() and key.isdigit() and int(key) < 2**31):
+                raise ValueError(f"keys must be token ids, got {key[:40]!r}")
         return value
 
     @model_validator(mode="after")
-    def _stream_options_need_stream(self) -> _Sampling:
+    def _stream_options_need_stream(self) -> _Request:
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
         return self
@@ -77,12 +128,26 @@ class _Sampling(_Strict):
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
+    def choices(self) -> int:
+        return self.n or 1
+
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+    def bias(self) -> dict[int, float] | None:
+        return {int(k): v for k, v in self.logit_bias.items()} if self.logit_bias else None
+
+    def top_logprobs_count(self) -> int | None:
+        """Alternatives per token to return; None: no log-probabilities."""
+        raise NotImplementedError
+
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     """Text, or OpenAI content parts of type ``text`` (other part types are refused)."""
     name: str | None = None
+    """Passed to the chat template (which decides whether to render it)."""
 
     @field_validator("content")
     @classmethod
@@ -100,38 +165,81 @@ class ChatMessage(_Strict):
             return "".join(part["text"] for part in self.content)
         return self.content or ""
 
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template sees it."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+        if self.name is not None:
+            message["name"] = self.name
+        return message
 
-class ChatCompletionRequest(_Sampling):
+
+class ChatCompletionRequest(_Request):
+    ENDPOINT: ClassVar[Endpoint] = "chat"
+
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
-    """Newer name of ``max_tokens``; wins when both are given."""
+    logprobs: bool | None = None
+    """Return each output token's log-probability."""
+    top_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    """Alternatives per token, with ``logprobs: true``."""
+    safety_identifier: str | None = None
+    """Informational, like ``user``."""
 
-    def token_limit(self) -> int | None:
-        return self.max_completion_tokens or self.max_tokens
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs: true")
+        return value
+
+    def top_logprobs_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class CompletionRequest(_Sampling):
-    prompt: str | list[int] = Field(min_length=1)
-    """Text, or pre-tokenised ids. Lists of prompts (batches) are not supported."""
+class CompletionRequest(_Request):
+    ENDPOINT: ClassVar[Endpoint] = "completions"
+
+    prompt: str | Annotated[list[int | str | list[int]], Field(min_length=1)] = Field(min_length=1)
+    """Text, token ids, or a batch of either (one choice per prompt, times ``n``)."""
     echo: bool = False
-    """Not supported: only ``false`` is accepted."""
+    """The prompt's text precedes each choice's text."""
+    logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    """Return each output token's log-probability and this many alternatives."""
 
     @field_validator("prompt")
     @classmethod
-    def _token_ids_in_range(cls, value: str | list[int]) -> str | list[int]:
-        if isinstance(value, list) and any(not 0 <= t < 2**31 for t in value):
-            raise ValueError("token ids must be in [0, 2**31)")
-        return value
+    def _one_kind(cls, value: str | list[int | str | list[int]]) -> Any:
+        if isinstance(value, str):
+            return value
+        if all(isinstance(p, int) for p in value):
+            return _token_ids(value)  # type: ignore[arg-type]
+        if all(isinstance(p, str) for p in value):
+            if not all(value):
+                raise ValueError("a batch's prompts must not be empty")
+            return value
+        if all(isinstance(p, list) for p in value):
+            for p in value:
+                if not p:
+                    raise ValueError("a batch's prompts must not be empty")
+                _token_ids(p)  # type: ignore[arg-type]
+            return value
+        raise ValueError("must be text, token ids, or a list of either (not a mix)")
 
-    @field_validator("echo")
-    @classmethod
-    def _no_echo(cls, value: bool) -> bool:
-        if value:
-            raise ValueError("echo is not supported")
-        return value
+    @model_validator(mode="after")
+    def _echo_without_logprobs(self) -> CompletionRequest:
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs needs prompt log-probabilities, not returned")
+        return self
 
-    def token_limit(self) -> int | None:
-        return self.max_tokens
+    def prompts(self) -> list[str] | list[list[int]]:
+        """The batch: one prompt per entry."""
+        if isinstance(self.prompt, str):
+            return [self.prompt]
+        if isinstance(self.prompt[0], int):
+            return [cast(list[int], self.prompt)]
+        return cast(list[str] | list[list[int]], self.prompt)
+
+    def top_logprobs_count(self) -> int | None:
+        return self.logprobs
 
 
 # -- responses ---------------------------------------------------------------------------

@@ -1,11 +1,13 @@
 """What responses look like: OpenAI's completion and chat objects for one request, whole
 or as SSE chunks (a chunk's JSON split around its text, so a stream writes it without
-encoding the whole object per token)."""
+encoding the whole object per token). A request has one choice per job: ``n`` per
+prompt, and a batched completion's prompts."""
 
 from __future__ import annotations
 
 import json
 import time
+from collections.abc import Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -27,24 +29,39 @@ class Shape:
         self.created = int(time.time())
         self.object = "chat.completion" if self.chat else "text_completion"
 
-    def _choice(self, text: str | None, finish: str | None, *, first: bool = False) -> Any:
+    def _choice(
+        self,
+        text: str | None,
+        finish: str | None,
+        *,
+        first: bool = False,
+        index: int = 0,
+        logprobs: Any = None,
+    ) -> Any:
         if self.chat:
             delta: dict[str, str] = {}
             if first:
                 delta["role"] = "assistant"
             if text is not None:
                 delta["content"] = text
-            return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
-        return {"index": 0, "text": text or "", "logprobs": None, "finish_reason": finish}
+            return {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        return {"index": index, "text": text or "", "logprobs": logprobs, "finish_reason": finish}
 
-    def chunk(self, text: str | None, finish: str | None = None, first: bool = False) -> Any:
+    def chunk(
+        self,
+        text: str | None,
+        finish: str | None = None,
+        first: bool = False,
+        index: int = 0,
+        logprobs: Any = None,
+    ) -> Any:
         obj = "chat.completion.chunk" if self.chat else "text_completion"
         return {
             "id": self.id,
             "object": obj,
             "created": self.created,
             "model": self.model,
-            "choices": [self._choice(text, finish, first=first)],
+            "choices": [self._choice(text, finish, first=first, index=index, logprobs=logprobs)],
         }
 
     @staticmethod
@@ -53,36 +70,45 @@ class Shape:
             obj["usage"] = None
         return obj
 
-    def text_frame(self, include_usage: bool) -> tuple[bytes, bytes] | None:
+    def text_frame(self, include_usage: bool, index: int = 0) -> tuple[bytes, bytes] | None:
         """The SSE event of a text chunk split around its text: ``head + json(text) + tail``
         is byte for byte ``sse_data(self.with_usage(self.chunk(text), include_usage))``.
         None in the one case the split is ambiguous (a model named exactly ``_MARK``)."""
-        event = sse_data(self.with_usage(self.chunk(_MARK), include_usage))
+        event = sse_data(self.with_usage(self.chunk(_MARK, index=index), include_usage))
         head, sep, tail = event.partition(_MARK_JSON)
         return (head, tail) if sep and _MARK_JSON not in tail else None
 
-    def full(self, text: str, outcome: Outcome, prompt_tokens: int) -> Any:
-        if self.chat:
-            choice: dict[str, Any] = {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": outcome.finish_reason,
-            }
-        else:
-            choice = self._choice(text, outcome.finish_reason)
+    def full(
+        self, choices: Sequence[tuple[str, Outcome, Any]], prompt_tokens: int, cached: int
+    ) -> Any:
+        """The whole response: ``choices`` are (text, outcome, logprobs) in index order."""
+        rendered = []
+        for index, (text, outcome, logprobs) in enumerate(choices):
+            if self.chat:
+                rendered.append({
+                    "index": index,
+                    "message": {"role": "assistant", "content": text},
+                    "logprobs": logprobs,
+                    "finish_reason": outcome.finish_reason,
+                })  # fmt: skip
+            else:
+                rendered.append(
+                    self._choice(text, outcome.finish_reason, index=index, logprobs=logprobs)
+                )
         return {
             "id": self.id,
             "object": self.object,
             "created": self.created,
             "model": self.model,
-            "choices": [choice],
-            "usage": usage_of(outcome, prompt_tokens),
+            "choices": rendered,
+            "usage": usage_of([o for _, o, _ in choices], prompt_tokens, cached),
         }
 
 
-def usage_of(outcome: Outcome, prompt_tokens: int) -> Any:
-    return usage(prompt_tokens, outcome.completion_tokens, outcome.cached_tokens).model_dump()
+def usage_of(outcomes: Sequence[Outcome], prompt_tokens: int, cached: int) -> Any:
+    """OpenAI's usage of a request: the prompts once, every choice's completion."""
+    completion = sum(o.completion_tokens for o in outcomes)
+    return usage(prompt_tokens, completion, cached).model_dump()
 
 
 def sse_data(obj: Any) -> bytes:

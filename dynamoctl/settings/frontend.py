@@ -41,6 +41,9 @@ class AdmissionSettings(Options):
     ``Retry-After``."""
     max_queued: int = Field(default=256, ge=0)
     """Requests allowed to wait at once; beyond it, 503 at once."""
+    max_choices: int = Field(default=16, ge=1)
+    """Most choices one request may ask for (``n``, times the prompts of a batched
+    completion); more is a 400, since each choice is a request to a worker."""
 
 
 class ApiKeySettings(Options):

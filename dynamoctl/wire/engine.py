@@ -21,10 +21,11 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     max_tokens: int
     """Most tokens to generate (>= 1)."""
     stop_token_ids: list[int] = []
-    """Generation ends after emitting any of these (the token is included in the output);
-    the frontend puts the model's EOS here."""
+    """End-of-sequence ids: generation ends after emitting any of these (the token is
+    included in the output); the frontend puts the model's EOS here."""
     ignore_eos: bool = False
-    """Ignore ``stop_token_ids`` and generate exactly ``max_tokens`` (benchmarks)."""
+    """Ignore ``stop_token_ids`` (not ``user_stop_token_ids``): generate up to
+    ``max_tokens`` (benchmarks)."""
     seed: int | None = None
     """Sampling seed; None: engine's choice (the mocker derives one from ``request_id``)."""
     temperature: float | None = None
@@ -34,6 +35,26 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     last chunk, given to the decode worker (vLLM's ``kv_transfer_params``, SGLang's
     bootstrap info, TensorRT-LLM's disaggregated params). The last field, with a default:
     a request from a peer that predates it decodes with None."""
+    # Sampling beyond seed and temperature (docs/api.md): appended, with defaults, so a
+    # request from a peer that predates them decodes as "engine default".
+    top_p: float | None = None
+    top_k: int | None = None
+    """None, 0 or -1: off."""
+    min_p: float | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict[int, float] | None = None
+    """Token id → bias added to its logit, in [-100, 100]."""
+    min_tokens: int = 0
+    """No token of ``stop_token_ids`` or ``user_stop_token_ids`` ends generation before
+    this many output tokens."""
+    user_stop_token_ids: list[int] = []
+    """The client's own stop token ids (vLLM's ``stop_token_ids``): generation ends after
+    emitting any of these, even with ``ignore_eos``."""
+    logprobs: int | None = None
+    """Return each output token's log-probability and this many most likely
+    alternatives (0: the sampled token's only); None: no log-probabilities."""
 
 
 class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -50,6 +71,19 @@ class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
     kv_transfer_params: dict[str, Any] | None = None
     """Set by a prefill worker (the last chunk for vLLM and TensorRT-LLM, the first for
     SGLang): pass it on in the decode worker's :attr:`GenerateRequest.kv_transfer_params`."""
+    logprobs: list[TokenLogprobs] | None = None
+    """With :attr:`GenerateRequest.logprobs`: one entry per token of ``token_ids``."""
+
+
+class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
+    """One output token's log-probability and its most likely alternatives."""
+
+    logprob: float
+    """Of the sampled token."""
+    top_ids: list[int] = []
+    """The most likely tokens, most likely first."""
+    top_logprobs: list[float] = []
+    """Their log-probabilities, aligned with ``top_ids``."""
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -17,7 +17,7 @@ import msgspec
 import pytest
 
 from dynamoctl.engines import registry
-from dynamoctl.engines.api import EngineError
+from dynamoctl.engines.api import EngineError, GenerateRequest
 from dynamoctl.engines.common import ChildWatch, RequestLoad, poll_death
 from dynamoctl.engines.sglang import args as sargs
 from dynamoctl.engines.trtllm import args as targs
@@ -262,3 +262,46 @@ def test_missing_engine_is_one_line_naming_the_extra(
     assert str(err.value).startswith(f"engine {engine!r} is not installed")
     assert str(err.value).endswith(f"pip install 'dynamoctl[{engine}]'")
     assert "\n" not in str(err.value)
+
+
+# ----------------------------------------------------------------------- sampling
+
+
+FULL = GenerateRequest(
+    "r", [1, 2], 16, stop_token_ids=[2], seed=7, temperature=0.5, top_p=0.9, top_k=0,
+    min_p=0.1, presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.1,
+    logit_bias={5: -100.0}, min_tokens=3, user_stop_token_ids=[9], logprobs=2,
+)  # fmt: skip
+
+
+def test_sglang_sampling_params() -> None:
+    assert sargs.sampling_params(FULL) == {
+        "max_new_tokens": 16, "stop_token_ids": [9, 2], "temperature": 0.5, "top_p": 0.9,
+        "top_k": -1, "min_p": 0.1, "presence_penalty": 0.5, "frequency_penalty": 0.25,
+        "repetition_penalty": 1.1, "sampling_seed": 7, "min_new_tokens": 3,
+        "logit_bias": {"5": -100.0},
+    }  # fmt: skip
+    bench = sargs.sampling_params(GenerateRequest("r", [1], 4, stop_token_ids=[2], ignore_eos=True))
+    assert bench == {"max_new_tokens": 4, "ignore_eos": True}
+    assert sargs.logprob_kwargs(FULL) == {"return_logprob": True, "top_logprobs_num": 2}
+    assert sargs.logprob_kwargs(GenerateRequest("r", [1], 4)) == {}
+    meta = {
+        "output_token_logprobs": [(-0.1, 11, None), (-0.7, 12, None)],
+        "output_top_logprobs": [[(-0.1, 11, None), (-2.0, 4, None)], [(-0.5, 3, None)]],
+    }
+    last = sargs.token_logprobs(meta, 1, 1)
+    assert [(e.logprob, e.top_ids, e.top_logprobs) for e in last] == [(-0.7, [3], [-0.5])]
+
+
+def test_trtllm_sampling_kwargs() -> None:
+    assert targs.sampling_kwargs(FULL) == {
+        "max_tokens": 16, "stop_token_ids": [9, 2], "ignore_eos": False, "detokenize": False,
+        "temperature": 0.5, "top_p": 0.9, "top_k": 0, "min_p": 0.1, "presence_penalty": 0.5,
+        "frequency_penalty": 0.25, "repetition_penalty": 1.1, "seed": 7, "min_tokens": 3,
+        "logit_bias": {5: -100.0}, "logprobs": 2,
+    }  # fmt: skip
+    lp = SimpleNamespace
+    completion = lp(token_ids=[11, 12], logprobs=[{11: lp(logprob=-0.1)}, {12: lp(logprob=-0.3),
+                    4: lp(logprob=-1.5)}])  # fmt: skip
+    (entry,) = targs.token_logprobs(completion, 1)
+    assert (entry.logprob, entry.top_ids, entry.top_logprobs) == (-0.3, [12, 4], [-0.3, -1.5])

@@ -169,3 +169,36 @@ def test_missing_vllm_is_one_line_naming_the_extra(monkeypatch: pytest.MonkeyPat
     assert "\n" not in message
     assert message.startswith("engine 'vllm' is not installed")
     assert message.endswith("pip install 'dynamoctl[vllm]'")
+
+
+def test_every_sampling_field_is_a_real_sampling_params_field() -> None:
+    from vllm import SamplingParams
+
+    request = GenerateRequest(
+        "r", [1, 2], 16, stop_token_ids=[2], seed=7, temperature=0.5, top_p=0.9, top_k=40,
+        min_p=0.1, presence_penalty=0.5, frequency_penalty=0.25, repetition_penalty=1.1,
+        logit_bias={5: -100.0}, min_tokens=3, user_stop_token_ids=[9], logprobs=2,
+    )  # fmt: skip
+    kwargs = vargs.sampling_kwargs(request, {})
+    params = SamplingParams(**kwargs)  # vLLM validates them
+    assert params.stop_token_ids == [9, 2] and params.min_tokens == 3 and params.logprobs == 2
+    assert (params.top_k, params.min_p, params.repetition_penalty) == (40, 0.1, 1.1)
+    assert params.logit_bias == {5: -100.0} and params.seed == 7
+    # ignore_eos drops the end-of-sequence ids, never the client's own stop ids.
+    bench = GenerateRequest(
+        "r", [1], 4, stop_token_ids=[2], ignore_eos=True, user_stop_token_ids=[9]
+    )
+    assert vargs.sampling_kwargs(bench, {"stop_token_ids": [3]})["stop_token_ids"] == [9]
+
+
+def test_vllm_logprobs_become_ours() -> None:
+    from vllm.logprobs import Logprob
+
+    positions = [
+        {11: Logprob(-0.2, rank=1), 4: Logprob(-1.9, rank=2), 8: Logprob(-2.5, rank=3)},
+        {12: Logprob(-3.0, rank=5), 6: Logprob(-0.1, rank=1), 7: Logprob(-0.9, rank=2)},
+    ]
+    first, second = vargs.token_logprobs([11, 12], positions, 2)
+    assert (first.logprob, first.top_ids, first.top_logprobs) == (-0.2, [11, 4], [-0.2, -1.9])
+    # The sampled token outside the top 2 keeps its log-probability, not a place in the top.
+    assert (second.logprob, second.top_ids) == (-3.0, [6, 7])

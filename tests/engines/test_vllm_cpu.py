@@ -194,6 +194,34 @@ def test_chat_and_a_repeated_prompt_hits_the_prefix_cache(deployment: Deployment
     assert cached > 0 and cached % BLOCK == 0, again.usage
 
 
+def test_sampling_and_logprobs_reach_vllm(deployment: Deployment) -> None:
+    """docs/api.md: sampling parameters reach SamplingParams, log-probabilities come back."""
+    client = deployment.client()
+    greedy = client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=5, n=2,
+        temperature=0, logprobs=True, top_logprobs=3, extra_body={"ignore_eos": True},
+    )  # fmt: skip
+    assert [c.index for c in greedy.choices] == [0, 1]
+    assert greedy.usage is not None and greedy.usage.completion_tokens == 10
+    for choice in greedy.choices:
+        content = choice.logprobs.content if choice.logprobs else None
+        assert content is not None and len(content) == 5
+        for entry in content:
+            assert len(entry.top_logprobs) == 3 and entry.logprob <= 0
+            assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy
+            assert sum(2.718281828**t.logprob for t in entry.top_logprobs) <= 1.0001
+    assert greedy.choices[0].message.content == greedy.choices[1].message.content
+    sampled: dict[str, Any] = {
+        "model": MODEL, "prompt": "the ships", "max_tokens": 6, "temperature": 1.0,
+        "top_p": 0.9, "seed": 1234, "presence_penalty": 0.5, "logprobs": 2,
+        "extra_body": {"top_k": 50, "repetition_penalty": 1.1, "min_tokens": 6},
+    }  # fmt: skip
+    a, b = (client.completions.create(**sampled) for _ in range(2))  # type: ignore[call-overload]
+    assert a.choices[0].text == b.choices[0].text  # the seed reached vLLM
+    logprobs = a.choices[0].logprobs
+    assert logprobs is not None and len(logprobs.token_logprobs or []) == 6
+
+
 def test_router_follows_vllms_own_kv_events(deployment: Deployment) -> None:
     """The engine's BlockStored events reach a router unchanged: a RouterService (what the
     frontend embeds) indexes the prompt's blocks, and the raw stream is vLLM's."""

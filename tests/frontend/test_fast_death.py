@@ -68,7 +68,8 @@ async def test_a_killed_worker_migrates_at_once_and_gets_no_new_request(
     records = {r.pid: r for r in await dep.records("worker")}
     by_pid = {proc.pid: proc for proc in dep.procs if proc.pid in records}
     assert len(by_pid) == 2
-    body = {"model": MODEL, "prompt": prompt, "max_tokens": 300, "stream": True}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 300, "stream": True,
+            "ignore_eos": True}  # fmt: skip
     text, finish = "", None
     async with httpx.AsyncClient(timeout=60) as http:
         async with http.stream("POST", f"{url}/v1/completions", json=body) as response:

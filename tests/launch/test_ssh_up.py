@@ -89,7 +89,9 @@ def test_ssh_deployment_serves_and_down_cleans_after_a_killed_supervisor(
         }
         client = openai.OpenAI(base_url=f"http://{head}:{port}/v1", api_key="none", timeout=30)
         for _ in range(4):  # both workers get some
-            out = client.completions.create(model="mock-llama", prompt="hi there", max_tokens=3)
+            out = client.completions.create(
+                model="mock-llama", prompt="hi there", max_tokens=3, extra_body={"ignore_eos": True}
+            )
             assert out.usage is not None and out.usage.completion_tokens == 3
         assert len(_ours_on(hosts, *ours)) >= 4  # etcd, 2 workers, frontend (+ keepers)
 
@@ -155,7 +157,9 @@ def test_ssh_supervisor_is_adopted_and_a_dropped_connection_reattached(
         os.kill(first, signal.SIGKILL)
         _until(lambda: not psutil.pid_exists(first), "the supervisor gone")
         logs = {name: run / "logs" / f"{name}.log" for name in pids}
-        out = client.completions.create(model="mock-llama", prompt="hi there", max_tokens=3)
+        out = client.completions.create(
+            model="mock-llama", prompt="hi there", max_tokens=3, extra_body={"ignore_eos": True}
+        )
         assert out.usage is not None and out.usage.completion_tokens == 3
         adopt = cli("adopt", "sshadopt", "--detach")
         assert adopt.returncode == 0, adopt.stdout + adopt.stderr
@@ -203,7 +207,9 @@ def test_ssh_supervisor_is_adopted_and_a_dropped_connection_reattached(
             ),
             "agg-1 restarted",
         )
-        out = client.completions.create(model="mock-llama", prompt="hi again", max_tokens=3)
+        out = client.completions.create(
+            model="mock-llama", prompt="hi again", max_tokens=3, extra_body={"ignore_eos": True}
+        )
         assert out.usage is not None and out.usage.completion_tokens == 3
         assert cli("down", "sshadopt").returncode == 0
         ours = (head, hosts.addresses[0], "sshadopt")

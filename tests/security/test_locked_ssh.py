@@ -67,7 +67,9 @@ def test_an_ssh_deployment_is_locked_by_default(ssh_hosts2: SshHosts, tmp_path: 
         assert up.returncode == 0, up.stdout + up.stderr
         client = openai.OpenAI(base_url=f"http://{head}:{port}/v1", api_key="none", timeout=30)
         for _ in range(4):  # both workers, over CURVE, registered in a TLS etcd
-            out = client.completions.create(model="mock-llama", prompt="hi there", max_tokens=3)
+            out = client.completions.create(
+                model="mock-llama", prompt="hi there", max_tokens=3, extra_body={"ignore_eos": True}
+            )
             assert out.usage is not None and out.usage.completion_tokens == 3
 
         run = tmp_path / "home" / "runs" / "sshlock"

@@ -86,7 +86,9 @@ def test_a_locked_local_deployment_serves_its_own_and_leaks_nothing(
     up = cli("up", str(recipe), "--detach")
     assert up.returncode == 0, up.stderr
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
-    out = client.completions.create(model="mock-llama", prompt="hi", max_tokens=4)
+    out = client.completions.create(
+        model="mock-llama", prompt="hi", max_tokens=4, extra_body={"ignore_eos": True}
+    )
     assert out.usage is not None and out.usage.completion_tokens == 4  # over CURVE
 
     run = cli.home / "runs" / "locked"

@@ -29,7 +29,8 @@ client = openai.OpenAI(base_url=sys.argv[1], api_key="none", max_retries=0, time
 done, errors, deadline = 0, [], time.monotonic() + 180
 while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
     try:
-        out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16)
+        out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16,
+                                    extra_body={"ignore_eos": True})
         assert out.usage.completion_tokens == 16
         done += 1
     except Exception as exc:

@@ -88,7 +88,8 @@ class Login:
         code = (
             "import json, sys, openai\n"
             "c = openai.OpenAI(base_url=sys.argv[1], api_key='none', timeout=60)\n"
-            "r = c.completions.create(model='mock-llama', prompt=sys.argv[2], max_tokens=4)\n"
+            "r = c.completions.create(model='mock-llama', prompt=sys.argv[2], max_tokens=4,\n"
+            "                        extra_body={'ignore_eos': True})\n"
             "print(json.dumps(r.model_dump()))\n"
         )
         done = self.run(sys.executable, "-c", code, endpoint, prompt, timeout=90)

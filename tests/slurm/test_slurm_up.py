@@ -73,7 +73,9 @@ def _steps(slurm: SlurmCluster, job: str) -> list[str]:
 
 def _ask(port: int) -> int:
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", timeout=30)
-    out = client.completions.create(model="mock-llama", prompt="hello", max_tokens=3)
+    out = client.completions.create(
+        model="mock-llama", prompt="hello", max_tokens=3, extra_body={"ignore_eos": True}
+    )
     assert out.usage is not None
     return out.usage.completion_tokens
 

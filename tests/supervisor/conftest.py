@@ -102,7 +102,10 @@ def completions_until(
     client = openai.OpenAI(base_url=base_url, api_key="none", max_retries=0, timeout=timeout)
     while not stop.is_set() and len(done) < most:
         try:
-            out = client.completions.create(model="mock-llama", prompt=prompt(), max_tokens=16)
+            out = client.completions.create(
+                model="mock-llama", prompt=prompt(), max_tokens=16,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
             assert out.usage is not None and out.usage.completion_tokens == 16
             done.append(1)
         except Exception as exc:

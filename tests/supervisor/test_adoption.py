@@ -26,6 +26,7 @@ def _stream(base_url: str, stop: threading.Event, errors: list[str], done: list[
                 model="mock-llama",
                 messages=[{"role": "user", "content": "tell me a story " * 8}],
                 max_tokens=24,
+                extra_body={"ignore_eos": True},  # exactly 24 tokens
                 stream=True,
                 stream_options={"include_usage": True},
             )

@@ -32,8 +32,9 @@ def test_up_serve_drain_restart_down(cli: Cli) -> None:
     # An official OpenAI client gets an answer.
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none")
     chat = client.chat.completions.create(
-        model="mock-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=4
-    )
+        model="mock-llama", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+        extra_body={"ignore_eos": True},
+    )  # fmt: skip
     assert chat.usage is not None and chat.usage.completion_tokens == 4
 
     report = cli.status()
@@ -221,7 +222,9 @@ def test_standalone_router_replicas_are_supervised(cli: Cli) -> None:
     router = next(r for r in report["instances"] if r["name"] == "router-0")
     psutil.Process(router["pid"]).children()[0].kill()
     for _ in range(10):  # the other replica answers while router-0 comes back
-        out = client.completions.create(model="mock-llama", prompt="b", max_tokens=2)
+        out = client.completions.create(
+            model="mock-llama", prompt="b", max_tokens=2, extra_body={"ignore_eos": True}
+        )
         assert out.usage is not None and out.usage.completion_tokens == 2
     cli.wait_for(
         lambda r: any(x["name"] == "router-0" and x["restarts"] == 1 and x["state"] == "READY"

@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 
+from dynamoctl.engines.mocker.sampling import EosDistribution
+
 
 class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything that shapes a simulated engine (recipe ``engine_args`` for ``mocker``)."""
@@ -41,6 +43,13 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     """Generated token ids are drawn from ``[0, vocab_size)``. The default covers the
     builtin tokenizer's ordinary tokens (its special tokens start at 8187), so generated
     text decodes and never contains an accidental end-of-turn."""
+    eos_distribution: EosDistribution = "geometric"
+    """How a request's output length is drawn when it may end itself (the frontend sends
+    the model's end-of-sequence ids and no ``ignore_eos``): ``geometric``, ``uniform``,
+    ``fixed`` or ``none`` (only ``max_tokens`` ends it); see docs/mocker.md."""
+    eos_mean_tokens: float = 32.0
+    """Mean output length, end-of-sequence token included, of ``eos_distribution``: short
+    enough that a request without ``max_tokens`` ends within a second or so."""
     data_parallel_rank: int | None = None
     """Stamped on KV event batches (vLLM's ``data_parallel_rank``); None outside DP."""
     kv_bytes_per_token: int = 131072
@@ -83,6 +92,8 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError("kv_transfer_gbps and kv_pin_ttl must be > 0")
         if not self.speedup_ratio > 0:
             raise ValueError(f"speedup_ratio must be > 0, got {self.speedup_ratio}")
+        if not self.eos_mean_tokens >= 1:
+            raise ValueError(f"eos_mean_tokens must be >= 1, got {self.eos_mean_tokens}")
         if not 1 <= self.vocab_size <= 2**32:
             raise ValueError(f"vocab_size must be in [1, 2**32], got {self.vocab_size}")
 

@@ -10,8 +10,9 @@ While busy, each step starts where the previous one ended (not when the loop got
 to it), so a late wake-up on the real clock is caught up instead of slowing the engine.
 
 Output tokens are ``mock_token(seed, index)``: a pure function of the request's seed (or
-id) and the token's position, so they do not depend on batching or preemption;
-``temperature`` is ignored.
+id) and the token's position, so they do not depend on batching or preemption; a request
+ends itself after a drawn length, as a model emits end-of-sequence
+(:mod:`~dynamoctl.engines.mocker.sampling`); sampling parameters are accepted and ignored.
 
 Disaggregation (:mod:`~dynamoctl.engines.mocker.transfer`): a request whose
 ``kv_transfer_params`` ask ``do_remote_decode`` keeps its blocks pinned and ends with a
@@ -54,6 +55,7 @@ from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
 from dynamoctl.engines.mocker.timing import TimingModel
 from dynamoctl.engines.mocker.transfer import KvTransfers
+from dynamoctl.wire.engine import TokenLogprobs
 from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
 
@@ -86,6 +88,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
         "_finish",
         "_handoff",
         "_header",
+        "_logprobs",
         "_tokens",
         "_waiter",
         "request_id",
@@ -99,13 +102,20 @@ class MockerStream(AsyncIterator[GenerateChunk]):
         # (cached_tokens, prompt_tokens) for the first chunk; None once sent.
         self._header: tuple[int, int] | None = (0, prompt_tokens)
         self._handoff: dict[str, Any] | None = None  # on the last chunk
+        self._logprobs: list[TokenLogprobs] | None = None  # aligned with _tokens, if asked
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._done = False
 
-    def _push(self, token: int | None, finish: FinishReason | None) -> None:
+    def _push(
+        self, token: int | None, finish: FinishReason | None, logprobs: TokenLogprobs | None = None
+    ) -> None:
         if token is not None:
             self._tokens.append(token)
+            if logprobs is not None:
+                if self._logprobs is None:
+                    self._logprobs = []
+                self._logprobs.append(logprobs)
         self._finish = finish
         self._wake()
 
@@ -133,6 +143,8 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             self._done = True
             raise self._error
         chunk = GenerateChunk(self._tokens, self._finish)
+        if self._logprobs is not None:
+            chunk.logprobs, self._logprobs = self._logprobs, None
         if self._finish is not None:
             chunk.kv_transfer_params = self._handoff
         if self._header is not None:
@@ -408,7 +420,11 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
             if finish is not None and seq.pin:
                 handoff = self.transfers.pin(seq.request_id, seq.tokens[: seq.prompt_len])
                 stream._handoff = handoff.to_params()
-            stream._push(token, finish)
+            sampler = seq.sampler
+            logprobs = None
+            if sampler.logprobs is not None:
+                logprobs = sampler.logprobs_of(token, seq.num_output - 1)
+            stream._push(token, finish, logprobs)
             if finish is not None:
                 del streams[seq.request_id]
 

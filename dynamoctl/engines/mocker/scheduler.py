@@ -32,33 +32,17 @@ request: the pulled KV is gone.
 from __future__ import annotations
 
 import enum
-import struct
 from collections import Counter, deque
 from dataclasses import dataclass, field
-from typing import Final, NamedTuple
-
-import xxhash
+from typing import NamedTuple
 
 from dynamoctl.engines.api import FinishReason, GenerateRequest, LoadMetrics, RequestRejected
 from dynamoctl.engines.mocker.block_pool import BlockPool
 from dynamoctl.engines.mocker.config import MockerConfig
+from dynamoctl.engines.mocker.sampling import MockSampler, mock_token, request_seed
 from dynamoctl.kv import hashing
 
-_U64: Final = (1 << 64) - 1
-_pack_seed_index: Final = struct.Struct("<QQ").pack
-
-
-def mock_token(seed: int, index: int, vocab_size: int) -> int:
-    """Output token ``index`` of a request seeded ``seed``: a pure function of both, so a
-    request yields the same tokens however it is scheduled or preempted."""
-    return xxhash.xxh3_64_intdigest(_pack_seed_index(seed & _U64, index)) % vocab_size
-
-
-def request_seed(request: GenerateRequest) -> int:
-    """The request's seed, or one derived from its id."""
-    if request.seed is not None:
-        return request.seed
-    return xxhash.xxh3_64_intdigest(request.request_id.encode())
+__all__ = ["Scheduler", "SeqState", "StepOutput", "StepPlan", "mock_token", "request_seed"]
 
 
 class Status(enum.Enum):
@@ -77,7 +61,6 @@ class SeqState:
         "blocks",
         "cached_tokens",
         "hashes",
-        "ignore_stop",
         "max_tokens",
         "num_computed",
         "num_stored",
@@ -85,23 +68,22 @@ class SeqState:
         "prompt_len",
         "remote_kv",
         "request_id",
-        "seed",
+        "sampler",
         "status",
-        "stop_ids",
         "tokens",
     )
 
     def __init__(
-        self, request: GenerateRequest, hashes: list[int], pin: bool, remote_kv: bool
-    ) -> None:
+        self, request: GenerateRequest, hashes: list[int], pin: bool, remote_kv: bool,
+        sampler: MockSampler,
+    ) -> None:  # fmt: skip
         self.request_id = request.request_id
         self.tokens = list(request.token_ids)
         """Prompt then output; the last one is not computed yet."""
         self.prompt_len = len(request.token_ids)
         self.max_tokens = request.max_tokens
-        self.stop_ids = frozenset(request.stop_token_ids)
-        self.ignore_stop = request.ignore_eos
-        self.seed = request_seed(request)
+        self.sampler = sampler
+        """Its tokens and when it ends itself (:mod:`~dynamoctl.engines.mocker.sampling`)."""
         self.hashes = hashes
         """Sequence hash of every full block of ``tokens`` (empty without caching)."""
         self.blocks: list[int] = []
@@ -172,7 +154,9 @@ class Scheduler:
             if self._caching
             else []
         )
-        seq = SeqState(request, hashes, pin, remote_kv)
+        cfg = self.config
+        sampler = MockSampler(request, cfg.vocab_size, cfg.eos_distribution, cfg.eos_mean_tokens)
+        seq = SeqState(request, hashes, pin, remote_kv, sampler)
         self._seqs[seq.request_id] = seq
         self.waiting.append(seq)
         return seq
@@ -326,7 +310,7 @@ class Scheduler:
         bs = cfg.block_size
         outputs: list[StepOutput] = []
         finished = False
-        caching, vocab, running = self._caching, cfg.vocab_size, Status.RUNNING
+        caching, running = self._caching, Status.RUNNING
         for seq, n in plan.scheduled:
             if seq.status is not running:
                 continue  # aborted during the step
@@ -337,14 +321,14 @@ class Scheduler:
             if seq.num_computed < len(tokens):
                 continue  # a prompt chunk: no token yet
             num_output = len(tokens) - seq.prompt_len
-            token = mock_token(seq.seed, num_output, vocab)
+            token, stop = seq.sampler.token(num_output)
             tokens.append(token)
             num_output += 1
             if caching and len(tokens) % bs == 0:
                 parent = seq.hashes[-1] if seq.hashes else None
                 seq.hashes += hashing.sequence_hashes(tokens[-bs:], bs, parent)
             finish: FinishReason | None = None
-            if token in seq.stop_ids and not seq.ignore_stop:
+            if stop:
                 finish = "stop"
             elif num_output >= seq.max_tokens:
                 finish = "length"

@@ -7,8 +7,9 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
-from dynamoctl.engines.api import EngineError, FinishReason, ModelCard
+from dynamoctl.engines.api import EngineError, FinishReason, GenerateRequest, ModelCard
 from dynamoctl.engines.common import translate
+from dynamoctl.wire.engine import TokenLogprobs
 
 ALIASES: Final[Mapping[str, str]] = {
     "model": "model_path",
@@ -100,3 +101,64 @@ def bootstrap_kwargs(kv_transfer_params: Mapping[str, Any] | None) -> dict[str, 
 def bootstrap_info(host: str, port: int, room: int) -> dict[str, Any]:
     """What a prefill worker hands on (its first chunk) for the decode worker's request."""
     return {"bootstrap_host": host, "bootstrap_port": port, "bootstrap_room": room}
+
+
+SAMPLING_NAMES: Final = {
+    "temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+    "presence_penalty": "presence_penalty", "frequency_penalty": "frequency_penalty",
+    "repetition_penalty": "repetition_penalty", "seed": "sampling_seed",
+}  # fmt: skip
+"""Our request's sampling fields → SGLang's ``sampling_params`` keys."""
+
+
+def sampling_params(request: GenerateRequest) -> dict[str, Any]:
+    """SGLang's ``sampling_params`` for ``request`` (None fields: SGLang's defaults).
+    ``ignore_eos`` drops the end-of-sequence ids, never the client's stop ids."""
+    params: dict[str, Any] = {"max_new_tokens": request.max_tokens}
+    stops = list(request.user_stop_token_ids)
+    if request.ignore_eos:
+        params["ignore_eos"] = True
+    else:
+        stops += request.stop_token_ids
+    if stops:
+        params["stop_token_ids"] = list(dict.fromkeys(stops))
+    for ours, theirs in SAMPLING_NAMES.items():
+        value = getattr(request, ours)
+        if value is not None:
+            params[theirs] = value
+    if request.top_k is not None and request.top_k <= 0:
+        params["top_k"] = -1  # SGLang's "off"
+    if request.min_tokens:
+        params["min_new_tokens"] = request.min_tokens
+    if request.logit_bias:
+        params["logit_bias"] = {str(k): v for k, v in request.logit_bias.items()}
+    return params
+
+
+def logprob_kwargs(request: GenerateRequest) -> dict[str, Any]:
+    """``async_generate`` keywords asking for output log-probabilities."""
+    if request.logprobs is None:
+        return {}
+    return {"return_logprob": True, "top_logprobs_num": request.logprobs}
+
+
+def token_logprobs(meta_info: Mapping[str, Any], start: int, count: int) -> list[TokenLogprobs]:
+    """Ours for output tokens ``start .. start + count`` from SGLang's ``meta_info``:
+    ``output_token_logprobs`` entries ``(logprob, token_id, text)``, and
+    ``output_top_logprobs`` a list of such entries per token."""
+    sampled = list(meta_info.get("output_token_logprobs") or [])
+    tops = list(meta_info.get("output_top_logprobs") or [])
+    if len(sampled) < start + count:  # incremental output: only this chunk's tokens
+        start = max(0, len(sampled) - count)
+    entries = []
+    for i in range(start, start + count):
+        logprob = sampled[i][0] if i < len(sampled) else None
+        top = (tops[i] if i < len(tops) else None) or []
+        entries.append(
+            TokenLogprobs(
+                logprob=float(logprob) if logprob is not None else -9999.0,
+                top_ids=[int(t[1]) for t in top],
+                top_logprobs=[float(t[0]) for t in top],
+            )
+        )
+    return entries

@@ -145,7 +145,7 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
         engine = self._engine
         if engine is None:
             raise EngineStopped("SGLang engine is not running")
-        rid, params = request.request_id, self._sampling(request)
+        rid, params = request.request_id, sargs.sampling_params(request)
         bootstrap = sargs.bootstrap_kwargs(request.kv_transfer_params)
         handoff = None
         if self._args.get("disaggregation_mode") == "prefill" and "bootstrap_room" not in bootstrap:
@@ -159,7 +159,7 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
         try:
             outputs = await engine.async_generate(
                 input_ids=request.token_ids, sampling_params=params, stream=True, rid=rid,
-                **bootstrap,
+                **sargs.logprob_kwargs(request), **bootstrap,
             )  # fmt: skip
             async for out in outputs:
                 meta = out.get("meta_info", {})
@@ -167,6 +167,8 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
                 seen += len(tokens)
                 self._load.produced(rid, len(tokens))
                 chunk = GenerateChunk(tokens, sargs.finish_reason(meta))
+                if request.logprobs is not None:
+                    chunk.logprobs = sargs.token_logprobs(meta, seen - len(tokens), len(tokens))
                 if first:
                     first = False
                     chunk.cached_tokens = int(meta.get("cached_tokens") or 0)
@@ -177,16 +179,3 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
                     return
         finally:
             self._load.finished(rid)
-
-    @staticmethod
-    def _sampling(request: GenerateRequest) -> dict[str, Any]:
-        params: dict[str, Any] = {"max_new_tokens": request.max_tokens}
-        if request.ignore_eos:
-            params["ignore_eos"] = True
-        elif request.stop_token_ids:
-            params["stop_token_ids"] = list(request.stop_token_ids)
-        if request.temperature is not None:
-            params["temperature"] = request.temperature
-        if request.seed is not None:
-            params["sampling_seed"] = request.seed
-        return params

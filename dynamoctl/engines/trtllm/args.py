@@ -7,8 +7,9 @@ import base64
 from collections.abc import Mapping
 from typing import Any, Final
 
-from dynamoctl.engines.api import EngineError, FinishReason, ModelCard
+from dynamoctl.engines.api import EngineError, FinishReason, GenerateRequest, ModelCard
 from dynamoctl.engines.common import translate
+from dynamoctl.wire.engine import TokenLogprobs
 
 ALIASES: Final[Mapping[str, str]] = {
     "max_model_len": "max_seq_len",
@@ -99,3 +100,60 @@ def params_to_disagg(params: Any) -> dict[str, Any] | None:
         if value is not None:
             out[name] = base64.b64encode(value).decode() if isinstance(value, bytes) else value
     return out
+
+
+SAMPLING_FIELDS: Final = (
+    "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed",
+)  # fmt: skip
+"""Our request's fields that TensorRT-LLM's ``SamplingParams`` has under the same name."""
+
+
+def sampling_kwargs(request: GenerateRequest) -> dict[str, Any]:
+    """TensorRT-LLM ``SamplingParams`` keywords (None fields: its defaults).
+    ``ignore_eos`` drops the end-of-sequence ids, never the client's stop ids."""
+    stops = list(request.user_stop_token_ids)
+    if not request.ignore_eos:
+        stops += request.stop_token_ids
+    kwargs: dict[str, Any] = {
+        "max_tokens": request.max_tokens,
+        "stop_token_ids": list(dict.fromkeys(stops)) or None,
+        "ignore_eos": request.ignore_eos,
+        "detokenize": False,
+    }
+    for name in SAMPLING_FIELDS:
+        value = getattr(request, name)
+        if value is not None:
+            kwargs[name] = value
+    if request.top_k is not None and request.top_k <= 0:
+        kwargs["top_k"] = 0  # TensorRT-LLM's "off"
+    if request.min_tokens:
+        kwargs["min_tokens"] = request.min_tokens
+    if request.logit_bias:
+        kwargs["logit_bias"] = dict(request.logit_bias)
+    if request.logprobs is not None:
+        kwargs["logprobs"] = request.logprobs
+    return kwargs
+
+
+def token_logprobs(completion: Any, count: int) -> list[TokenLogprobs]:
+    """Ours for a streamed output's last ``count`` tokens: TensorRT-LLM's
+    ``completion.logprobs`` holds, per token so far, a ``{token_id: Logprob}`` dict
+    (vLLM's shape) or a float."""
+    ids = list(completion.token_ids)[-count:] if count else []
+    positions = list(completion.logprobs or [])[-count:] if count else []
+    entries = []
+    for token_id, position in zip(ids, positions, strict=False):
+        if isinstance(position, dict):
+            sampled = position.get(token_id)
+            ranked = sorted(position.items(), key=lambda kv: -kv[1].logprob)
+            entries.append(
+                TokenLogprobs(
+                    logprob=sampled.logprob if sampled is not None else -9999.0,
+                    top_ids=[i for i, _ in ranked],
+                    top_logprobs=[lp.logprob for _, lp in ranked],
+                )
+            )
+        else:
+            entries.append(TokenLogprobs(logprob=float(position)))
+    return entries

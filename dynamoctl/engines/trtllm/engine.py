@@ -115,14 +115,7 @@ class TrtllmEngine(Engine):
         if llm is None:
             raise EngineStopped("TensorRT-LLM engine is not running")
         rid = request.request_id
-        sampling = SamplingParams(
-            max_tokens=request.max_tokens,
-            stop_token_ids=None if request.ignore_eos else list(request.stop_token_ids) or None,
-            ignore_eos=request.ignore_eos,
-            temperature=request.temperature,
-            seed=request.seed,
-            detokenize=False,
-        )
+        sampling = SamplingParams(**targs.sampling_kwargs(request))
         disagg = None
         if request.kv_transfer_params is not None:
             disagg = DisaggregatedParams(**targs.disagg_to_params(request.kv_transfer_params))
@@ -139,6 +132,8 @@ class TrtllmEngine(Engine):
                 tokens = list(completion.token_ids_diff)
                 self._load.produced(rid, len(tokens))
                 chunk = GenerateChunk(tokens)
+                if request.logprobs is not None:
+                    chunk.logprobs = targs.token_logprobs(completion, len(tokens))
                 if first:
                     first = False
                     chunk.prompt_tokens = len(request.token_ids)

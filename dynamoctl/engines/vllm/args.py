@@ -10,10 +10,11 @@ here, and a drain-friendly ``shutdown_timeout`` (:mod:`dynamoctl.engines.vllm.en
 from __future__ import annotations
 
 import ipaddress
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Final
 
 from dynamoctl.engines.api import EngineError, FinishReason, GenerateRequest, KvEventSource
+from dynamoctl.wire.engine import TokenLogprobs
 from dynamoctl.worker.options import render_engine_args
 
 ANY_PORT: Final = "tcp://*:0"
@@ -100,26 +101,66 @@ def sampling_kwargs(request: GenerateRequest, defaults: Mapping[str, Any]) -> di
     """``SamplingParams`` keywords for ``request``: the model's generation-config defaults
     (vLLM's ``get_diff_sampling_param``), overridden by what the request sets.
 
-    ``ignore_eos`` in our protocol ignores every stop token, so none are passed then
-    (vLLM's own ``ignore_eos`` would still honour ``stop_token_ids``). Token ids in and
-    out: nothing is detokenised.
+    ``ignore_eos`` in our protocol ignores the end-of-sequence ids (``stop_token_ids``,
+    with the model's own), never the client's ``user_stop_token_ids``, as vLLM's flag does.
+    Token ids in and out: nothing is detokenised.
     """
     kwargs = dict(defaults)
-    stop = [*request.stop_token_ids, *(kwargs.pop("stop_token_ids", None) or ())]
+    model_stops = kwargs.pop("stop_token_ids", None) or ()
+    eos = [] if request.ignore_eos else [*request.stop_token_ids, *model_stops]
+    stop = list(dict.fromkeys([*request.user_stop_token_ids, *eos]))
     kwargs.update(
         max_tokens=request.max_tokens,
         ignore_eos=request.ignore_eos,
-        stop_token_ids=None if request.ignore_eos else list(dict.fromkeys(stop)) or None,
+        stop_token_ids=stop or None,
         detokenize=False,
         skip_special_tokens=False,
     )
-    if request.seed is not None:
-        kwargs["seed"] = request.seed
-    if request.temperature is not None:
-        kwargs["temperature"] = request.temperature
+    for name in SAMPLING_FIELDS:
+        value = getattr(request, name)
+        if value is not None:
+            kwargs[name] = value
+    if request.min_tokens:
+        kwargs["min_tokens"] = request.min_tokens
     if request.kv_transfer_params is not None:
         kwargs["extra_args"] = {"kv_transfer_params": request.kv_transfer_params}
     return kwargs
+
+
+SAMPLING_FIELDS: Final = (
+    "seed", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
+    "frequency_penalty", "repetition_penalty", "logit_bias", "logprobs",
+)  # fmt: skip
+"""Fields of :class:`GenerateRequest` that are ``SamplingParams`` fields of the same name
+and meaning (None: the model's default)."""
+
+
+def token_logprobs(
+    token_ids: Sequence[int], positions: Sequence[Mapping[int, Any] | None], top: int
+) -> list[TokenLogprobs]:
+    """Ours from vLLM's per-position ``{token_id: Logprob}`` (the sampled token, whatever
+    its rank, and the ``top`` most likely, ranked 1..top)."""
+    entries = []
+    for token_id, position in zip(token_ids, positions, strict=False):
+        position = position or {}
+        sampled = position.get(token_id)
+        ranked = sorted(
+            (lp.rank, i, lp.logprob)
+            for i, lp in position.items()
+            if lp.rank is not None and lp.rank <= top
+        )
+        entries.append(
+            TokenLogprobs(
+                logprob=sampled.logprob if sampled is not None else MISSING_LOGPROB,
+                top_ids=[i for _, i, _ in ranked],
+                top_logprobs=[p for _, _, p in ranked],
+            )
+        )
+    return entries
+
+
+MISSING_LOGPROB: Final = -9999.0
+"""What a token vLLM gave no log-probability for gets (JSON has no -inf)."""
 
 
 def finish_reason(reason: str | None) -> FinishReason:

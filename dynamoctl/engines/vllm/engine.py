@@ -252,6 +252,10 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
                 async for out in outputs:
                     completion = out.outputs[0]
                     chunk = GenerateChunk(list(completion.token_ids))
+                    if request.logprobs is not None:
+                        chunk.logprobs = vargs.token_logprobs(
+                            chunk.token_ids, completion.logprobs or [], request.logprobs
+                        )
                     if first:
                         first = False
                         chunk.cached_tokens = out.num_cached_tokens or 0

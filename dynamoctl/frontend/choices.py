@@ -1,0 +1,114 @@
+"""A request's choices running together: ``n`` per prompt and a batched completion's
+prompts, each a :class:`~dynamoctl.frontend.generate.Job` generated on its own (routed,
+migrated), their text deltas merged into one stream tagged with the choice's index.
+
+One choice (nearly every request) is read in place; several are read by one task each
+into a queue, so a slow choice never holds back another's tokens. The first failure
+ends the request, and closing the merged stream cancels every choice."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from dynamoctl.frontend.generate import Generator, Job, Outcome
+from dynamoctl.frontend.logprobs import LogprobsRenderer
+from dynamoctl.frontend.models import ServedModel
+
+Delta = tuple[int, str | None]
+"""A choice's index and its next text; None: the choice has finished."""
+
+
+@dataclass
+class Choices:
+    """The choices of one request and what their responses need."""
+
+    request_id: str
+    """The response's id; a choice's job is named after it."""
+    jobs: list[Job]
+    prompt_tokens: int
+    """Each prompt's tokens once, however many choices it has (OpenAI's usage)."""
+    echo: list[str] = field(default_factory=list)
+    """Per choice, the prompt text that precedes its completion (``echo``); empty: none."""
+    logprobs: bool = False
+    """The client asked for log-probabilities."""
+    outcomes: list[Outcome] = field(init=False)
+    renderers: list[LogprobsRenderer] = field(init=False, default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.outcomes = [Outcome() for _ in self.jobs]
+
+    def setup_logprobs(self, model: ServedModel, chat: bool) -> None:
+        if self.logprobs:
+            self.renderers = [
+                LogprobsRenderer(model.tokenizer, chat, len(self.echo[i]) if self.echo else 0)
+                for i in range(len(self.jobs))
+            ]
+
+    def cached_tokens(self, n: int) -> int:
+        """Prompt tokens served from cache: each prompt's first choice's."""
+        return sum(o.cached_tokens for o in self.outcomes[::n])
+
+    def done(self) -> bool:
+        """Every choice has finished (called per token: one choice is the common case)."""
+        outcomes = self.outcomes
+        if len(outcomes) == 1:
+            return outcomes[0].finish_reason is not None
+        return all(o.finish_reason is not None for o in outcomes)
+
+    def new_logprobs(self, index: int) -> Any:
+        """Log-probabilities of the choice's tokens not written yet (None if not asked)."""
+        if not self.logprobs:
+            return None
+        return self.renderers[index].render(self.outcomes[index].new_logprobs())
+
+    def all_logprobs(self, index: int) -> Any:
+        if not self.logprobs:
+            return None
+        return self.renderers[index].render(self.outcomes[index].logprobs)
+
+    def run(self, generator: Generator, model: ServedModel) -> AsyncIterator[Delta]:
+        streams = [
+            generator.run(job, model.tokenizer, model.picker, outcome)
+            for job, outcome in zip(self.jobs, self.outcomes, strict=True)
+        ]
+        return _one(streams[0]) if len(streams) == 1 else _merged(streams)
+
+
+async def _one(stream: AsyncIterator[str]) -> AsyncIterator[Delta]:
+    async for text in stream:
+        yield 0, text
+    yield 0, None
+
+
+async def _merged(streams: Sequence[AsyncIterator[str]]) -> AsyncIterator[Delta]:
+    queue: asyncio.Queue[tuple[int, str | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncIterator[str]) -> None:
+        try:
+            async with contextlib.aclosing(stream):  # type: ignore[type-var]
+                async for text in stream:
+                    queue.put_nowait((index, text, None))
+            queue.put_nowait((index, None, None))
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            queue.put_nowait((index, None, exc))
+
+    tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(streams)]
+    try:
+        left = len(tasks)
+        while left:
+            index, text, error = await queue.get()
+            if error is not None:
+                raise error
+            if text is None:
+                left -= 1
+            yield index, text
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)

@@ -1,0 +1,314 @@
+"""The OpenAI compatibility policy: every request parameter of the chat and completions
+APIs and of vLLM's common extensions, declared once as supported, accepted when neutral,
+or refused, with the reason (docs/api.md shows this table; a test keeps both, and the
+request models, in step).
+
+* **supported**: a field of the request model (:mod:`dynamoctl.frontend.protocol`), carried
+  to where it takes effect.
+* **accepted when neutral**: not implemented, but the values that ask for nothing (null,
+  and the ones listed: ``repetition_penalty: 1.0``, ``best_of: 1``, ``store: false``...)
+  are accepted, since SDKs and benchmark clients send them by default; any other value is
+  a 400 naming the parameter.
+* **refused**: not implemented and nothing to be neutral about; only null is accepted.
+
+:func:`check_unsupported` applies the table to a raw request object before the model
+sees it. Another module that implements a parameter (structured outputs, tools) flips its
+row to ``SUPPORTED`` and adds the field to the request model.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic_core import PydanticCustomError
+
+Endpoint = Literal["chat", "completions"]
+BOTH: tuple[Endpoint, ...] = ("chat", "completions")
+CHAT: tuple[Endpoint, ...] = ("chat",)
+COMPLETIONS: tuple[Endpoint, ...] = ("completions",)
+
+
+class Support(enum.Enum):
+    SUPPORTED = "supported"
+    NEUTRAL = "accepted when neutral"
+    REFUSED = "refused"
+
+
+@dataclass(frozen=True)
+class Param:
+    """One request parameter's row."""
+
+    name: str
+    endpoints: tuple[Endpoint, ...]
+    support: Support
+    origin: Literal["OpenAI", "vLLM"]
+    why: str
+    """What it does here, or why it is not implemented."""
+    neutral: tuple[Any, ...] = ()
+    """Values besides null accepted for a parameter not implemented (``NEUTRAL``)."""
+
+
+S, N, R = Support.SUPPORTED, Support.NEUTRAL, Support.REFUSED
+
+POLICY: tuple[Param, ...] = (
+    # -- OpenAI, both endpoints -----------------------------------------------------------
+    Param("model", BOTH, S, "OpenAI", "served model name (`GET /v1/models`)"),
+    Param(
+        "max_tokens", BOTH, S, "OpenAI", "most tokens per choice; default: the rest of the context"
+    ),
+    Param("temperature", BOTH, S, "OpenAI", "passed to the engine"),
+    Param("top_p", BOTH, S, "OpenAI", "passed to the engine"),
+    Param("seed", BOTH, S, "OpenAI", "passed to the engine; choice i of `n` uses seed + i"),
+    Param("stop", BOTH, S, "OpenAI", "up to 4 strings, matched by the frontend on the text"),
+    Param("stream", BOTH, S, "OpenAI", "server-sent events"),
+    Param("stream_options", BOTH, S, "OpenAI", "`include_usage` adds a final usage chunk"),
+    Param(
+        "n",
+        BOTH,
+        S,
+        "OpenAI",
+        "fan-out: an engine request per choice, up to the frontend's `max_choices`",
+    ),
+    Param("presence_penalty", BOTH, S, "OpenAI", "passed to the engine"),
+    Param("frequency_penalty", BOTH, S, "OpenAI", "passed to the engine"),
+    Param("logit_bias", BOTH, S, "OpenAI", "token id → bias in [-100, 100], passed to the engine"),
+    Param(
+        "logprobs",
+        BOTH,
+        S,
+        "OpenAI",
+        "per-token log-probabilities from the engine (chat: a boolean; completions: "
+        "how many alternatives, 0-20)",
+    ),
+    Param("user", BOTH, S, "OpenAI", "informational: asks for no behaviour (nothing is recorded)"),
+    Param(
+        "max_completion_tokens",
+        BOTH,
+        S,
+        "OpenAI",
+        "newer name of `max_tokens` (on completions too, as vLLM); wins over it",
+    ),
+    Param("service_tier", BOTH, N, "OpenAI", "one tier only", ("auto", "default")),
+    # -- OpenAI, chat ---------------------------------------------------------------------
+    Param(
+        "messages",
+        CHAT,
+        S,
+        "OpenAI",
+        "rendered by the model's chat template; `name` is passed to it",
+    ),
+    Param("top_logprobs", CHAT, S, "OpenAI", "alternatives per token (0-20) with `logprobs: true`"),
+    Param("store", CHAT, N, "OpenAI", "nothing is stored", (False,)),
+    Param("metadata", CHAT, N, "OpenAI", "only meaningful with `store`", ({},)),
+    Param("modalities", CHAT, N, "OpenAI", "text output only", (["text"],)),
+    Param("audio", CHAT, R, "OpenAI", "text output only"),
+    Param("prediction", CHAT, R, "OpenAI", "no speculative decoding from a client's prediction"),
+    Param("web_search_options", CHAT, R, "OpenAI", "no web search"),
+    Param("reasoning_effort", CHAT, R, "OpenAI", "not implemented"),
+    Param("verbosity", CHAT, N, "OpenAI", "not implemented", ("medium",)),
+    Param(
+        "prompt_cache_key",
+        CHAT,
+        R,
+        "OpenAI",
+        "caching is automatic (KV-aware routing); no key is needed",
+    ),
+    Param("safety_identifier", CHAT, S, "OpenAI", "informational, like `user`"),
+    Param(
+        "response_format",
+        CHAT,
+        N,
+        "OpenAI",
+        "structured outputs are not implemented yet",
+        ({"type": "text"},),
+    ),
+    Param("tools", CHAT, N, "OpenAI", "tool calling is not implemented yet", ([],)),
+    Param("tool_choice", CHAT, N, "OpenAI", "tool calling is not implemented yet", ("none",)),
+    Param(
+        "parallel_tool_calls",
+        CHAT,
+        N,
+        "OpenAI",
+        "tool calling is not implemented yet",
+        (True, False),
+    ),
+    Param("functions", CHAT, N, "OpenAI", "deprecated form of `tools`", ([],)),
+    Param("function_call", CHAT, N, "OpenAI", "deprecated form of `tool_choice`", ("none",)),
+    # -- OpenAI, completions --------------------------------------------------------------
+    Param(
+        "prompt",
+        COMPLETIONS,
+        S,
+        "OpenAI",
+        "text, token ids, or a batch of either (choice index: prompt index * n + i)",
+    ),
+    Param("echo", COMPLETIONS, S, "OpenAI", "the prompt's text precedes the completion"),
+    Param(
+        "best_of", COMPLETIONS, N, "OpenAI", "server-side best-of is not implemented; use `n`", (1,)
+    ),
+    Param("suffix", COMPLETIONS, N, "OpenAI", "no fill-in-the-middle", ("",)),
+    # -- vLLM extensions ------------------------------------------------------------------
+    Param("top_k", BOTH, S, "vLLM", "passed to the engine (-1 or 0: off)"),
+    Param("min_p", BOTH, S, "vLLM", "passed to the engine"),
+    Param("repetition_penalty", BOTH, S, "vLLM", "passed to the engine"),
+    Param(
+        "min_tokens", BOTH, S, "vLLM", "no end-of-sequence or stop token before this many tokens"
+    ),
+    Param("ignore_eos", BOTH, S, "vLLM", "generate exactly `max_tokens` (benchmarks)"),
+    Param(
+        "stop_token_ids", BOTH, S, "vLLM", "token ids that end a choice (even with `ignore_eos`)"
+    ),
+    Param(
+        "skip_special_tokens", BOTH, N, "vLLM", "special tokens are always skipped in text", (True,)
+    ),
+    Param(
+        "spaces_between_special_tokens", BOTH, N, "vLLM", "the tokenizer's default only", (True,)
+    ),
+    Param(
+        "include_stop_str_in_output", BOTH, N, "vLLM", "stop strings are never returned", (False,)
+    ),
+    Param("use_beam_search", BOTH, N, "vLLM", "no beam search", (False,)),
+    Param("length_penalty", BOTH, N, "vLLM", "only meaningful with beam search", (1, 1.0)),
+    Param("bad_words", BOTH, N, "vLLM", "not implemented", ([],)),
+    Param("allowed_token_ids", BOTH, R, "vLLM", "not implemented"),
+    Param("prompt_logprobs", BOTH, R, "vLLM", "prompt log-probabilities are not returned"),
+    Param(
+        "truncate_prompt_tokens",
+        BOTH,
+        R,
+        "vLLM",
+        "a prompt longer than the context is refused, never truncated",
+    ),
+    Param("priority", BOTH, N, "vLLM", "no priority scheduling", (0,)),
+    Param("return_tokens_as_token_ids", BOTH, N, "vLLM", "tokens are returned as text", (False,)),
+    Param("logits_processors", BOTH, R, "vLLM", "no custom logits processors"),
+    Param("guided_json", BOTH, R, "vLLM", "structured outputs are not implemented yet"),
+    Param("guided_regex", BOTH, R, "vLLM", "structured outputs are not implemented yet"),
+    Param("guided_choice", BOTH, R, "vLLM", "structured outputs are not implemented yet"),
+    Param("guided_grammar", BOTH, R, "vLLM", "structured outputs are not implemented yet"),
+    Param("structured_outputs", BOTH, R, "vLLM", "structured outputs are not implemented yet"),
+    Param(
+        "add_special_tokens",
+        CHAT,
+        N,
+        "vLLM",
+        "the chat template writes the special tokens",
+        (False,),
+    ),
+    Param(
+        "add_special_tokens",
+        COMPLETIONS,
+        N,
+        "vLLM",
+        "text prompts always get the tokenizer's special tokens",
+        (True,),
+    ),
+    Param(
+        "add_generation_prompt", CHAT, N, "vLLM", "the assistant's turn is always opened", (True,)
+    ),
+    Param("continue_final_message", CHAT, N, "vLLM", "not implemented", (False,)),
+    Param("echo", CHAT, N, "vLLM", "not implemented on chat", (False,)),
+    Param("chat_template", CHAT, R, "vLLM", "the model's own template only"),
+    Param("chat_template_kwargs", CHAT, N, "vLLM", "not implemented", ({},)),
+    Param("documents", CHAT, R, "vLLM", "not implemented"),
+    Param("request_id", BOTH, R, "vLLM", "the frontend names requests"),
+    Param("cache_salt", BOTH, R, "vLLM", "no per-tenant cache isolation"),
+    Param("kv_transfer_params", BOTH, R, "vLLM", "disaggregation is the frontend's decision"),
+    Param("vllm_xargs", BOTH, R, "vLLM", "not implemented"),
+)
+
+
+def params(endpoint: Endpoint, support: Support | None = None) -> dict[str, Param]:
+    """The rows of ``endpoint`` (of one kind, when ``support`` is given), by name."""
+    return {
+        p.name: p
+        for p in POLICY
+        if endpoint in p.endpoints and (support is None or p.support is support)
+    }
+
+
+_UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {
+    e: {n: p for n, p in params(e).items() if p.support is not S} for e in BOTH
+}
+
+
+def is_neutral(value: Any, param: Param) -> bool:
+    """Null, or one of the row's neutral values (``true`` is not ``1``; ``1`` is ``1.0``)."""
+    return value is None or any(_same(value, n) for n in param.neutral)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    if isinstance(a, int | float) and isinstance(b, int | float):
+        return a == b
+    return type(a) is type(b) and bool(a == b)
+
+
+def check_unsupported(data: Any, endpoint: Endpoint) -> Any:
+    """``data`` without the parameters this endpoint does not implement, once each was
+    found neutral; else a validation error that names the parameter (``unsupported``)."""
+    if not isinstance(data, Mapping):
+        return data
+    rows = _UNSUPPORTED[endpoint]
+    found = [name for name in data if name in rows]
+    if not found:
+        return data
+    for name in found:
+        param = rows[name]
+        if not is_neutral(data[name], param):
+            accepted = ", ".join(["null", *(_json(v) for v in param.neutral)])
+            raise PydanticCustomError(
+                "unsupported",
+                "'{param}' is not supported ({why}); accepted: {accepted}",
+                {"param": name, "why": param.why, "accepted": accepted},
+            )
+    return {k: v for k, v in data.items() if k not in rows}
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value)
+
+
+# -- docs/api.md ---------------------------------------------------------------------------
+
+REGENERATE = "python -m dynamoctl.frontend.compat docs/api.md"
+BEGIN = f"<!-- BEGIN generated by `{REGENERATE}`; edit dynamoctl/frontend/compat.py instead -->"
+END = "<!-- END generated -->"
+
+
+def render_table() -> str:
+    """The policy as docs/api.md shows it, markers included."""
+    where = {BOTH: "both", CHAT: "chat", COMPLETIONS: "completions"}
+    lines = [BEGIN, "", "| Parameter | Endpoint | From | Support | Accepted values / why |"]
+    lines.append("|---|---|---|---|---|")
+    for kind in Support:
+        for p in sorted((p for p in POLICY if p.support is kind), key=lambda p: p.name):
+            why = p.why
+            if kind is not S:  # what is accepted, then why nothing else is
+                accepted = ", ".join(f"`{_json(v)}`" for v in (None, *p.neutral))
+                why = f"{accepted}: {p.why}"
+            cells = (f"`{p.name}`", where[p.endpoints], p.origin, kind.value, why)
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+    return "\n".join([*lines, "", END])
+
+
+def replace_generated(document: str) -> str:
+    start, end = document.index(BEGIN), document.index(END) + len(END)
+    return document[:start] + render_table() + document[end:]
+
+
+if __name__ == "__main__":
+    import sys
+    from pathlib import Path
+
+    if len(sys.argv) > 1:
+        path = Path(sys.argv[1])
+        path.write_text(replace_generated(path.read_text(encoding="utf-8")), encoding="utf-8")
+        print(f"rewrote the compatibility table in {path}")
+    else:
+        print(render_table())
