@@ -143,6 +143,7 @@ def test_load_step_scales_up_and_load_drop_drains_back(cli: Cli) -> None:
     assert stopped and all(row["state"] == "STOPPED" and row["restarts"] == 0 for row in stopped)
     assert report["planner"]["last_change"].endswith("-> 1"), report["planner"]
     log = (cli.home / "runs" / "planned" / "logs" / "planner-0.log").read_text()
+    print(log)  # the decisions and their inputs, shown when the test fails
     assert "load loop: agg 1 -> 2" in log and "TTFT" in log  # decisions logged with inputs
     assert "draining agg-1" in log  # scale-down went through the supervisor's drain
     down = cli("down", "planned", timeout=90)
