@@ -80,9 +80,9 @@ class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Unique in the deployment: ``frontend-0``, ``agg-1``, ``router-0``, ``etcd-0``."""
     pool: str
     """What ``scale`` and ``drain POOL`` address: ``agg``, ``prefill``, ``decode``,
-    ``frontend``, ``router``, ``etcd``."""
+    ``frontend``, ``router``, ``planner``, ``etcd``."""
     component: str
-    """``worker``, ``frontend``, ``router`` or ``etcd``."""
+    """``worker``, ``frontend``, ``router``, ``planner`` or ``etcd``."""
     host: str
     """Where it runs: ``localhost``, an SSH host, or a Slurm node name."""
     address: str = ""

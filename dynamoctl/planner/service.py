@@ -168,7 +168,7 @@ class PlannerService:
         totals = await self._observe()
         now = self.clock()
         if self.settings.mode != "load":
-            self._throughput(totals, now)
+            self.throughput(totals, now)
         if self.settings.mode != "throughput":
             decision, self.state = decide_load(
                 settings=self.settings,
@@ -195,7 +195,7 @@ class PlannerService:
         self.metrics = pool_metrics(self.roles, self.ready, self.load.workers(), self.window)
         return totals
 
-    def _throughput(self, totals: FrontendTotals | None, now: float) -> None:
+    def throughput(self, totals: FrontendTotals | None, now: float) -> None:
         """The throughput loop, once ``throughput_interval`` has passed since the last."""
         assert self.state is not None
         mark = self._throughput_mark

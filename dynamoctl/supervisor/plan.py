@@ -4,10 +4,9 @@ The plan is a pure function of the recipe, the hosts and the run directory, so
 ``dynamoctl up --dry-run`` prints the same text every time (golden-file tested), and the
 supervisor starts exactly what the dry run showed.
 
-Placement: the head host (first one) runs the managed etcd, the frontend and the
-planner (when the recipe has one); router
-replicas are spread over the hosts;
-worker replicas go first-fit over hosts in pool order (prefill, decode, agg), each taking
+Placement: the head host (first one) runs the managed etcd, the frontend and the planner
+(when the recipe has one); router replicas are spread over the hosts; worker replicas go
+first-fit over hosts in pool order (prefill, decode, agg), each taking
 ``gpus_per_replica`` contiguous free GPUs (``CUDA_VISIBLE_DEVICES``). Replicas without
 GPUs are spread round-robin, so a CPU deployment still uses every host.
 """

@@ -27,6 +27,8 @@ from dynamoctl.planner.observe import (
     parse_totals,
     window,
 )
+from dynamoctl.planner.perf import PerfModel
+from dynamoctl.planner.records import PlannerState
 from dynamoctl.planner.service import PlannerService, pool_metrics
 from dynamoctl.planner.settings import PlannerOptions, PlannerPools, PlannerSettings
 from dynamoctl.recipe import load_recipe_text
@@ -275,3 +277,45 @@ def test_incomplete_data_leaves_a_pool_out_so_it_holds() -> None:
     assert pool_metrics(["decode"], {"decode": 0}, workers, span) == {}  # nothing READY
     agg = pool_metrics(["agg"], {"agg": 1}, [_load("agg", "agg-0", 1.0, kv=0.9)], span)["agg"]
     assert (agg.ttft, agg.itl, agg.kv_usage) == (0.3, 0.02, 0.9)
+
+
+def _totals(at: float, arrived: float, ended: float) -> FrontendTotals:
+    return FrontendTotals(
+        at=at, received=arrived, requests=ended, input_tokens=arrived * 1000,
+        output_tokens=ended * 100, ttft_sum=0.0, ttft_count=0.0, itl_sum=0.0, itl_count=0.0,
+    )  # fmt: skip
+
+
+def test_the_throughput_loop_raises_the_floor_from_the_frontends_counters(tmp_path: Path) -> None:
+    options = PlannerOptions(
+        namespace="ns",
+        discovery=f"embedded://{tmp_path}",
+        pools=PlannerPools(agg_gpus=1, model="tiny"),
+        planner=PlannerSettings(
+            throughput_interval=10.0, predictor="constant", agg_max_replicas=8, gpu_budget=8
+        ),
+    )
+
+    async def run() -> None:
+        async with Discovery(store_from_url(f"embedded://{tmp_path}")) as discovery:
+            planner = PlannerService(options, discovery, PerfModel(PROFILE))
+            planner.state = PlannerState.start({"agg": 1})
+            try:
+                planner.throughput(_totals(0.0, 0, 0), now=0.0)  # the first mark
+                assert planner.last is None
+                planner.throughput(_totals(5.0, 10, 10), now=5.0)  # not due yet
+                assert planner.last is None
+                # 10 s: 50 arrived (5 req/s of 1000-token prompts), 40 ended (100 tokens).
+                planner.throughput(_totals(10.0, 50, 40), now=10.0)
+                assert planner.sample is not None and planner.forecast is not None
+                assert (planner.sample.requests, planner.sample.mean_isl) == (50, 1000)
+                assert planner.forecast.rate == 5.0 and planner.forecast.osl == 100
+                decision = planner.last
+                assert decision is not None and decision.loop == "throughput"
+                floor = decision.pools[0].floor
+                assert floor > 1 and planner.state.pools["agg"].target == floor
+                assert planner.link.pending("agg")  # asked of the supervisor (none here)
+            finally:
+                await planner.close()
+
+    asyncio.run(run())
