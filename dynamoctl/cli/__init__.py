@@ -6,11 +6,14 @@ module plus one entry in ``_GROUPS``.
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import typer
 
 from dynamoctl import __version__
 from dynamoctl.cli import bench as bench_cli
 from dynamoctl.cli import deploy, discovery, follower, frontend, operate, recipe, router, worker
+from dynamoctl.cli import profile as profile_cli
 
 app = typer.Typer(name="dynamoctl", no_args_is_help=True, add_completion=False)
 
@@ -30,7 +33,8 @@ def _root(
     """LLM serving on Slurm, SSH-reachable nodes or one workstation, without Kubernetes."""
 
 
-_GROUPS = (recipe, discovery, worker, follower, frontend, router, deploy, operate, bench_cli)
+_GROUPS: tuple[ModuleType, ...] = (recipe, discovery, worker, follower, frontend, router, deploy)
+_GROUPS += (operate, bench_cli, profile_cli)
 for _group in _GROUPS:
     _group.register(app)
 
