@@ -40,7 +40,7 @@ print(json.dumps({"done": done, "errors": errors}))
 """
 
 
-def _recipe(tmp: Path, name: str, cluster: MultiNodeCluster, port: int) -> Path:
+def _recipe(tmp: Path, name: str, cluster: MultiNodeCluster, port: int, growth: str = "") -> Path:
     path = tmp / f"{name}.yaml"
     path.write_text(f"""\
 schema: 1
@@ -52,7 +52,7 @@ target:
   nodes: 2
   gpus_per_node: 2
   time_limit: "00:20:00"
-  growth: {{max_jobs: 1, nodes_per_job: 1, start_timeout: 90}}
+  growth: {{{growth or "max_jobs: 1, nodes_per_job: 1, start_timeout: 90"}}}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
 frontend: {{port: {port}}}
 workers:
@@ -161,3 +161,48 @@ def test_scale_past_the_allocation_grows_by_a_job_and_releases_it_drained(
     )
     assert down.returncode == 0, down.stdout + down.stderr
     _wait_gone(name)
+
+
+def test_an_extra_job_that_never_runs_is_cancelled_and_down_releases_the_others(
+    slurm_multinode: MultiNodeCluster, tmp_path: Path
+) -> None:
+    """Two extra jobs allowed, but the cluster has one node left: the second waits in the
+    queue past its start_timeout, is cancelled, and ``scale`` says so; the deployment keeps
+    serving, and ``down`` drains the first job's replica, then cancels that job."""
+    cluster, name = slurm_multinode, "growfail"
+    home = tmp_path / "home"
+    login = Login(cluster, home)
+    growth = "max_jobs: 2, nodes_per_job: 1, start_timeout: 4"
+    recipe = _recipe(tmp_path, name, cluster, 8012, growth)
+    up = login.cli("up", str(recipe), timeout=240)
+    assert up.returncode == 0, (
+        up.stdout + up.stderr + _tail(home / "runs" / name / "supervisor.log")
+    )
+    try:
+        grown = login.cli("scale", "agg=3", "--name", name, timeout=200)
+        assert grown.returncode == 0, grown.stdout + grown.stderr
+        first = re.search(r"submitted extra Slurm job (\d+)", grown.stdout)
+        assert first, grown.stdout
+        stuck = login.cli("scale", "agg=4", "--name", name, timeout=120)
+        assert stuck.returncode == 1, stuck.stdout + stuck.stderr
+        second = re.search(r"submitted extra Slurm job (\d+)", stuck.stdout)
+        assert second, stuck.stdout
+        assert (
+            f"not started: agg-3 (extra Slurm job {second.group(1)} FAILED: still pending "
+            "after target.growth.start_timeout=4 s)"
+        ) in stuck.stderr
+        wait_job_state(cluster, second.group(1), {"", "CANCELLED"}, timeout=30)
+        jobs = {g["job"]: g["state"] for g in _growth(login, name)}
+        assert jobs == {first.group(1): "RUNNING", second.group(1): "FAILED"}
+        rows = {r["name"]: r["state"] for r in login.status(name)["instances"]}
+        assert rows == {n: "READY" for n in ("etcd-0", "agg-0", "agg-1", "agg-2", "frontend-0")}
+        assert login.complete(f"http://{cluster.nodes[0]}:8012/v1")["usage"]["completion_tokens"]
+    finally:
+        down = login.cli("down", name, timeout=180)
+    assert down.returncode == 0, down.stdout + down.stderr
+    wait_job_state(cluster, first.group(1), {"", "CANCELLED"}, timeout=30)
+    _wait_gone(name)
+    log = (home / "runs" / name / "supervisor.log").read_text()
+    drained = re.search(r"agg-2 on \S+: DRAINING -> STOPPED", log)
+    assert drained, log[-3000:]
+    assert drained.start() < log.index(f"extra Slurm job {first.group(1)}: RUNNING -> RELEASING")
