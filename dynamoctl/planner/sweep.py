@@ -7,9 +7,9 @@ user sees, and each prompt is fresh token ids (no prefix-cache hit).
   each; the point is their median TTFT.
 - **Decode**: per (batch, context), ``batch`` requests sent together, each with a prompt of
   ``context - osl/2`` tokens and ``osl`` output tokens, so their mean context while they
-  decode is ``context``. ITL is the median gap between two tokens of a request while
-  *every* request of the batch decodes (after the batch's last first token, before its
-  first end): the batch's own prefills are not decode time.
+  decode is ``context``. ITL is the time per token while *every* request of the batch decodes
+  (after the batch's last first token, before its first end; :func:`steady_itl`): the
+  batch's own prefills are not decode time.
 
 docs/planner.md, "Profiles", says how to run it and what the file holds.
 """
@@ -17,7 +17,6 @@ docs/planner.md, "Profiles", says how to run it and what the file holds.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import random
 import statistics
 from collections.abc import Callable, Iterator
@@ -28,7 +27,7 @@ import msgspec
 from pydantic import Field, field_validator, model_validator
 
 from dynamoctl.bench.client import RequestRecord, Sender
-from dynamoctl.bench.workload import Conversation, Session, Turn, random_tokens
+from dynamoctl.bench.workload import TOKEN_HI, Conversation, Session, Turn
 from dynamoctl.planner.perf import PROFILE_VERSION, DecodePoint, PrefillPoint, Profile
 from dynamoctl.recipe.models import Recipe, WorkerPool
 from dynamoctl.settings.base import Options
@@ -58,6 +57,7 @@ class SweepPlan(msgspec.Struct, frozen=True, kw_only=True):
     repeats: int
     timeout: float
     seed: int = 0
+    max_token_id: int = TOKEN_HI
 
     def decode_prompt(self, context: int) -> int:
         """Prompt length whose requests decode, on average, at ``context`` tokens."""
@@ -87,6 +87,8 @@ class ProfileOptions(Options):
     """Seconds one request (or one decode batch) may take."""
     seed: int = 0
     """Prompt seed."""
+    max_token_id: int = Field(default=TOKEN_HI, ge=16)
+    """Prompt token ids are drawn from [N/8, N): set it below a small model's vocabulary."""
 
     @field_validator("isl", "batches", "contexts")
     @classmethod
@@ -113,6 +115,7 @@ class ProfileOptions(Options):
             repeats=self.repeats,
             timeout=self.timeout,
             seed=self.seed,
+            max_token_id=self.max_token_id,
         )
 
 
@@ -147,12 +150,21 @@ def token_times(record: RequestRecord) -> list[float]:
     return times
 
 
-def steady_gaps(records: list[RequestRecord]) -> list[float]:
-    """Gaps between tokens while every request of a batch was decoding."""
+def steady_itl(records: list[RequestRecord]) -> float | None:
+    """Seconds per output token while every request of a batch was decoding: the window
+    from the batch's last first token to its first last token, over the tokens each
+    request got in it (on average). Counting tokens over a window, rather than taking the
+    gaps between chunks, holds when an engine delivers tokens in bursts (gaps of 0, then
+    one long one) or several in a chunk. None when the window holds no token."""
     times = [token_times(r) for r in records]
     start = max(t[0] for t in times)
     end = min(t[-1] for t in times)
-    return [b - a for t in times for a, b in itertools.pairwise(t) if a >= start and b <= end]
+    tokens = [
+        sum(1 for x in t if start < x <= end) * r.output_tokens / len(t)
+        for r, t in zip(records, times, strict=True)
+    ]
+    mean = sum(tokens) / len(tokens)
+    return (end - start) / mean if end > start and mean >= 1 else None
 
 
 class Sweeper:
@@ -165,8 +177,10 @@ class Sweeper:
         self._ids = iter(range(1 << 62))
 
     def _sessions(self, count: int, prompt: int, max_tokens: int) -> Iterator[Session]:
+        high = self.plan.max_token_id
         for _ in range(count):
-            turn = Turn(random_tokens(self._rng, prompt), max_tokens)
+            tokens = [self._rng.randrange(high // 8, high) for _ in range(prompt)]
+            turn = Turn(tokens, max_tokens)
             yield Session(next(self._ids), [], [turn])
 
     async def _send(self, session: Session, origin: float, what: str) -> RequestRecord:
@@ -186,7 +200,7 @@ class Sweeper:
         return PrefillPoint(isl=isl, seconds=max(statistics.median(ttfts), 1e-6))
 
     async def decode(self, batch: int, context: int) -> DecodePoint:
-        """Median steady ITL of ``batch`` requests decoding at ``context`` on average."""
+        """Steady ITL of ``batch`` requests decoding at ``context`` on average."""
         what = f"decode batch {batch} context {context}"
         origin = self.sender.clock.now()
         prompt = self.plan.decode_prompt(context)
@@ -195,14 +209,14 @@ class Sweeper:
             records = await asyncio.wait_for(asyncio.gather(*sends), self.plan.timeout)
         except asyncio.TimeoutError:
             raise SweepError(f"{what}: not done after {self.plan.timeout:g} s") from None
-        gaps = steady_gaps(list(records))
-        if not gaps:
+        itl = steady_itl(list(records))
+        if itl is None:
             raise SweepError(
                 f"{what}: the batch never decoded all together (its requests' prefills did "
                 "not overlap their decodes): raise --osl, or lower the batch under the "
                 "engine's max_num_seqs"
             )
-        return DecodePoint(batch=batch, context=context, itl=max(statistics.median(gaps), 1e-6))
+        return DecodePoint(batch=batch, context=context, itl=max(itl, 1e-6))
 
 
 async def sweep(

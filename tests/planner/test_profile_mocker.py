@@ -19,8 +19,12 @@ pytestmark = [pytest.mark.planner, pytest.mark.timeout(180)]
 BLOCKS, BLOCK_SIZE = 256, 16  # a small KV cache, so ITL moves with batch and context
 OSL = 32
 RELATIVE, ABSOLUTE = 0.15, 0.004
-"""Tolerance: 15% of the model's time plus 4 ms (the frontend's path, timer jitter on a
-loaded 2-core machine)."""
+"""ITL tolerance: 15% of the model's step plus 4 ms (timer jitter on a loaded 2-core
+machine)."""
+PREFILL_OVERHEAD = 0.025
+"""A TTFT is the model's prefill plus the request's way through the frontend (parsing a
+few thousand token ids, routing, the first chunk back): up to this much on a loaded
+2-core machine, measured 2 to 17 ms. Never less than the model's prefill."""
 
 
 @pytest.fixture
@@ -53,6 +57,10 @@ def _close(measured: float, expected: float) -> bool:
     return abs(measured - expected) <= RELATIVE * expected + ABSOLUTE
 
 
+def _prefill_close(measured: float, expected: float) -> bool:
+    return (1 - RELATIVE) * expected <= measured <= (1 + RELATIVE) * expected + PREFILL_OVERHEAD
+
+
 def test_profile_of_the_mocker_matches_its_timing_model(cli: Cli) -> None:
     recipe = _recipe(cli)
     up = cli("up", str(recipe), "--detach", timeout=120)
@@ -73,16 +81,18 @@ def test_profile_of_the_mocker_matches_its_timing_model(cli: Cli) -> None:
         check_profile(profile, model="mock-llama", engine="vllm", gpus_per_replica=0)
 
     timing = TimingModel()
-    report = []
-    for point in profile.prefill:
-        expected = timing.prefill_ms(point.isl) / 1e3
-        report.append(("prefill", point.isl, point.seconds, expected))
-    for d in profile.decode:
-        report.append((f"decode b={d.batch}", d.context, d.itl, _expected_itl(d.batch, d.context)))
-    text = "\n".join(f"{w} {x}: measured {m * 1e3:.2f} ms, model {e * 1e3:.2f} ms"
-                     for w, x, m, e in report)  # fmt: skip
+    prefill = [
+        (f"prefill ISL {p.isl}", p.seconds, timing.prefill_ms(p.isl) / 1e3) for p in profile.prefill
+    ]
+    decode = [
+        (f"decode b={d.batch} context {d.context}", d.itl, _expected_itl(d.batch, d.context))
+        for d in profile.decode
+    ]
+    text = "\n".join(f"{what}: measured {m * 1e3:.2f} ms, model {e * 1e3:.2f} ms"
+                     for what, m, e in prefill + decode)  # fmt: skip
     print("\n" + text)
-    assert all(_close(m, e) for _, _, m, e in report), text
+    assert all(_prefill_close(m, e) for _, m, e in prefill), text
+    assert all(_close(m, e) for _, m, e in decode), text
     # The model's range is covered: ITL at batch 8 of 448 tokens is several times batch 1's.
     itl = {(d.batch, d.context): d.itl for d in profile.decode}
     assert itl[(8, 448)] > 3 * itl[(1, 128)], itl
