@@ -157,8 +157,11 @@ async def _measure(
                 f"ITL {point.itl * 1e3:7.2f} ms"
             )
 
-    source = f"dynamoctl profile of deployment {name} at {target.endpoint.base_url}"
+    plan = options.plan()
+    source = (
+        f"dynamoctl profile of deployment {name} at {target.endpoint.base_url} (seed {plan.seed})"
+    )
     try:
-        return await sweep(sender, options.plan(), identity, source=source, on_point=show)
+        return await sweep(sender, plan, identity, source=source, on_point=show)
     finally:
         await target.endpoint.close()

@@ -85,8 +85,9 @@ class ProfileOptions(Options):
     """Prefill requests per prompt length (their median is the point)."""
     timeout: float = Field(default=120.0, ge=1.0)
     """Seconds one request (or one decode batch) may take."""
-    seed: int = 0
-    """Prompt seed."""
+    seed: int | None = None
+    """Prompt seed (default: a new one each run, so that a second profile of the same
+    deployment finds none of the first one's prompts in the prefix cache)."""
     max_token_id: int = Field(default=TOKEN_HI, ge=16)
     """Prompt token ids are drawn from [N/8, N): set it below a small model's vocabulary."""
 
@@ -114,7 +115,7 @@ class ProfileOptions(Options):
             osl=self.osl,
             repeats=self.repeats,
             timeout=self.timeout,
-            seed=self.seed,
+            seed=self.seed if self.seed is not None else random.SystemRandom().randrange(1 << 31),
             max_token_id=self.max_token_id,
         )
 

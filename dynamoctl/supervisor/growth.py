@@ -201,6 +201,8 @@ class Growth:
 
     def check_release(self) -> None:
         """Release every running extra job none of whose nodes runs a replica any more."""
+        if not any(job.state is GrowthState.RUNNING for job in self.jobs):
+            return
         occupied = {
             inst.spec.host
             for inst in self.sup.instances.values()
