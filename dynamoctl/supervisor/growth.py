@@ -47,6 +47,8 @@ POLL_S = 1.0
 """How often a queued or releasing job's state is read."""
 RELEASE_TIMEOUT_S = 120.0
 """Seconds a cancelled job may take to leave the queue before it is reported FAILED."""
+WATCH_S = 5.0
+"""How often a running extra job is checked for having ended by itself."""
 
 
 @dataclass
@@ -95,7 +97,8 @@ class Growth:
 
     def waiting(self, role: Role) -> list[int]:
         """Indices of ``role`` replicas waiting for a queued extra job."""
-        return [i for j in self.jobs if j.role == role for i in j.waiting]
+        queued = (j for j in self.jobs if j.role == role and j.state is GrowthState.QUEUED)
+        return [i for job in queued for i in job.waiting]
 
     async def defer(self, role: Role, index: int, why: PlanError) -> str | None:
         """Make room for replica ``index`` of ``role`` in an extra job: a queued one with
@@ -131,8 +134,10 @@ class Growth:
         their job ran); a queued job left with none is cancelled."""
         gone = sorted(self.waiting(role), reverse=True)[:count]
         for job in self.jobs:
+            if job.role != role or job.state is not GrowthState.QUEUED:
+                continue
             job.waiting = [i for i in job.waiting if i not in gone]
-            if job.role == role and job.state is GrowthState.QUEUED and not job.waiting:
+            if not job.waiting:
                 self._set(job, GrowthState.FAILED, "not needed any more (scaled down)")
                 self._spawn(self._releasing, self._cancel(job))
         return gone
@@ -189,6 +194,25 @@ class Growth:
         job.waiting = []
         self.sup.save()
         self.check_release()  # nothing was placed on it: give it back
+        await self._watch(job)
+
+    async def _watch(self, job: ExtraJob) -> None:
+        """While ``job`` runs, notice it ending by itself (its time limit, a node failure,
+        an operator's scancel): its nodes leave, and its replicas, whose steps died with
+        it, are stopped rather than restarted into a job that is gone."""
+        while job.state is GrowthState.RUNNING:
+            await asyncio.sleep(WATCH_S)
+            try:
+                state = await job_state(job.job)
+            except LaunchError:
+                continue  # squeue failed this time: ask again
+            if job.state is GrowthState.RUNNING and (state is None or state.ended):
+                self._leave(job)
+                self._set(job, GrowthState.FAILED, f"ended by itself ({state or 'gone'})")
+                log.error("extra Slurm job %s ended by itself: stopping its replicas", job.job)
+                for inst in self.sup.gangs.leaders(self.sup.instances.values()):
+                    if inst.wanted and inst.spec.host in job.nodes:
+                        await self.sup.drain(inst.spec.name, f"extra job {job.job} ended")
 
     def _join(self, job: ExtraJob) -> None:
         """The job's nodes become the deployment's: in the GPU map, reached through it."""

@@ -163,12 +163,13 @@ def test_scale_past_the_allocation_grows_by_a_job_and_releases_it_drained(
     _wait_gone(name)
 
 
-def test_an_extra_job_that_never_runs_is_cancelled_and_down_releases_the_others(
+def test_extra_jobs_that_never_run_or_end_by_themselves_and_down_releasing_the_rest(
     slurm_multinode: MultiNodeCluster, tmp_path: Path
 ) -> None:
     """Two extra jobs allowed, but the cluster has one node left: the second waits in the
-    queue past its start_timeout, is cancelled, and ``scale`` says so; the deployment keeps
-    serving, and ``down`` drains the first job's replica, then cancels that job."""
+    queue past its start_timeout, is cancelled, and ``scale`` says so. The first, cancelled
+    by hand, is noticed: its replica is stopped, not restarted into a gone job, and a new
+    scale grows again. ``down`` drains the grown replica, then cancels its job."""
     cluster, name = slurm_multinode, "growfail"
     home = tmp_path / "home"
     login = Login(cluster, home)
@@ -197,6 +198,21 @@ def test_an_extra_job_that_never_runs_is_cancelled_and_down_releases_the_others(
         rows = {r["name"]: r["state"] for r in login.status(name)["instances"]}
         assert rows == {n: "READY" for n in ("etcd-0", "agg-0", "agg-1", "agg-2", "frontend-0")}
         assert login.complete(f"http://{cluster.nodes[0]}:8012/v1")["usage"]["completion_tokens"]
+
+        login.run("scancel", first.group(1))  # not by dynamoctl: noticed, not restarted into
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            rows = {r["name"]: r["state"] for r in login.status(name)["instances"]}
+            if rows["agg-2"] == "STOPPED":
+                break
+            time.sleep(0.5)
+        assert rows["agg-2"] == "STOPPED", rows
+        (ended,) = [g for g in _growth(login, name) if g["job"] == first.group(1)]
+        assert ended["state"] == "FAILED" and "ended by itself" in ended["message"], ended
+        again = login.cli("scale", "agg=3", "--name", name, timeout=200)
+        assert again.returncode == 0, again.stdout + again.stderr
+        first = re.search(r"submitted extra Slurm job (\d+)", again.stdout)  # the one down ends
+        assert first, again.stdout
     finally:
         down = login.cli("down", name, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
