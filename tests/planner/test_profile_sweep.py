@@ -4,12 +4,15 @@ window, the options, which pool a profile is of, and when a deployment can be pr
 from __future__ import annotations
 
 import itertools
+import re
+from pathlib import Path
 
 import pytest
 from pydantic import ValidationError
 
 from dynamoctl.bench.client import RequestRecord
 from dynamoctl.cli.profile import one_replica_each
+from dynamoctl.planner.perf import check_profile, load_profile
 from dynamoctl.planner.sweep import ProfileOptions, pool_identity, steady_itl
 from dynamoctl.recipe import load_recipe_text
 
@@ -103,3 +106,11 @@ def test_one_ready_replica_per_pool() -> None:
         "a profile is of one replica, and pool prefill has 2 ready (prefill-0, prefill-1): "
         "`dynamoctl scale prefill=1` first"
     )
+
+
+def test_the_profile_docs_planner_md_shows_is_one_the_planner_reads() -> None:
+    text = (Path(__file__).resolve().parents[2] / "docs" / "planner.md").read_text()
+    found = re.search(r"```json\n(.*?)```", text, re.S)
+    assert found is not None
+    profile = load_profile(found.group(1).encode())
+    check_profile(profile, model="mock-llama", engine="mocker", gpus_per_replica=0)
