@@ -122,10 +122,15 @@ def scale(
     client = _client(run_dir)
     try:
         reply = client.scale(pool, int(count))
-        if not reply.started and not reply.drained:
+        if not reply.started and not reply.drained and not reply.withdrawn:
             typer.echo(f"{pool}={count}: nothing to change")
             return
-        for verb, names in (("starting", reply.started), ("draining", reply.drained)):
+        changes = (
+            ("starting", reply.started),
+            ("draining", reply.drained),
+            ("withdrawing (their extra Slurm job was still queued)", reply.withdrawn),
+        )
+        for verb, names in changes:
             if names:
                 typer.echo(f"{pool}={count}: {verb} {', '.join(names)}")
         for job in reply.submitted:

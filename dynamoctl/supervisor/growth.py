@@ -138,8 +138,8 @@ class Growth:
                 continue
             job.waiting = [i for i in job.waiting if i not in gone]
             if not job.waiting:
-                self._set(job, GrowthState.FAILED, "not needed any more (scaled down)")
-                self._spawn(self._releasing, self._cancel(job))
+                self._set(job, GrowthState.RELEASING, "not needed any more (scaled down)")
+                self._spawn(self._releasing, self._release(job))
         return gone
 
     async def _submit(self) -> str:

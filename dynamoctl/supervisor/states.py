@@ -117,7 +117,8 @@ class GrowthState(_Word):
     RUNNING = "RUNNING"
     """Its nodes belong to the deployment: replicas are placed there, as job steps of it."""
     RELEASING = "RELEASING"
-    """No replica runs on its nodes any more (they were drained): being cancelled."""
+    """Not needed any more: no replica runs on its nodes (they were drained), or a
+    scale-down withdrew the replicas it was queued for. Being cancelled."""
     RELEASED = "RELEASED"
     """Cancelled by the supervisor and gone from the queue; its nodes left the deployment."""
     FAILED = "FAILED"
@@ -126,7 +127,7 @@ class GrowthState(_Word):
 
 
 GROWTH_TRANSITIONS: Mapping[GrowthState, frozenset[GrowthState]] = {
-    GrowthState.QUEUED: frozenset({GrowthState.RUNNING, GrowthState.FAILED}),
+    GrowthState.QUEUED: frozenset({GrowthState.RUNNING, GrowthState.RELEASING, GrowthState.FAILED}),
     GrowthState.RUNNING: frozenset({GrowthState.RELEASING, GrowthState.FAILED}),
     GrowthState.RELEASING: frozenset({GrowthState.RELEASED, GrowthState.FAILED}),
     GrowthState.RELEASED: frozenset(),

@@ -459,11 +459,12 @@ class Supervisor:
         )
         waiting = self.growth.waiting(role)  # replicas whose extra job is queued
         if replicas < len(active) + len(waiting):
-            self.growth.withdraw(role, len(active) + len(waiting) - replicas)
+            gone = self.growth.withdraw(role, len(active) + len(waiting) - replicas)
             drained: list[str] = []
             for inst in active[replicas:]:
                 drained += await self.drain(inst.spec.name, "scale-down")
-            return ScaleReply(drained=drained)
+            withdrawn = [str(InstanceName(pool, index)) for index in gone]
+            return ScaleReply(drained=drained, withdrawn=withdrawn)
         reply = ScaleReply()
         taken = [*(i.name.index for i in active), *waiting]
         for index in free_indices(taken, replicas - len(taken)):

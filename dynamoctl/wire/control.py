@@ -91,6 +91,8 @@ class ScaleReply(msgspec.Struct, kw_only=True):
     """Replicas added (each starts, then becomes READY)."""
     drained: list[str] = []
     """Replicas taken away (each drains, then is STOPPED)."""
+    withdrawn: list[str] = []
+    """Replicas given up before they started: their extra Slurm job was still queued."""
     submitted: list[str] = []
     """Extra Slurm jobs submitted for some of ``started`` (the allocation was full): those
     replicas appear in ``status`` once their job runs."""

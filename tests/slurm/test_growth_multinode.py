@@ -169,11 +169,12 @@ def test_extra_jobs_that_never_run_or_end_by_themselves_and_down_releasing_the_r
     """Two extra jobs allowed, but the cluster has one node left: the second waits in the
     queue past its start_timeout, is cancelled, and ``scale`` says so. The first, cancelled
     by hand, is noticed: its replica is stopped, not restarted into a gone job, and a new
-    scale grows again. ``down`` drains the grown replica, then cancels its job."""
+    scale grows again; a scale-down while a third is queued withdraws it. ``down`` drains
+    the grown replica, then cancels its job."""
     cluster, name = slurm_multinode, "growfail"
     home = tmp_path / "home"
     login = Login(cluster, home)
-    growth = "max_jobs: 2, nodes_per_job: 1, start_timeout: 4"
+    growth = "max_jobs: 2, nodes_per_job: 1, start_timeout: 6"
     recipe = _recipe(tmp_path, name, cluster, 8012, growth)
     up = login.cli("up", str(recipe), timeout=240)
     assert up.returncode == 0, (
@@ -190,7 +191,7 @@ def test_extra_jobs_that_never_run_or_end_by_themselves_and_down_releasing_the_r
         assert second, stuck.stdout
         assert (
             f"not started: agg-3 (extra Slurm job {second.group(1)} FAILED: still pending "
-            "after target.growth.start_timeout=4 s)"
+            "after target.growth.start_timeout=6 s)"
         ) in stuck.stderr
         wait_job_state(cluster, second.group(1), {"", "CANCELLED"}, timeout=30)
         jobs = {g["job"]: g["state"] for g in _growth(login, name)}
@@ -213,6 +214,23 @@ def test_extra_jobs_that_never_run_or_end_by_themselves_and_down_releasing_the_r
         assert again.returncode == 0, again.stdout + again.stderr
         first = re.search(r"submitted extra Slurm job (\d+)", again.stdout)  # the one down ends
         assert first, again.stdout
+
+        # A scale-down while an extra job is queued withdraws its replica and cancels it.
+        queued = login.cli("scale", "agg=4", "--name", name, "--no-wait", timeout=60)
+        third = re.search(r"submitted extra Slurm job (\d+)", queued.stdout)
+        assert queued.returncode == 0 and third, queued.stdout + queued.stderr
+        back = login.cli("scale", "agg=3", "--name", name, timeout=60)
+        assert back.returncode == 0, back.stdout + back.stderr
+        assert "agg=3: withdrawing (their extra Slurm job was still queued) agg-3" in back.stdout
+        wait_job_state(cluster, third.group(1), {"", "CANCELLED"}, timeout=30)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            jobs = {g["job"]: g["state"] for g in _growth(login, name)}
+            if jobs[third.group(1)] == "RELEASED":
+                break
+            time.sleep(0.3)
+        assert jobs[third.group(1)] == "RELEASED", jobs
+        assert jobs[first.group(1)] == "RUNNING"
     finally:
         down = login.cli("down", name, timeout=180)
     assert down.returncode == 0, down.stdout + down.stderr
