@@ -121,6 +121,11 @@ def test_scale_past_the_allocation_grows_by_a_job_and_releases_it_drained(
                        "replicas": ["agg-2"], "message": ""}  # fmt: skip
         table = login.cli("status", name)
         assert f"extra Slurm job {extra}: RUNNING on {node} for agg-2" in table.stdout
+        control = json.loads((home / "runs" / name / "state.json").read_text())["control"]
+        metrics = login.get(control.rstrip("/") + "/metrics")
+        assert f'dynamoctl_supervisor_growth_jobs{{deployment="{name}",state="RUNNING"}} 1.0' in (
+            metrics
+        )
 
         # It serves: the router sends it its share of the client's requests.
         deadline = time.monotonic() + 30
