@@ -17,6 +17,7 @@ from dynamoctl.cli import (
     frontend,
     operate,
     planner,
+    profile,
     recipe,
     router,
     worker,
@@ -51,6 +52,7 @@ _GROUPS = (
     deploy,
     operate,
     bench_cli,
+    profile,
 )
 for _group in _GROUPS:
     _group.register(app)

@@ -11,7 +11,7 @@ import typer
 from dynamoctl.cli.locate import find_deployment, not_running
 from dynamoctl.supervisor.control import ControlClient, ControlError, Unreachable
 from dynamoctl.supervisor.rundir import RunDir
-from dynamoctl.supervisor.states import Phase, State
+from dynamoctl.supervisor.states import GrowthState, Phase, State
 
 
 def register(app: typer.Typer) -> None:
@@ -122,12 +122,19 @@ def scale(
     client = _client(run_dir)
     try:
         reply = client.scale(pool, int(count))
-        if not reply.started and not reply.drained:
+        if not reply.started and not reply.drained and not reply.withdrawn:
             typer.echo(f"{pool}={count}: nothing to change")
             return
-        for verb, names in (("starting", reply.started), ("draining", reply.drained)):
+        changes = (
+            ("starting", reply.started),
+            ("draining", reply.drained),
+            ("withdrawing (their extra Slurm job was still queued)", reply.withdrawn),
+        )
+        for verb, names in changes:
             if names:
                 typer.echo(f"{pool}={count}: {verb} {', '.join(names)}")
+        for job in reply.submitted:
+            typer.echo(f"{pool}={count}: the allocation is full: submitted extra Slurm job {job}")
         if wait:
             _wait_for_states(client, reply.started, (State.READY,), timeout)
             _wait_for_states(client, reply.drained, (State.STOPPED, State.FAILED), timeout)
@@ -143,8 +150,18 @@ def _wait_for_states(
     """Poll ``status`` until every one of ``names`` is in a ``wanted`` state; say so."""
     deadline = time.monotonic() + timeout
     while names:
-        rows = {i.name: i for i in client.status().instances if i.name in names}
-        if all(row.state in wanted for row in rows.values()):
+        report = client.status()
+        rows = {i.name: i for i in report.instances if i.name in names}
+        lost = [  # waited for an extra Slurm job that failed: they will never appear
+            f"{name} (extra Slurm job {job.job} {job.state}: {job.message})"
+            for job in report.growth
+            if job.state is GrowthState.FAILED
+            for name in job.replicas
+            if name in names and name not in rows
+        ]
+        if lost:
+            raise ControlError(f"not started: {', '.join(lost)}")
+        if len(rows) == len(set(names)) and all(row.state in wanted for row in rows.values()):
             for row in rows.values():
                 typer.echo(f"{row.name}: {row.state} on {row.host}")
             return

@@ -86,6 +86,13 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
         for row in report.instances
         if row.message and row.state in (State.FAILED, State.BACKOFF)
     ]
+    failures += [  # extra Slurm jobs beyond the allocation (recipe target.growth)
+        f"extra Slurm job {g.job}: {g.state}"
+        + (f" on {','.join(g.nodes)}" if g.nodes else "")
+        + (f" for {', '.join(g.replicas)}" if g.replicas else "")
+        + (f": {g.message}" if g.message else "")
+        for g in report.growth
+    ]
     if not disc.reachable:
         failures.insert(0, _unreachable_line(disc))
     if report.planner is not None:

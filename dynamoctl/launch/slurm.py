@@ -189,6 +189,9 @@ class SlurmLauncher:
         self.python = python or ("python3" if container else sys.executable)
         self.container = container
         self.step_timeout = step_timeout
+        self.extra_jobs: dict[str, str] = {}
+        """Node → the extra job (``target.growth``) holding it: steps there run in that
+        job; every other node's in ``job_id``'s."""
 
     def _job(self) -> str:
         if not self.job_id:
@@ -198,15 +201,12 @@ class SlurmLauncher:
             )
         return self.job_id
 
+    def _job_of(self, host: str) -> str:
+        return self.extra_jobs.get(host) or self._job()
+
     async def allocation_nodes(self) -> list[str]:
         """Host names of the allocation's nodes."""
-        job = self._job()
-        out = await _checked(["squeue", f"--jobs={job}", "-h", "-o", "%T %N"], self._env)
-        state, _, nodelist = out.strip().partition(" ")
-        if JobState(state) is not JobState.RUNNING or not nodelist:
-            raise LaunchError(f"Slurm job {job} is not running (state: {state or 'gone'})")
-        hosts = await _checked(["scontrol", "show", "hostnames", nodelist], self._env)
-        return hosts.split()
+        return await job_nodes(self._job(), self._env)
 
     async def preflight(self, instances: list[InstanceSpec]) -> None:
         if shutil.which("srun", path=self._env.get("PATH")) is None:
@@ -272,7 +272,7 @@ class SlurmLauncher:
     def describe(self, spec: InstanceSpec) -> list[str]:
         argv = [
             "srun",
-            f"--jobid={self.job_id or '$SLURM_JOB_ID'}",
+            f"--jobid={self.extra_jobs.get(spec.host) or self.job_id or '$SLURM_JOB_ID'}",
             "--nodes=1",
             "--ntasks=1",
             f"--nodelist={spec.host}",
@@ -291,7 +291,7 @@ class SlurmLauncher:
     async def start(self, spec: InstanceSpec, log: Path) -> SlurmStep:
         # srun's own environment, exported to the step (--export=ALL), never its argv.
         env = {**self._env, **read_secrets(spec)}
-        job = self._job()
+        job = self._job_of(spec.host)
         name = f"{STEP_PREFIX}{spec.name}"
         before = {step for step, n in (await list_steps(job, self._env)).items() if n == name}
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -369,6 +369,16 @@ class SlurmLauncher:
 
     async def close(self) -> None:
         """Nothing held: srun's stdin pipes close with this process, and keepers act."""
+
+
+async def job_nodes(job: str, env: Mapping[str, str]) -> list[str]:
+    """Host names of a running job's nodes; LaunchError if it is not running."""
+    out = await _checked(["squeue", f"--jobs={job}", "-h", "-o", "%T %N"], env, gone_ok=True)
+    state, _, nodelist = out.strip().partition(" ")
+    if not state or JobState(state) is not JobState.RUNNING or not nodelist:
+        raise LaunchError(f"Slurm job {job} is not running (state: {state or 'gone'})")
+    hosts = await _checked(["scontrol", "show", "hostnames", nodelist], env)
+    return hosts.split()
 
 
 def from_recipe(recipe: Recipe) -> SlurmLauncher:

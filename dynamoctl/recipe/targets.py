@@ -77,6 +77,23 @@ class SlurmContainer(RecipeModel):
     """``SRC:DST[:FLAGS]`` entries, passed to ``--container-mounts``."""
 
 
+class SlurmGrowth(RecipeModel):
+    """Extra Slurm jobs ``scale`` (or the planner) may submit when the allocation has no
+    room for another replica: their nodes join the deployment, and each job is released
+    (its replicas drained first) once none of its nodes runs a replica
+    (docs/operations.md, "Growing beyond the allocation"). Off unless ``max_jobs`` > 0."""
+
+    max_jobs: int = Field(default=0, ge=0, le=64)
+    """Extra jobs at once, at most; 0: never grow (a scale past the allocation is refused).
+    With ``nodes_per_job``, the bound on nodes the deployment adds to its allocation."""
+    nodes_per_job: int = Field(default=1, ge=1, le=1024)
+    """Nodes each extra job asks for, shaped as the allocation (partition, account, GPUs
+    per node, time limit, container, extra_sbatch_args)."""
+    start_timeout: float = Field(default=600.0, gt=0, le=86400)
+    """Seconds an extra job may wait in the queue; then it is cancelled and the replicas
+    it was for are not started (status says so)."""
+
+
 class SlurmTarget(RecipeModel):
     """A Slurm allocation; each component is one ``srun`` job step."""
 
@@ -103,6 +120,9 @@ class SlurmTarget(RecipeModel):
     """IPv4 address each node's components bind and advertise, by node name, where the name
     does not resolve to the network the nodes should talk over (several networks per node).
     Default: the node name, resolved inside the allocation."""
+    growth: SlurmGrowth = Field(default_factory=SlurmGrowth)
+    """Growing beyond the allocation with extra jobs when a scale needs more GPUs than it
+    has. Default: off."""
 
 
 Target = Annotated[LocalTarget | SshTarget | SlurmTarget, Field(discriminator="kind")]

@@ -9,7 +9,7 @@ class GpuMap:
     """Free GPUs per host, handed out first-fit and contiguously; gangs take whole hosts."""
 
     def __init__(self, hosts: list[Host], gpus_per_host: int) -> None:
-        self.hosts = hosts
+        self.hosts = list(hosts)  # grows and shrinks with extra Slurm jobs (add_hosts)
         self.gpus_per_host = gpus_per_host
         self.used: dict[str, set[int]] = {host.name: set() for host in hosts}
         self.whole: set[str] = set()
@@ -34,7 +34,8 @@ class GpuMap:
         return None
 
     def release(self, host: str, gpus: list[int]) -> None:
-        self.used[host] -= set(gpus)
+        if host in self.used:  # else its extra job was released with it
+            self.used[host] -= set(gpus)
 
     def take_nodes(self, count: int, shared: bool = False) -> list[tuple[Host, list[int]]] | None:
         """``count`` whole hosts, none of whose GPUs is taken, in host order (the first
@@ -57,3 +58,18 @@ class GpuMap:
         if host in self.whole:
             self.whole.discard(host)
             self.used[host].clear()
+
+    def add_hosts(self, hosts: list[Host]) -> None:
+        """Hosts that join (an extra Slurm job's nodes): placed after the others, so the
+        allocation fills first."""
+        for host in hosts:
+            if host.name not in self.used:
+                self.hosts.append(host)
+                self.used[host.name] = set()
+
+    def remove_hosts(self, names: list[str]) -> None:
+        """Hosts that leave (an extra job released): nothing is placed there any more."""
+        self.hosts = [host for host in self.hosts if host.name not in names]
+        for name in names:
+            self.used.pop(name, None)
+            self.whole.discard(name)

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dynamoctl.supervisor.states import SUPERVISOR_PHASES, RestartReason, State
+from dynamoctl.supervisor.states import SUPERVISOR_PHASES, GrowthState, RestartReason, State
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor
@@ -72,6 +72,11 @@ class SupervisorCollector(Collector):
             "1 for the deployment's current phase, 0 for the others.",
             labels=["deployment", "phase"],
         )
+        growth = GaugeMetricFamily(
+            "dynamoctl_supervisor_growth_jobs",
+            "Extra Slurm jobs beyond the allocation, in each state.",
+            labels=["deployment", "state"],
+        )
         sup = self.supervisor() if self.supervisor is not None else None
         if sup is not None:
             name, now = sup.plan.name, time.monotonic()
@@ -96,4 +101,7 @@ class SupervisorCollector(Collector):
                 transitions.add_metric(labels, float(n))
             for each_phase in SUPERVISOR_PHASES:
                 phase.add_metric([name, str(each_phase)], float(sup.phase is each_phase))
-        yield from (restarts, state, by_state, budget, uptime, transitions, phase)
+            jobs = Counter(job.state for job in sup.growth.jobs)
+            for each_growth in GrowthState:
+                growth.add_metric([name, str(each_growth)], float(jobs[each_growth]))
+        yield from (restarts, state, by_state, budget, uptime, transitions, phase, growth)

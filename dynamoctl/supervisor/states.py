@@ -108,6 +108,34 @@ SUPERVISOR_PHASES = tuple(p for p in Phase if p not in (Phase.QUEUED, Phase.UNKN
 """The phases a running supervisor can be in (its ``/metrics`` gauge has one series each)."""
 
 
+class GrowthState(_Word):
+    """An extra Slurm job of a deployment grown beyond its allocation (``status``; recipe
+    ``target.growth``). Allowed changes: :data:`GROWTH_TRANSITIONS`."""
+
+    QUEUED = "QUEUED"
+    """Submitted with sbatch; waiting for its nodes (at most ``growth.start_timeout``)."""
+    RUNNING = "RUNNING"
+    """Its nodes belong to the deployment: replicas are placed there, as job steps of it."""
+    RELEASING = "RELEASING"
+    """Not needed any more: no replica runs on its nodes (they were drained), or a
+    scale-down withdrew the replicas it was queued for. Being cancelled."""
+    RELEASED = "RELEASED"
+    """Cancelled by the supervisor and gone from the queue; its nodes left the deployment."""
+    FAILED = "FAILED"
+    """Never ran within ``growth.start_timeout``, or ended by itself (time limit, node
+    failure, an operator's scancel); its replicas there failed or were never started."""
+
+
+GROWTH_TRANSITIONS: Mapping[GrowthState, frozenset[GrowthState]] = {
+    GrowthState.QUEUED: frozenset({GrowthState.RUNNING, GrowthState.RELEASING, GrowthState.FAILED}),
+    GrowthState.RUNNING: frozenset({GrowthState.RELEASING, GrowthState.FAILED}),
+    GrowthState.RELEASING: frozenset({GrowthState.RELEASED, GrowthState.FAILED}),
+    GrowthState.RELEASED: frozenset(),
+    GrowthState.FAILED: frozenset(),
+}
+"""Every allowed change of an extra job's state; RELEASED and FAILED are final."""
+
+
 class RestartReason(_Word):
     """Why an instance failed and was restarted (the restart counter's ``reason``)."""
 
@@ -123,7 +151,7 @@ class RestartReason(_Word):
     """The launcher could not start it."""
 
 
-StateT = TypeVar("StateT", State, Phase)
+StateT = TypeVar("StateT", State, Phase, GrowthState)
 
 
 def check_transition(

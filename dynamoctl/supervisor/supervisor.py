@@ -28,8 +28,9 @@ from dataclasses import dataclass
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
-from dynamoctl.recipe.models import Recipe, Supervision
+from dynamoctl.recipe.models import Recipe, Role, Supervision
 from dynamoctl.supervisor.gang import Gangs
+from dynamoctl.supervisor.growth import Growth
 from dynamoctl.supervisor.instance import Instance, InstanceName, free_indices
 from dynamoctl.supervisor.metrics import RestartKey, TransitionKey
 from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, place_replica
@@ -119,6 +120,8 @@ class Supervisor:
         self.instances = {spec.name: self._new(spec) for spec in plan.instances}
         self.gangs = Gangs(self)
         """Multi-node replicas: followers live, fail and stop with their leader."""
+        self.growth = Growth(self)
+        """Extra Slurm jobs beyond the allocation (recipe ``target.growth``)."""
         for name, proc in (adopted or {}).items():  # their lives begin at watching
             self.instances[name].adopted = proc
         self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
@@ -175,6 +178,7 @@ class Supervisor:
                 await self._discovery.close()
                 self._discovery = None
             await self._teardown(now=self._down_now)
+            await self.growth.close()  # after the teardown drained their replicas
             if self.phase is Phase.FAILED:
                 self.save()  # without the records of what the teardown stopped
             else:
@@ -265,6 +269,7 @@ class Supervisor:
         if inst.spec.gpus and not inst.released:
             self.gpu_map.release(inst.spec.host, inst.spec.gpus)
             inst.released = True
+        self.growth.check_release()  # an extra job none of whose nodes is used goes back
 
     # -- one instance ---------------------------------------------------------------------
 
@@ -439,7 +444,8 @@ class Supervisor:
 
     async def scale(self, pool: str, replicas: int) -> ScaleReply:
         """Drain the highest-numbered replicas of ``pool``, or add replicas at the lowest
-        free indices, placed (GPUs included) as the plan places them."""
+        free indices, placed (GPUs included) as the plan places them; past the allocation,
+        in an extra Slurm job when the recipe allows it (``growth.py``)."""
         pools = self.recipe.workers.pools()
         role = next((r for r in pools if r == pool), None)
         if role is None:
@@ -452,35 +458,48 @@ class Supervisor:
             ),
             key=lambda i: i.name,
         )
-        if replicas < len(active):
+        waiting = self.growth.waiting(role)  # replicas whose extra job is queued
+        if replicas < len(active) + len(waiting):
+            gone = self.growth.withdraw(role, len(active) + len(waiting) - replicas)
             drained: list[str] = []
             for inst in active[replicas:]:
                 drained += await self.drain(inst.spec.name, "scale-down")
-            return ScaleReply(drained=drained)
-        started: list[str] = []
-        for index in free_indices((i.name.index for i in active), replicas - len(active)):
+            withdrawn = [str(InstanceName(pool, index)) for index in gone]
+            return ScaleReply(drained=drained, withdrawn=withdrawn)
+        reply = ScaleReply()
+        taken = [*(i.name.index for i in active), *waiting]
+        for index in free_indices(taken, replicas - len(taken)):
             old = self.instances.get(str(InstanceName(pool, index)))
             if old is not None and old.task is not None and not old.task.done():
                 raise PlanError(f"{old.spec.name} is still stopping; try again when it is STOPPED")
-            url, run_dir = self.plan.discovery_url, self.run_dir.path
             try:
-                specs = place_replica(self.recipe, role, index, self.gpu_map, url, run_dir)
+                reply.started.append(self.add_replica(role, index))
             except PlanError as exc:  # the plan's words name the recipe field
-                raise PlanError(f"no free GPUs left for another {pool} replica: {exc}") from None
-            for spec in specs:
-                self.instances[spec.name] = self._new(spec)
-            inst, spec = self.instances[specs[0].name], specs[0]
-            inst.task = asyncio.create_task(self._life(inst), name=f"life-{spec.name}")
-            started.append(spec.name)
+                job = await self.growth.defer(role, index, exc)  # or raises, saying why
+                reply.started.append(str(InstanceName(pool, index)))
+                reply.submitted += [job] if job else []
         self.save()
-        return ScaleReply(started=started)
+        return reply
+
+    def add_replica(self, role: Role, index: int) -> str:
+        """Place replica ``index`` of ``role`` on what the GPU map has left and start its
+        life; its name. PlanError when there is no room."""
+        url, run_dir = self.plan.discovery_url, self.run_dir.path
+        specs = place_replica(self.recipe, role, index, self.gpu_map, url, run_dir)
+        for spec in specs:
+            self.instances[spec.name] = self._new(spec)
+        inst, spec = self.instances[specs[0].name], specs[0]
+        inst.task = asyncio.create_task(self._life(inst), name=f"life-{spec.name}")
+        return spec.name
 
     # -- reporting ------------------------------------------------------------------------
 
     def status(self) -> StatusReport:
-        return status_report(
+        report = status_report(
             self.plan, self.phase, self.instances.values(), self.prober.discovery()
         )
+        report.growth = self.growth.status()
+        return report
 
     def changed(self) -> None:
         self.on_change()

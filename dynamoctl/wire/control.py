@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import msgspec
 
-from dynamoctl.supervisor.states import Phase, State
+from dynamoctl.supervisor.states import GrowthState, Phase, State
 from dynamoctl.wire.planner import PlannerStatus
 
 
@@ -49,6 +49,20 @@ class DiscoveryStatus(msgspec.Struct, kw_only=True):
     """The last failure, in words."""
 
 
+class GrowthJob(msgspec.Struct, kw_only=True):
+    """An extra Slurm job the deployment grew by (recipe ``target.growth``)."""
+
+    job: str
+    """Its Slurm job id."""
+    state: GrowthState
+    nodes: list[str] = []
+    """Its nodes, once it runs."""
+    replicas: list[str] = []
+    """The replicas placed (or to be placed) on its nodes."""
+    message: str = ""
+    """Why it failed, in words."""
+
+
 class StatusReport(msgspec.Struct, kw_only=True):
     name: str
     phase: Phase
@@ -62,6 +76,8 @@ class StatusReport(msgspec.Struct, kw_only=True):
     planner: PlannerStatus | None = None
     """The SLA planner's mode and last decision, as its last probe saw it; None without a
     planner (or before its first probe)."""
+    growth: list[GrowthJob] = []
+    """Extra Slurm jobs beyond the allocation, current and past (``target.growth``)."""
 
 
 class DrainRequest(msgspec.Struct, kw_only=True):
@@ -79,6 +95,11 @@ class ScaleReply(msgspec.Struct, kw_only=True):
     """Replicas added (each starts, then becomes READY)."""
     drained: list[str] = []
     """Replicas taken away (each drains, then is STOPPED)."""
+    withdrawn: list[str] = []
+    """Replicas given up before they started: their extra Slurm job was still queued."""
+    submitted: list[str] = []
+    """Extra Slurm jobs submitted for some of ``started`` (the allocation was full): those
+    replicas appear in ``status`` once their job runs."""
 
 
 class DownRequest(msgspec.Struct, kw_only=True):
