@@ -8,10 +8,11 @@ them on the wire as they are.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+from dynamoctl.kv.tiers import TierStats
 from dynamoctl.wire.engine import (
     FinishReason,
     GenerateChunk,
@@ -39,6 +40,7 @@ __all__ = [
     "PrefillsForRemoteDecode",
     "PublishesKvEvents",
     "ReportsDeath",
+    "ReportsKvTiers",
     "RequestRejected",
     "ServesPeers",
 ]
@@ -208,4 +210,14 @@ class HoldsPeerWork(Protocol):
 
     def pending_peer_work(self) -> int:
         """Hand-offs not yet taken by a peer (0: closing loses nothing)."""
+        ...
+
+
+@runtime_checkable
+class ReportsKvTiers(Protocol):
+    """An :class:`Engine` that knows its KV tiers' sizes and traffic (the mocker); the
+    worker exports them on ``/metrics`` (docs/metrics.md)."""
+
+    def kv_tier_stats(self) -> Sequence[TierStats]:
+        """GPU first, then each lower tier it has."""
         ...
