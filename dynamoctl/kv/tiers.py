@@ -58,14 +58,24 @@ def onboard_credit(
     return max(0.0, min(1.0, 1.0 - onboard_ms / recompute_ms))
 
 
-# The defaults' assumptions: Llama-3-8B in bf16 (131072 KV bytes per token), 64-token
-# blocks, 1.518e-2 ms of prefill per token (the mocker's timing model, an H100), host
-# memory over PCIe 5 at 25 GB/s, one NVMe drive at 10 GB/s.
+DEFAULT_HOST_GBPS: Final = 25.0
+"""Host-to-GPU bandwidth assumed by default, GB/s: pinned memory over PCIe 5 x16."""
+DEFAULT_DISK_GBPS: Final = 10.0
+"""Disk-to-GPU bandwidth assumed by default, GB/s: one PCIe 5 NVMe drive."""
+
+# The default credits' assumptions: Llama-3-8B in bf16 (131072 KV bytes per token),
+# 64-token blocks, 1.518e-2 ms of prefill per token (the mocker's timing model, an H100)
+# and the bandwidths above. A block's onboard/recompute ratio does not depend on the
+# block size, so they hold for any block size.
 _BLOCK_BYTES: Final = 64 * 131072
 _PREFILL_MS_PER_TOKEN: Final = 1.518344e-2
-DEFAULT_HOST_CREDIT: Final = round(onboard_credit(_BLOCK_BYTES, 25.0, _PREFILL_MS_PER_TOKEN, 64), 2)
+DEFAULT_HOST_CREDIT: Final = round(
+    onboard_credit(_BLOCK_BYTES, DEFAULT_HOST_GBPS, _PREFILL_MS_PER_TOKEN, 64), 2
+)
 """Host-memory hit worth (0.65): see the assumptions above."""
-DEFAULT_DISK_CREDIT: Final = round(onboard_credit(_BLOCK_BYTES, 10.0, _PREFILL_MS_PER_TOKEN, 64), 2)
+DEFAULT_DISK_CREDIT: Final = round(
+    onboard_credit(_BLOCK_BYTES, DEFAULT_DISK_GBPS, _PREFILL_MS_PER_TOKEN, 64), 2
+)
 """Disk hit worth (0.14): see the assumptions above."""
 
 

@@ -8,6 +8,8 @@ from typing import Any
 
 import msgspec
 
+from dynamoctl.kv.tiers import DEFAULT_DISK_GBPS, DEFAULT_HOST_GBPS
+
 
 class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything that shapes a simulated engine (recipe ``engine_args`` for ``mocker``)."""
@@ -58,10 +60,10 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     ``num_gpu_blocks``: a smaller tier only churns."""
     num_disk_blocks: int = 0
     """Disk KV tier in blocks below the host tier (0: none); at least ``num_host_blocks``."""
-    host_gbps: float = 25.0
+    host_gbps: float = DEFAULT_HOST_GBPS
     """Host-to-GPU onboard bandwidth in GB/s of simulated time (PCIe 5 x16, pinned)."""
-    disk_gbps: float = 5.0
-    """Disk-to-GPU onboard bandwidth in GB/s of simulated time (one NVMe drive)."""
+    disk_gbps: float = DEFAULT_DISK_GBPS
+    """Disk-to-GPU onboard bandwidth in GB/s of simulated time (one PCIe 5 NVMe drive)."""
     disk_path: str | None = None
     """Directory of the disk tier: its free space bounds the tier (a full disk stops
     disk offload, serving continues); None: only ``num_disk_blocks`` does."""
