@@ -95,6 +95,7 @@ class KvTiers:
         self.disk = _LowerTier(Tier.DISK, config.num_disk_blocks, config.disk_gbps)
         self._blocks: dict[int, _Block] = {}  # hash -> block, while in any tier
         self._in_gpu: set[int] = set()
+        self._pending: set[int] = set()  # evicted from GPU, on their way to the host
         self._now = 0.0
         self._free_checked_at = -_FREE_SPACE_RECHECK_S
         self._free_bytes = 0
@@ -151,13 +152,18 @@ class KvTiers:
             self._blocks.clear()
 
     def _offload(self, hashes: list[int]) -> None:
-        # Parents first: a subscriber resolves a block's identity through its parent.
-        for h in sorted(hashes, key=lambda h: self._blocks[h].depth):
+        fresh = []
+        for h in hashes:  # touch first, so that making room cannot evict one of them
             if h in self.host:
                 self.host.lru.move_to_end(h)
-                continue
+            else:
+                fresh.append(h)
+        self._pending = set(fresh)  # not to be forgotten while room is made for them
+        # Parents first: a subscriber resolves a block's identity through its parent.
+        for h in sorted(fresh, key=lambda h: self._blocks[h].depth):
             self._make_room(self.host)
             self._put(self.host, h)
+            self._pending.discard(h)
 
     def _make_room(self, tier: _LowerTier) -> None:
         while len(tier.lru) >= tier.stats.capacity_blocks:
@@ -225,7 +231,8 @@ class KvTiers:
         return room
 
     def _forget_if_gone(self, h: int) -> None:
-        if h not in self._in_gpu and h not in self.host and h not in self.disk:
+        gone = h not in self._in_gpu and h not in self.host and h not in self.disk
+        if gone and h not in self._pending:
             self._blocks.pop(h, None)
 
     def _frequency(self, h: int) -> int:
