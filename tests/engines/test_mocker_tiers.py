@@ -4,6 +4,7 @@ virtual clock, vLLM-style tier events, the disk-offload filter and a full disk."
 from __future__ import annotations
 
 import logging
+import random
 from pathlib import Path
 from typing import Any
 
@@ -175,8 +176,6 @@ async def test_random_multi_turn_traffic_keeps_tiers_consistent(
     """Conversations that grow and come back, on tiers barely bigger than the GPU: every
     eviction path runs (host hits touched while making room, disk round trips), and the
     events replay to exactly the tiers' contents."""
-    import random
-
     rng = random.Random(seed)
     m = await make_mocker(
         **BASE, num_host_blocks=8, num_disk_blocks=12, disk_offload_filter=bool(seed % 2)
