@@ -1,6 +1,6 @@
 """KV cache tiers on a multi-turn chat whose working set is several times the GPU KV cache.
 
-    python benchmarks/kv_tiers.py [--seconds 40] [--requests 2000] [--arms 0,1,2,3,4]
+    python benchmarks/kv_tiers.py [--seconds 40] [--requests 2000] [--arms 0,1,2,3,4,5]
                                   [--out FILE]
 
 For each arm, a fresh deployment (``cluster.py``): one worker process of 4 mocker
@@ -15,7 +15,8 @@ user the others send ~30 turns, so without a lower tier its history is evicted a
 recomputed.
 
 Arms: no tiers; a host-memory tier 4x the GPU pool (GPU + host hold the working set); a
-host tier 1x plus a disk tier 8x; and both again with the router blind to tiers
+host tier 1x plus a disk tier 8x; both again with the router blind to tiers; and the disk
+arm without the disk-offload filter (every block the host evicts is written)
 (``--host-tier-credit 0 --disk-tier-credit 0``). Tier bandwidths are the mocker's
 defaults (host 25 GB/s, disk 10 GB/s; 128 KiB of KV per token, so 2 MiB per block).
 Reported per arm: TTFT p50/p90, throughput, and the prompt blocks found in each tier over
@@ -49,6 +50,7 @@ GPU_BLOCKS = 320
 BASE = ["--num-gpu-blocks", str(GPU_BLOCKS), "--speedup-ratio", "1", "--max-num-seqs", "64"]
 HOST = ["--num-host-blocks", str(4 * GPU_BLOCKS)]  # holds the working set with the GPU
 SMALL_HOST_DISK = ["--num-host-blocks", str(GPU_BLOCKS), "--num-disk-blocks", str(8 * GPU_BLOCKS)]
+NO_FILTER = ["--no-disk-offload-filter"]
 BLIND = ["--host-tier-credit", "0", "--disk-tier-credit", "0"]
 ARMS: list[tuple[str, list[str], list[str]]] = [
     ("no tiers", [], []),
@@ -56,6 +58,7 @@ ARMS: list[tuple[str, list[str], list[str]]] = [
     ("host 1x + disk 8x", SMALL_HOST_DISK, []),
     ("host 4x, tier-blind router", HOST, BLIND),
     ("host 1x + disk 8x, tier-blind router", SMALL_HOST_DISK, BLIND),
+    ("host 1x + disk 8x, no disk filter", SMALL_HOST_DISK + NO_FILTER, []),
 ]
 WORKLOAD = {"concurrency": 32, "turns": 8, "isl": 500, "osl": 8, "think_time_s": 4.0,
             "block_size": 16}  # fmt: skip
