@@ -9,7 +9,7 @@ them on the wire as they are.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
 from dynamoctl.kv.tiers import TierStats
@@ -127,6 +127,9 @@ class KvEventSource:
     """Replay ROUTER address; None: gaps cannot be filled (reported as lost)."""
     topic: str = ""
     """Topic frame of the stream."""
+    silent_tiers: Mapping[str, int] = field(default_factory=dict)
+    """Offload tiers (by ``medium``) whose evictions the stream never reports (LMCache's
+    CPU tier), with their capacity in blocks: subscribers age them out by it."""
 
 
 @runtime_checkable

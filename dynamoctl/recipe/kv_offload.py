@@ -133,12 +133,13 @@ def _vllm(
     out = OffloadArgs(env={"LMCACHE_TRACK_USAGE": "false"})  # no telemetry posted outside
     if gpus:  # vLLM's own LMCache integration, in the engine's process
         out.args = {"kv_offloading_size": offload.host_gib, "kv_offloading_backend": "lmcache"}
-    else:
-        raise rule_error(
-            "kv_offload.backend",
-            "lmcache on vLLM's CPU build needs LMCache's multi-process server next to the "
-            "worker, which dynamoctl does not start yet (docs/engines.md, KV offload)",
-        )
+    else:  # the CPU build: an LMCache server the worker starts (engines/vllm/lmcache.py)
+        out.args = {"lmcache_l1_gib": offload.host_gib}
+        if offload.disk_path is not None:
+            raise rule_error(
+                "kv_offload.disk_path",
+                "is not supported with LMCache's multi-process server (vLLM's CPU build)",
+            )
     if offload.disk_path is not None:
         out.env["LMCACHE_LOCAL_DISK"] = f"file://{offload.disk_path}"
         if offload.disk_gib is not None:

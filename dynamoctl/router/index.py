@@ -265,6 +265,11 @@ class KvIndex(PrefixIndex):
             raise ValueError(f"a silent tier is an offload tier of >= 0 blocks, got {tier.name}")
         self._silent[worker, tier] = (capacity_blocks, OrderedDict())
 
+    def silent_capacity(self, worker: str, tier: Tier) -> int | None:
+        """The capacity :meth:`set_silent_tier` gave, None if the tier reports evictions."""
+        silent = self._silent.get((worker, tier))
+        return None if silent is None else silent[0]
+
     def tier_blocks(self, worker: str, tier: Tier) -> int:
         """Distinct blocks ``worker`` holds in ``tier``."""
         return self._tier_index(tier).tree_size(worker)

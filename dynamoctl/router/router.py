@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamoctl.kv.hashing import sequence_hashes
-from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT
+from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT, Tier, tier_of
 from dynamoctl.router.errors import AllWorkersBusy, NoWorkers
 from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
 from dynamoctl.router.load import ActiveLoad, Booking
@@ -140,6 +140,15 @@ class KvRouter:
     def apply_kv_batch(self, worker_id: str, batch: KVEventBatch) -> None:
         """Apply one batch of ``worker_id``'s KV events (ignored for unknown workers)."""
         self.index.apply_batch(worker_id, batch)
+
+    def set_silent_tiers(self, worker_id: str, tiers: Mapping[str, int]) -> None:
+        """``worker_id`` never reports evictions from these tiers (``medium`` → capacity
+        in blocks): its index ages them out (docs/router.md, "Tiers"). Unknown media are
+        ignored, as their events are."""
+        for medium, capacity in tiers.items():
+            tier = tier_of(medium)
+            if tier is not None and tier is not Tier.GPU and worker_id in self._metrics:
+                self.index.set_silent_tier(worker_id, tier, capacity)
 
     def reset_worker_kv(self, worker_id: str) -> None:
         """Forget what ``worker_id`` caches (its stream lost events, or restarted)."""

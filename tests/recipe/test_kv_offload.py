@@ -66,6 +66,8 @@ def test_vllm_native_on_gpus_and_lmcache_env() -> None:
     assert (args["kv_offloading_size"], args["kv_offloading_backend"]) == (64, "native")
     args = args_for("vllm", "{host_gib: 8, backend: lmcache}")
     assert args["kv_offloading_backend"] == "lmcache"
+    # The CPU build: an LMCache server started by the worker (engines/vllm/lmcache.py).
+    assert args_for("vllm", "{host_gib: 0.5}", gpus=0)["lmcache_l1_gib"] == 0.5
 
 
 def test_sglang_hicache_and_trtllm_host_cache() -> None:
@@ -98,7 +100,7 @@ def test_sglang_hicache_and_trtllm_host_cache() -> None:
             "smaller than the GPU KV cache (16384 blocks = 32 GiB): it would churn",
         ),
         ("vllm", "{host_gib: 4, backend: native}", 0, "kv_offload.backend: native offloading"),
-        ("vllm", "{host_gib: 4}", 0, "kv_offload.backend: lmcache on vLLM's CPU build needs"),
+        ("vllm", "{host_gib: 4, disk_path: /d}", 0, "kv_offload.disk_path: is not supported with"),
         ("vllm", "{host_gib: 4, disk_path: /d}", 1, "kv_offload.disk_path: needs backend: lm"),
         ("trtllm", "{host_gib: 4, disk_path: /d}", 1, "kv_offload.disk_path: is not supported"),
         ("mocker", "{host_gib: 64, shared_store: x}", 0, "kv_offload.shared_store: is not sup"),

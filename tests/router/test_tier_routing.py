@@ -94,6 +94,16 @@ def test_silent_tier_ages_out_by_capacity_lru() -> None:
     index.lower[Tier.HOST].check()
 
 
+def test_router_takes_silent_tiers_by_medium() -> None:
+    router = KvRouter("kv", B)
+    router.add_worker("w")
+    router.set_silent_tiers("w", {"CPU": 3, "TAPE": 9, "GPU": 5})  # only offload tiers
+    router.set_silent_tiers("unknown", {"CPU": 3})  # not a worker: nothing to age
+    assert router.index.silent_capacity("w", Tier.HOST) == 3
+    assert router.index.silent_capacity("w", Tier.GPU) is None
+    assert router.index.silent_capacity("unknown", Tier.HOST) is None
+
+
 def router_with(workers: dict[str, str | None], **kw: Any) -> tuple[KvRouter, list[int]]:
     """A router over workers each holding a 16-block prompt in the medium given (None:
     nothing)."""
