@@ -76,7 +76,9 @@ class KvCacheState:
     def snapshot(self, data_parallel_rank: int | None = None) -> KVEventBatch:
         """One batch that rebuilds this state on an empty (or any) subscriber."""
         events: list[KVEvent] = [AllBlocksCleared()]
-        for (block, _), (parent, tokens, bs, medium) in self._blocks.items():
+        for key in self._parents_first():
+            block = key[0]
+            parent, tokens, bs, medium = self._blocks[key]
             events.append(
                 BlockStored(
                     block_hashes=[block],
@@ -87,3 +89,30 @@ class KvCacheState:
                 )
             )
         return KVEventBatch(ts=time.time(), events=events, data_parallel_rank=data_parallel_rank)
+
+    def _parents_first(self) -> list[tuple[ExternalBlockHash, str]]:
+        """The blocks in store order, except that a block held in some tier comes before
+        its children in any tier (a block offloaded early may have a parent re-stored
+        since; the subscriber needs the parent first to know the child)."""
+        by_hash: dict[ExternalBlockHash, list[tuple[ExternalBlockHash, str]]] = {}
+        for key in self._blocks:
+            by_hash.setdefault(key[0], []).append(key)
+        order: list[tuple[ExternalBlockHash, str]] = []
+        done: set[tuple[ExternalBlockHash, str]] = set()
+        for first in self._blocks:
+            stack, on_stack = [first], {first}
+            while stack:
+                key = stack[-1]
+                parent = self._blocks[key][0]
+                waiting = [
+                    k for k in by_hash.get(parent, ()) if k not in done and k not in on_stack
+                ] if parent is not None else []  # fmt: skip
+                if waiting:
+                    stack += waiting
+                    on_stack.update(waiting)
+                    continue
+                stack.pop()
+                if key not in done:
+                    done.add(key)
+                    order.append(key)
+        return order

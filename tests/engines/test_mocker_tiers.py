@@ -14,6 +14,7 @@ from dynamoctl.engines.mocker import MockerConfig
 from dynamoctl.engines.mocker.timing import TimingModel
 from dynamoctl.kv.hashing import sequence_hashes
 from dynamoctl.kv.tiers import Tier
+from dynamoctl.router.index import KvIndex
 from dynamoctl.wire.kv_events import (
     MEDIUM_CPU,
     MEDIUM_GPU,
@@ -22,6 +23,7 @@ from dynamoctl.wire.kv_events import (
     BlockStored,
     KVEventBatch,
 )
+from dynamoctl.worker.kv_state import KvCacheState
 
 pytestmark = pytest.mark.kv_tiers
 
@@ -193,3 +195,40 @@ async def test_random_multi_turn_traffic_keeps_tiers_consistent(
     assert held[MEDIUM_GPU] == m.engine.cached_block_hashes()
     assert held[MEDIUM_CPU] == set(tiers.host.lru)
     assert held[MEDIUM_STORAGE] == set(tiers.disk.lru)
+
+
+async def test_snapshot_gives_a_late_subscriber_every_tier(make_mocker: Any) -> None:
+    """The worker's snapshot state keeps a block per tier: a router that joins late and
+    applies the snapshot indexes the same GPU, host and disk blocks as one that followed
+    every event (a GPU eviction does not hide the host copy)."""
+    m = await make_mocker(**BASE, num_host_blocks=8, num_disk_blocks=16, disk_offload_filter=False)
+    for i in range(6):
+        await m.run(f"r{i}", prompt(i % 3, 4), 1)
+    live, late, state = KvIndex(BS), KvIndex(BS), KvCacheState()
+    for index in (live, late):
+        index.add_worker("w")
+    for batch in m.batches:
+        live.apply_batch("w", batch)
+        state.apply(batch)
+    late.apply_batch("w", state.snapshot())
+    for tier in Tier:
+        assert late.tier_blocks("w", tier) == live.tier_blocks("w", tier) > 0, tier
+    held = tier_contents(m.batches)
+    assert state.hashes(MEDIUM_CPU) == held[MEDIUM_CPU]
+    assert state.blocks_by_medium() == {k: len(v) for k, v in held.items()}
+    for seed in range(3):
+        hashes = sequence_hashes(prompt(seed, 4), BS)
+        assert late.find_tier_matches(hashes) == live.find_tier_matches(hashes)
+
+
+async def test_a_full_host_tier_drops_a_prefix_tail_first(make_mocker: Any) -> None:
+    """What the tiers keep of a prompt (GPU and host together) is always a prefix of it:
+    a block without its parent could never be reached from block 0."""
+    m = await make_mocker(**BASE, num_host_blocks=9)
+    prompts = [prompt(i, 3 + i % 4) for i in range(10)]
+    for i, p in enumerate(prompts):
+        await m.run(f"r{i}", p, 1)
+        held = set(m.engine.scheduler.tiers.host.lru) | m.engine.cached_block_hashes()
+        for q in prompts[: i + 1]:
+            kept = [h in held for h in sequence_hashes(q, BS)]
+            assert kept == sorted(kept, reverse=True), f"after r{i}: {kept}"

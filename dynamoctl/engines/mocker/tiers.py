@@ -160,10 +160,22 @@ class KvTiers:
                 fresh.append(h)
         self._pending = set(fresh)  # not to be forgotten while room is made for them
         # Parents first: a subscriber resolves a block's identity through its parent.
-        for h in sorted(fresh, key=lambda h: self._blocks[h].depth):
+        by_depth = sorted(fresh, key=lambda h: self._blocks[h].depth)
+        for h in by_depth:
             self._make_room(self.host)
             self._put(self.host, h)
             self._pending.discard(h)
+        self._children_older(self.host, by_depth)
+
+    @staticmethod
+    def _children_older(tier: _LowerTier, chain: Sequence[int]) -> None:
+        """Make ``chain`` (parents first) most recently used, its deepest block least:
+        a tier evicts a prefix's tail before its root, as the GPU pool does, so that it
+        never keeps blocks whose parent it dropped (unreachable from block 0)."""
+        lru = tier.lru
+        for h in reversed(chain):
+            if h in lru:
+                lru.move_to_end(h)
 
     def _make_room(self, tier: _LowerTier) -> None:
         while len(tier.lru) >= tier.stats.capacity_blocks:
@@ -270,10 +282,11 @@ class KvTiers:
         per_block = self.block_bytes / 1e9
         for h in hashes:
             tier = self.host if h in self.host else self.disk
-            tier.lru.move_to_end(h)
             tier.stats.onboarded_blocks += 1
             tier.stats.hit_blocks += 1
             seconds += per_block / tier.gbps
+        self._children_older(self.host, hashes)
+        self._children_older(self.disk, hashes)
         return seconds
 
     def record_lookup(self, looked_up: int, gpu_hits: int) -> None:
