@@ -33,6 +33,8 @@ class Cluster:
     """The frontend's base URL."""
     frontend: psutil.Process
     workers: list[psutil.Process]
+    discovery: str = ""
+    """The deployment's discovery URL (to find the workers' /metrics)."""
 
 
 async def _frontend_url(discovery: str) -> str:
@@ -112,7 +114,7 @@ async def cluster(
             url = await _frontend_url(discovery)
             await _wait_served(url, processes * per_process)
             yield Cluster(url, psutil.Process(procs[-1].pid),
-                          [psutil.Process(p.pid) for p in procs[:-1]])  # fmt: skip
+                          [psutil.Process(p.pid) for p in procs[:-1]], discovery)  # fmt: skip
         finally:
             for proc in procs:
                 if proc.returncode is None:

@@ -61,4 +61,14 @@ if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
         "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps \
             "nixl==$nixl_version" "nixl-cu12==$nixl_version"
     fi
+
+    # LMCache for vLLM's CPU build's host KV tier: tests/engines/test_vllm_lmcache_cpu.py.
+    # Its declared requirements are CUDA packages the multi-process server does not need;
+    # what it does use (torch, numpy, zmq, msgspec) comes with vLLM: --no-deps.
+    lmcache_version=0.5.6
+    lmcache_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("lmcache"))' 2>/dev/null || true)
+    if [ "$lmcache_have" != "$lmcache_version" ]; then
+        echo "[install-deps] pip install --no-deps lmcache==$lmcache_version"
+        "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "lmcache==$lmcache_version"
+    fi
 fi

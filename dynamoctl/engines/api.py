@@ -8,10 +8,11 @@ them on the wire as they are.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeAlias, runtime_checkable
 
+from dynamoctl.kv.tiers import TierStats
 from dynamoctl.wire.engine import (
     FinishReason,
     GenerateChunk,
@@ -39,6 +40,7 @@ __all__ = [
     "PrefillsForRemoteDecode",
     "PublishesKvEvents",
     "ReportsDeath",
+    "ReportsKvTiers",
     "RequestRejected",
     "ServesPeers",
 ]
@@ -125,6 +127,9 @@ class KvEventSource:
     """Replay ROUTER address; None: gaps cannot be filled (reported as lost)."""
     topic: str = ""
     """Topic frame of the stream."""
+    silent_tiers: Mapping[str, int] = field(default_factory=dict)
+    """Offload tiers (by ``medium``) whose evictions the stream never reports (LMCache's
+    CPU tier), with their capacity in blocks: subscribers age them out by it."""
 
 
 @runtime_checkable
@@ -208,4 +213,14 @@ class HoldsPeerWork(Protocol):
 
     def pending_peer_work(self) -> int:
         """Hand-offs not yet taken by a peer (0: closing loses nothing)."""
+        ...
+
+
+@runtime_checkable
+class ReportsKvTiers(Protocol):
+    """An :class:`Engine` that knows its KV tiers' sizes and traffic (the mocker); the
+    worker exports them on ``/metrics`` (docs/metrics.md)."""
+
+    def kv_tier_stats(self) -> Sequence[TierStats]:
+        """GPU first, then each lower tier it has."""
         ...

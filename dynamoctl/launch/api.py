@@ -100,6 +100,9 @@ class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     secrets: dict[str, SecretRef] = {}
     """Environment variables whose values are secrets (tokens, keys), by reference: never
     on a command line, in ``state.json`` or in a dry run."""
+    paths: dict[str, str] = {}
+    """Directories it writes on ``host``, by the recipe field naming them
+    (``kv_offload.disk_path``): preflight checks they exist and are writable there."""
     gang: str = ""
     """The multi-node replica this process is a member of (its leader's name, ``agg-0``);
     empty for a replica on one node."""
@@ -138,6 +141,18 @@ def port_in_use(spec: InstanceSpec, purpose: str, port: int, why: str) -> Launch
         f"{spec.name}: port {port} ({purpose}) on {spec.host} is already in use ({why}); "
         f"stop what holds it or change {source}"
     )
+
+
+def path_unusable(spec: InstanceSpec, why: dict[str, str]) -> LaunchError | None:
+    """The error for the first of ``spec.paths`` that ``why`` (path -> reason, from
+    :func:`dynamoctl.launch.hostcheck.unusable_paths` on its host) says is unusable."""
+    for field, path in spec.paths.items():
+        if path in why:
+            return LaunchError(
+                f"{spec.name}: {field} {path} on {spec.host} {why[path]}; create it there "
+                "(writable by the deployment's user) or change the recipe"
+            )
+    return None
 
 
 class Launched(Protocol):

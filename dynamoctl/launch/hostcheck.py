@@ -1,12 +1,14 @@
 """What a launcher checks on a host before anything starts, run on that host.
 
-    python -m dynamoctl.launch.hostcheck WORKDIR PORTS
+    python -m dynamoctl.launch.hostcheck WORKDIR PORTS [PATHS]
 
 ``PORTS`` is JSON: a list of TCP ports, or (one Slurm step on every node) a mapping from
-node name to its list, looked up under ``$SLURMD_NODENAME``. Prints one line,
+node name to its list, looked up under ``$SLURMD_NODENAME``; ``PATHS`` the same for
+directories instances will write (a KV offload disk tier). Prints one line,
 ``dynamoctl-hostcheck {"host": ..., "workdir": error or null, "busy": {port: why},
-"gpus": N}``. That the interpreter got this far proves it has dynamoctl installed. GPUs
-are those ``nvidia-smi`` lists, or in a Slurm step those the job holds on the node.
+"paths": {path: why}, "gpus": N}``. That the interpreter got this far proves it has
+dynamoctl installed. GPUs are those ``nvidia-smi`` lists, or in a Slurm step those the job
+holds on the node.
 """
 
 from __future__ import annotations
@@ -35,10 +37,24 @@ def busy_ports(ports: list[int]) -> dict[str, str]:
     return busy
 
 
-def check(workdir: str, spec: Any) -> dict[str, Any]:
+def unusable_paths(paths: list[str]) -> dict[str, str]:
+    """Directories that are missing or not writable here, with the reason."""
+    bad = {}
+    for path in paths:
+        if not os.path.isdir(path):
+            bad[path] = "does not exist" if not os.path.exists(path) else "is not a directory"
+        elif not os.access(path, os.W_OK | os.X_OK):
+            bad[path] = "is not writable"
+    return bad
+
+
+def check(workdir: str, spec: Any, path_spec: Any = ()) -> dict[str, Any]:
     host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
     ports = spec.get(host, []) if isinstance(spec, dict) else spec
+    paths = path_spec.get(host, []) if isinstance(path_spec, dict) else path_spec
     result: dict[str, Any] = {"host": host, "workdir": None}
+    # Before the chdir: a relative path means the same as on the supervisor's side.
+    result["paths"] = unusable_paths([str(p) for p in paths])
     try:
         os.chdir(workdir or ".")
     except OSError as exc:
@@ -60,4 +76,5 @@ def parse(output: str) -> list[dict[str, Any]]:
 
 
 if __name__ == "__main__":
-    print(MARK, json.dumps(check(sys.argv[1], json.loads(sys.argv[2]))), flush=True)
+    paths = json.loads(sys.argv[3]) if len(sys.argv) > 3 else []
+    print(MARK, json.dumps(check(sys.argv[1], json.loads(sys.argv[2]), paths)), flush=True)

@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING
 import msgspec
 import psutil
 
+from dynamoctl.launch import hostcheck
 from dynamoctl.launch.api import (
     LOST,
     InstanceSpec,
     LaunchError,
     ProcessRecord,
+    path_unusable,
     port_in_use,
     read_secrets,
 )
@@ -134,6 +136,9 @@ class LocalLauncher:
         for spec in instances:
             for purpose, port in spec.ports.items():
                 _check_port_free(spec, purpose, port)
+            error = path_unusable(spec, hostcheck.unusable_paths(list(spec.paths.values())))
+            if error is not None:
+                raise error
 
     def describe(self, spec: InstanceSpec) -> list[str]:
         return keeper_argv(spec, options=lifeline_options(spec, self.orphan_grace))

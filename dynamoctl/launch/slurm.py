@@ -33,6 +33,7 @@ from dynamoctl.launch.api import (
     InstanceSpec,
     LaunchError,
     ProcessRecord,
+    path_unusable,
     port_in_use,
     read_secrets,
 )
@@ -226,6 +227,9 @@ class SlurmLauncher:
                 for purpose, port in spec.ports.items():
                     if str(port) in result["busy"]:
                         raise port_in_use(spec, purpose, port, result["busy"][str(port)])
+                error = path_unusable(spec, result.get("paths", {}))
+                if error is not None:
+                    raise error
 
     async def _check_nodes(
         self, nodes: list[str], instances: list[InstanceSpec]
@@ -233,6 +237,10 @@ class SlurmLauncher:
         """:mod:`~dynamoctl.launch.hostcheck` on every node, in one step of one task each."""
         ports = {
             node: sorted({p for s in instances if s.host == node for p in s.ports.values()})
+            for node in nodes
+        }
+        paths = {
+            node: sorted({p for s in instances if s.host == node for p in s.paths.values()})
             for node in nodes
         }
         argv = [
@@ -250,6 +258,7 @@ class SlurmLauncher:
             "dynamoctl.launch.hostcheck",
             "",
             json.dumps(ports),
+            json.dumps(paths),
         ]
         code, out, err = await _run(argv, self._env)
         results = hostcheck.parse(out)

@@ -45,6 +45,7 @@ from dynamoctl.launch.api import (
     InstanceSpec,
     LaunchError,
     ProcessRecord,
+    path_unusable,
     port_in_use,
     read_secrets,
 )
@@ -189,27 +190,38 @@ class SshLauncher:
             h: sorted({p for s in instances if s.host == h for p in s.ports.values()})
             for h in hosts
         }
+        paths = {
+            h: sorted({p for s in instances if s.host == h for p in s.paths.values()})
+            for h in hosts
+        }
         results = await asyncio.gather(
-            *(self._check_host(h, ports[h]) for h in hosts), return_exceptions=True
+            *(self._check_host(h, ports[h], paths[h]) for h in hosts), return_exceptions=True
         )
         busy: dict[str, dict[str, str]] = {}
+        unusable: dict[str, dict[str, str]] = {}
         for host, result in zip(hosts, results, strict=True):
             if isinstance(result, BaseException):
                 raise result
-            busy[host], gpus = result
+            busy[host], gpus, unusable[host] = result
             check_gpus(host, gpus, instances, "target.gpus_per_host", FIX_GPU_COUNT)
         for spec in instances:
             for purpose, port in spec.ports.items():
                 if str(port) in busy[spec.host]:
                     raise port_in_use(spec, purpose, port, busy[spec.host][str(port)])
+            error = path_unusable(spec, unusable[spec.host])
+            if error is not None:
+                raise error
 
-    async def _check_host(self, host: str, ports: list[int]) -> tuple[dict[str, str], int]:
-        args = [self.python, "-m", "dynamoctl.launch.hostcheck", self._cwd, json.dumps(ports)]
+    async def _check_host(
+        self, host: str, ports: list[int], paths: list[str]
+    ) -> tuple[dict[str, str], int, dict[str, str]]:
+        args = [self.python, "-m", "dynamoctl.launch.hostcheck", self._cwd, json.dumps(ports),
+                json.dumps(paths)]  # fmt: skip
         code, output = await self._run(host, "exec " + shlex.join(args), self.connect_timeout + 30)
         for result in hostcheck.parse(output):
             if result["workdir"]:
                 raise LaunchError(f"ssh {host}: workdir {self.workdir}: {result['workdir']}")
-            return dict(result["busy"]), int(result["gpus"])
+            return dict(result["busy"]), int(result["gpus"]), dict(result.get("paths", {}))
         raise LaunchError(
             f"ssh {host}: {self.python} cannot import dynamoctl ({_status(code, output)}); "
             "set the target's python to an interpreter that has dynamoctl installed"

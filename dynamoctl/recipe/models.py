@@ -24,6 +24,7 @@ from dynamoctl.recipe.fields import (
     rule_error,
 )
 from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
+from dynamoctl.recipe.kv_offload import KvOffload, check_offload
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
@@ -229,6 +230,9 @@ class WorkerPool(RecipeModel):
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Engine command-line arguments without the leading ``--``, passed untouched, e.g.
     ``{tensor-parallel-size: 8}``; ``true`` is a bare flag."""
+    kv_offload: KvOffload | None = None
+    """KV cache tiers below GPU memory (host memory, local disk, a shared store), set up
+    for the pool's engine (docs/recipes.md, "KV offload"). Default: none."""
     env: dict[str, EnvValue] = Field(default_factory=dict)
     """Extra environment variables for each replica. A secret (a token, a password) is
     referenced rather than written: ``HF_TOKEN: {from_env: HF_TOKEN}`` or ``{from_file:
@@ -383,6 +387,8 @@ class Recipe(RecipeModel):
         for role, pool in self.workers.pools().items():
             if pool.nodes_per_replica > 1:
                 check_gang(role, pool, target)
+            check_offload(role, pool.engine, pool.kv_offload, pool.gpus_per_replica,
+                          pool.engine_args, self.model.block_size)  # fmt: skip
         if self.planner is not None:
             check_planner(self.planner, self.workers, self.model)
         if isinstance(target, SlurmTarget):

@@ -24,9 +24,18 @@ index can be incomplete but never claims a block that is not there:
   two blocks and then emits a ``BlockStored`` and a ``BlockRemoved`` per block, so the
   hash stays cached until the last copy goes. A remove of an unknown hash is ignored; a
   re-store under a different parent or content keeps the first identity.
-* Only base-model blocks in GPU memory count: blocks of a LoRA adapter are not a hit for
-  base-model prompts, and offload tiers (``medium`` CPU/disk) report their own
-  stores/removes for the same hash, which would otherwise cancel the GPU copy's.
+* Only base-model blocks count: blocks of a LoRA adapter are not a hit for base-model
+  prompts.
+* Each tier (the event's ``medium``: GPU, host ``CPU``, disk ``STORAGE``;
+  :mod:`dynamoctl.kv.tiers`) is counted apart: an offload tier reports its own
+  stores/removes for the same engine hash, which must not cancel the GPU copy's. The GPU
+  tier is this index; :attr:`KvIndex.lower` holds the others, and
+  :meth:`KvIndex.find_tier_matches` walks them together (docs/router.md, "Tiers"). An
+  unknown medium is ignored. A store without tokens (vLLM's offload connector without
+  self-describing events) is taken when every block is already known by engine hash.
+* A tier whose evictions are never published (LMCache's CPU tier,
+  :meth:`KvIndex.set_silent_tier`) is aged out by an LRU estimate: past its capacity in
+  blocks, the least recently stored blocks are forgotten.
 * Events with a block size other than the router's are ignored (logged once per worker):
   their hashes can never match a prompt hashed with ours.
 """
@@ -39,8 +48,8 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
 from dynamoctl.kv.hashing import sequence_hashes
+from dynamoctl.kv.tiers import Tier, tier_of
 from dynamoctl.wire.kv_events import (
-    MEDIUM_GPU,
     BlockRemoved,
     BlockStored,
     ExternalBlockHash,
@@ -198,7 +207,8 @@ class PrefixIndex:
 
 
 class KvIndex(PrefixIndex):
-    """A :class:`PrefixIndex` maintained from each worker's KV event stream."""
+    """A :class:`PrefixIndex` of GPU blocks maintained from each worker's KV event stream,
+    with one more per offload tier (host memory, disk) for tier-aware routing."""
 
     def __init__(self, block_size: int) -> None:
         super().__init__()
@@ -206,26 +216,93 @@ class KvIndex(PrefixIndex):
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         """Tokens per block; events of another size are ignored."""
-        # worker -> engine hash -> (our hash, stores not yet removed)
-        self._engine: dict[str, dict[ExternalBlockHash, tuple[int, int]]] = {}
+        self.lower: dict[Tier, PrefixIndex] = {Tier.HOST: PrefixIndex(), Tier.DISK: PrefixIndex()}
+        """Blocks per worker in each offload tier (the GPU tier is this index itself)."""
+        # worker -> engine hash -> [our hash, stores not yet removed per tier (GPU, host, disk)]
+        self._engine: dict[str, dict[ExternalBlockHash, list[int]]] = {}
+        # Tiers whose evictions a worker does not publish (LMCache): capacity and LRU order.
+        self._silent: dict[tuple[str, Tier], tuple[int, OrderedDict[ExternalBlockHash, None]]] = {}
         self._warned: set[str] = set()
         self.dropped_orphans = 0
         """Stored blocks dropped because their parent was unknown (see module doc)."""
+        self.aged_out = 0
+        """Blocks of silent tiers forgotten because the tier could no longer hold them."""
+
+    def _tier_index(self, tier: Tier) -> PrefixIndex:
+        return self if tier is Tier.GPU else self.lower[tier]
 
     def add_worker(self, worker: str) -> None:
         super().add_worker(worker)
+        for index in self.lower.values():
+            index.add_worker(worker)
         self._engine.setdefault(worker, {})
 
     def remove_worker(self, worker: str) -> None:
         super().remove_worker(worker)
+        for index in self.lower.values():
+            index.remove_worker(worker)
         self._engine.pop(worker, None)
         self._warned.discard(worker)
+        for tier in Tier:
+            self._silent.pop((worker, tier), None)
 
     def clear_worker(self, worker: str) -> None:
         super().clear_worker(worker)
+        for index in self.lower.values():
+            index.clear_worker(worker)
         engine = self._engine.get(worker)
         if engine is not None:
             engine.clear()
+        for tier in Tier:
+            silent = self._silent.get((worker, tier))
+            if silent is not None:
+                silent[1].clear()
+
+    def set_silent_tier(self, worker: str, tier: Tier, capacity_blocks: int) -> None:
+        """``worker`` publishes no evictions from ``tier`` (LMCache's CPU tier): believe
+        it holds only the ``capacity_blocks`` most recently stored blocks (LRU estimate)."""
+        if tier is Tier.GPU or capacity_blocks < 0:
+            raise ValueError(f"a silent tier is an offload tier of >= 0 blocks, got {tier.name}")
+        self._silent[worker, tier] = (capacity_blocks, OrderedDict())
+
+    def silent_capacity(self, worker: str, tier: Tier) -> int | None:
+        """The capacity :meth:`set_silent_tier` gave, None if the tier reports evictions."""
+        silent = self._silent.get((worker, tier))
+        return None if silent is None else silent[0]
+
+    def tier_blocks(self, worker: str, tier: Tier) -> int:
+        """Distinct blocks ``worker`` holds in ``tier``."""
+        return self._tier_index(tier).tree_size(worker)
+
+    def find_tier_matches(self, hashes: Sequence[int]) -> dict[str, tuple[int, int, int]]:
+        """Per worker, how many leading blocks of ``hashes`` it holds in GPU memory, in GPU
+        or host memory, and in any tier (three nested depths, each contiguous from block
+        0); workers with none are left out. Without offloaded blocks anywhere it is
+        :meth:`find_matches` (one walk)."""
+        host, disk = self.lower[Tier.HOST]._holders, self.lower[Tier.DISK]._holders
+        if not host and not disk:
+            return {w: (n, n, n) for w, n in self.find_matches(hashes).items()}
+        gpu = self._holders
+        depths: dict[str, list[int]] = {}
+        live = [0, 0, 0]
+        for depth, h in enumerate(hashes):
+            g = gpu.get(h, 0)
+            masks = (g, g | host.get(h, 0), g | host.get(h, 0) | disk.get(h, 0))
+            if not depth:
+                live = list(masks)
+            else:
+                for level in range(3):
+                    nxt = live[level] & masks[level]
+                    for worker in self._bits(live[level] & ~nxt):
+                        depths.setdefault(worker, [0, 0, 0])[level] = depth
+                    live[level] = nxt
+            if not live[2]:
+                break
+        else:
+            for level in range(3):
+                for worker in self._bits(live[level]):
+                    depths.setdefault(worker, [0, 0, 0])[level] = len(hashes)
+        return {w: (d[0], d[1], d[2]) for w, d in depths.items()}
 
     def apply_batch(self, worker: str, batch: KVEventBatch) -> None:
         """Apply a batch of ``worker``'s events in order (ignored for unknown workers)."""
@@ -237,22 +314,29 @@ class KvIndex(PrefixIndex):
         if engine is None:
             return
         if isinstance(event, BlockStored):
-            if _counts(event.medium) and event.lora_id is None and event.lora_name is None:
-                self._stored(worker, engine, event)
+            tier = tier_of(event.medium)
+            if tier is not None and event.lora_id is None and event.lora_name is None:
+                self._stored(worker, engine, event, tier)
         elif isinstance(event, BlockRemoved):
-            if _counts(event.medium):
-                self._removed(worker, engine, event.block_hashes)
+            tier = tier_of(event.medium)
+            if tier is not None:
+                self._removed(worker, engine, event.block_hashes, tier)
         else:
             self.clear_worker(worker)
 
     def _stored(
         self,
         worker: str,
-        engine: dict[ExternalBlockHash, tuple[int, int]],
+        engine: dict[ExternalBlockHash, list[int]],
         event: BlockStored,
+        tier: Tier,
     ) -> None:
         bs = self.block_size
-        if event.block_size != bs:
+        if not event.token_ids and all(b in engine for b in event.block_hashes):
+            # vLLM's offload connector without self-describing events: no tokens, but the
+            # blocks are ones we know from their GPU life.
+            ours = [engine[b][0] for b in event.block_hashes]
+        elif event.block_size != bs:
             if worker not in self._warned:
                 self._warned.add(worker)
                 log.warning(
@@ -263,53 +347,84 @@ class KvIndex(PrefixIndex):
                     bs,
                 )
             return
-        parent: int | None = None
-        if event.parent_block_hash is not None:
-            known = engine.get(event.parent_block_hash)
-            if known is None:
-                self.dropped_orphans += len(event.block_hashes)
-                return
-            parent = known[0]
-        # A short token list hashes fewer blocks; zip drops the engine hashes left over,
-        # which later stores then see as unknown parents.
-        ours = sequence_hashes(event.token_ids[: len(event.block_hashes) * bs], bs, parent)
+        else:
+            parent: int | None = None
+            if event.parent_block_hash is not None:
+                known = engine.get(event.parent_block_hash)
+                if known is None:
+                    self.dropped_orphans += len(event.block_hashes)
+                    return
+                parent = known[0]
+            # A short token list hashes fewer blocks; zip drops the engine hashes left
+            # over, which later stores then see as unknown parents.
+            ours = sequence_hashes(event.token_ids[: len(event.block_hashes) * bs], bs, parent)
         added: list[int] = []
+        silent = self._silent.get((worker, tier))
         for block, mine in zip(event.block_hashes, ours, strict=False):
             entry = engine.get(block)
             if entry is None:
-                engine[block] = (mine, 1)
-                added.append(mine)
-            else:  # a second copy of a cached hash: it keeps its first identity
-                engine[block] = (entry[0], entry[1] + 1)
-                added.append(entry[0])
-        self.add(worker, added)
+                entry = engine[block] = [mine, 0, 0, 0]
+            # else: a second copy of a known hash (another block, another tier): it keeps
+            # its first identity
+            if silent is not None:
+                if block in silent[1]:
+                    silent[1].move_to_end(block)
+                    continue  # stored again: counted once, it only gets younger
+                silent[1][block] = None
+            entry[1 + tier] += 1
+            added.append(entry[0])
+        self._tier_index(tier).add(worker, added)
+        if silent is not None and len(silent[1]) > silent[0]:
+            self._age_out(worker, engine, tier, silent)
+
+    def _age_out(
+        self,
+        worker: str,
+        engine: dict[ExternalBlockHash, list[int]],
+        tier: Tier,
+        silent: tuple[int, OrderedDict[ExternalBlockHash, None]],
+    ) -> None:
+        capacity, lru = silent
+        old: list[ExternalBlockHash] = []
+        while len(lru) > capacity:
+            old.append(lru.popitem(last=False)[0])
+        self.aged_out += len(old)
+        self._uncount(worker, engine, old, tier)
 
     def _removed(
         self,
         worker: str,
-        engine: dict[ExternalBlockHash, tuple[int, int]],
+        engine: dict[ExternalBlockHash, list[int]],
         blocks: Iterable[ExternalBlockHash],
+        tier: Tier,
+    ) -> None:
+        silent = self._silent.get((worker, tier))
+        if silent is not None:  # it does report some after all: follow them
+            blocks = [b for b in blocks if silent[1].pop(b, 0) is None]
+        self._uncount(worker, engine, blocks, tier)
+
+    def _uncount(
+        self,
+        worker: str,
+        engine: dict[ExternalBlockHash, list[int]],
+        blocks: Iterable[ExternalBlockHash],
+        tier: Tier,
     ) -> None:
         gone: list[int] = []
+        slot = 1 + tier
         for block in blocks:
             entry = engine.get(block)
-            if entry is None:
-                continue  # never seen (dropped as an orphan, or stored before we joined)
-            mine, n = entry
-            if n > 1:
-                engine[block] = (mine, n - 1)
-            else:
+            if entry is None or not entry[slot]:
+                continue  # never seen here (an orphan, or stored before we joined)
+            entry[slot] -= 1
+            if not (entry[1] or entry[2] or entry[3]):
                 del engine[block]
-            gone.append(mine)
-        self.discard(worker, gone)
+            gone.append(entry[0])
+        self._tier_index(tier).discard(worker, gone)
 
     def engine_blocks(self, worker: str) -> int:
         """Engine hashes known for ``worker`` (tests, metrics)."""
         return len(self._engine.get(worker, ()))
-
-
-def _counts(medium: str | None) -> bool:
-    return medium is None or medium == MEDIUM_GPU
 
 
 class ApproxIndex(PrefixIndex):

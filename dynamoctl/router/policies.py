@@ -11,6 +11,11 @@ weight::
     logit_w = alpha * PrefillTokens_w / B + DecodeBlocks_w
     PrefillTokens_w = A_w + max(0, ISL - overlap_w * B)
     DecodeBlocks_w = active_blocks_w + new blocks of this request on w
+    overlap_w = gpu_w + c_host * host_w + c_disk * disk_w
+
+where ``gpu_w`` is the GPU prefix hit and ``host_w``, ``disk_w`` the blocks after it held in
+an offload tier, credited by what a hit there saves net of its transfer
+(:func:`dynamoctl.kv.tiers.onboard_credit`; docs/router.md, "Tiers").
 
 The lowest logit wins (ties: the worker with fewer cached blocks, then random), or with
 temperature ``T > 0`` a worker is drawn with probability ∝ ``exp(-x_w / T)``, ``x_w`` the
@@ -34,6 +39,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT
 from dynamoctl.router.errors import UnknownMode
 from dynamoctl.util.registry import Registry
 from dynamoctl.wire.engine import LoadMetrics
@@ -76,6 +82,11 @@ class Candidate:
     """Blocks cached on the worker (the tie-breaker: spread the cache)."""
     metrics: LoadMetrics | None = None
     """The worker's last reported load, if any."""
+    host_blocks: int = 0
+    """Prompt blocks after ``overlap_blocks`` believed in the worker's host-memory tier
+    (contiguously; docs/router.md, "Tiers")."""
+    disk_blocks: int = 0
+    """Prompt blocks after those believed in its disk tier."""
 
     def load(self, block_size: int) -> float:
         """Load in blocks, ignoring the cache: queued prefill plus held KV, the larger of
@@ -95,6 +106,15 @@ class PolicyConfig:
     """``alpha``: weight of prefill work against decode blocks in the ``kv`` cost."""
     temperature: float = 0.0
     """0: argmin of the cost; > 0: softmax sampling over range-normalised costs."""
+    host_credit: float = DEFAULT_HOST_CREDIT
+    """What a host-memory block hit is worth in GPU block hits (0: tiers ignored)."""
+    disk_credit: float = DEFAULT_DISK_CREDIT
+    """What a disk block hit is worth in GPU block hits (0: tiers ignored)."""
+
+    def credited_overlap(self, c: Candidate) -> float:
+        """The candidate's overlap in GPU-hit equivalents (docs/router.md, "Tiers")."""
+        lower = self.host_credit * c.host_blocks + self.disk_credit * c.disk_blocks
+        return c.overlap_blocks + lower
 
 
 class Policy:
@@ -202,7 +222,8 @@ class KvCost(Policy, name="kv"):
 
     def logit(self, request: RequestInfo, c: Candidate) -> float:
         bs = request.block_size
-        prefill = c.prefill_tokens + max(0, request.isl - c.overlap_blocks * bs)
+        overlap = self.config.credited_overlap(c)
+        prefill = c.prefill_tokens + max(0.0, request.isl - overlap * bs)
         alpha = (
             self.config.overlap_weight if request.overlap_weight is None else request.overlap_weight
         )

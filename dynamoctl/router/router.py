@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamoctl.kv.hashing import sequence_hashes
+from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT, Tier, tier_of
 from dynamoctl.router.errors import AllWorkersBusy, NoWorkers
 from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
 from dynamoctl.router.load import ActiveLoad, Booking
@@ -44,6 +45,8 @@ class Decision:
     """The id the load is booked under (pass it to on_first_token / on_finished)."""
     cost: float | None = None
     """The mode's cost of the chosen worker (the ``kv`` logit), if it has one."""
+    tier_blocks: int = 0
+    """Prompt blocks after ``overlap_blocks`` believed in its offload tiers (host, disk)."""
 
 
 class KvRouter:
@@ -63,6 +66,8 @@ class KvRouter:
         *,
         overlap_weight: float = 1.0,
         temperature: float = 0.0,
+        host_credit: float = DEFAULT_HOST_CREDIT,
+        disk_credit: float = DEFAULT_DISK_CREDIT,
         busy_kv_usage: float | None = None,
         busy_waiting: int | None = None,
         approx_ttl: float = 120.0,
@@ -71,6 +76,8 @@ class KvRouter:
     ) -> None:
         if overlap_weight < 0 or temperature < 0:
             raise ValueError("overlap_weight and temperature must be >= 0")
+        if not (0 <= host_credit <= 1 and 0 <= disk_credit <= 1):
+            raise ValueError("host_credit and disk_credit must be in [0, 1]")
         self.block_size = block_size
         """Tokens per KV block; must equal the engines' (their model cards say)."""
         self.busy_kv_usage = busy_kv_usage
@@ -78,7 +85,9 @@ class KvRouter:
         self.busy_waiting = busy_waiting
         """Waiting requests above which a worker is busy; None: never."""
         self.policy = create_policy(
-            mode, PolicyConfig(overlap_weight, temperature), random.Random(seed)
+            mode,
+            PolicyConfig(overlap_weight, temperature, host_credit, disk_credit),
+            random.Random(seed),
         )
         self.index = KvIndex(block_size)
         """Blocks cached per worker, from KV events."""
@@ -132,6 +141,15 @@ class KvRouter:
         """Apply one batch of ``worker_id``'s KV events (ignored for unknown workers)."""
         self.index.apply_batch(worker_id, batch)
 
+    def set_silent_tiers(self, worker_id: str, tiers: Mapping[str, int]) -> None:
+        """``worker_id`` never reports evictions from these tiers (``medium`` → capacity
+        in blocks): its index ages them out (docs/router.md, "Tiers"). Unknown media are
+        ignored, as their events are."""
+        for medium, capacity in tiers.items():
+            tier = tier_of(medium)
+            if tier is not None and tier is not Tier.GPU and worker_id in self._metrics:
+                self.index.set_silent_tier(worker_id, tier, capacity)
+
     def reset_worker_kv(self, worker_id: str) -> None:
         """Forget what ``worker_id`` caches (its stream lost events, or restarted)."""
         self.index.clear_worker(worker_id)
@@ -183,25 +201,44 @@ class KvRouter:
         index = self._overlap_index()
         if isinstance(index, ApproxIndex):
             index.expire()
-        overlaps = index.find_matches(hashes) if hashes else {}
+        tiers = self._tier_matches(index, hashes)
         held = self.load.active_overlaps(hashes) if hashes else {}
         prefill, active = self.load.loads(names)
         trees = index.tree_sizes(names)
         n_new = len(hashes) + 1  # + the request's private block (router.load)
         metrics = self._metrics
-        candidates = [
-            Candidate(w, overlaps.get(w, 0), prefill[i], active[i], n_new - held.get(w, 0),
-                      trees[i], metrics[w])
-            for i, w in enumerate(names)
-        ]  # fmt: skip
+        no_hit = (0, 0, 0)
+        candidates = []
+        for i, w in enumerate(names):
+            gpu, host, any_tier = tiers.get(w, no_hit)
+            candidates.append(
+                Candidate(w, gpu, prefill[i], active[i], n_new - held.get(w, 0), trees[i],
+                          metrics[w], host - gpu, any_tier - host)
+            )  # fmt: skip
         request = RequestInfo(len(token_ids), len(hashes), bs, overlap_weight)
         chosen, cost = self.policy.choose(request, candidates)
         worker = chosen.worker_id
-        uncached = 0 if prefilled else max(0, len(token_ids) - chosen.overlap_blocks * bs)
+        # Booked prefill: what the worker computes, lower-tier blocks counted at their
+        # credit (their transfer stands in for part of a prefill).
+        overlap = self.policy.config.credited_overlap(chosen)
+        uncached = 0 if prefilled else max(0, len(token_ids) - round(overlap * bs))
         self.load.book(request_id, Booking(worker, uncached, hashes))
         if self.approx is not None:
             self.approx.record(worker, hashes)
-        return Decision(worker, chosen.overlap_blocks, len(hashes), request_id, cost)
+        lower = chosen.host_blocks + chosen.disk_blocks
+        return Decision(worker, chosen.overlap_blocks, len(hashes), request_id, cost, lower)
+
+    def _tier_matches(
+        self, index: PrefixIndex, hashes: Sequence[int]
+    ) -> dict[str, tuple[int, int, int]]:
+        """Per worker: its GPU prefix hit, then the depths reached counting host memory
+        and disk too (all equal when tiers are unknown or not credited)."""
+        if not hashes:
+            return {}
+        config = self.policy.config
+        if isinstance(index, KvIndex) and (config.host_credit or config.disk_credit):
+            return index.find_tier_matches(hashes)
+        return {w: (n, n, n) for w, n in index.find_matches(hashes).items()}
 
     def on_first_token(self, request_id: str) -> None:
         """The request's first token arrived: its prompt no longer waits for prefill."""

@@ -241,6 +241,7 @@ class RouterService(AsyncService):
 
     async def _subscribe(self, iid: str, record: EventsRecord) -> None:
         streams = self._streams[iid] = _Streams(record, next(self._gen), next(self._gen))
+        self.router.set_silent_tiers(iid, record.silent_tiers)
         if self.router.wants_kv_events:
             await self._kv.add_publisher(
                 f"{iid}#{streams.kv_gen}", record.kv, record.kv_replay, curve=record.kv_curve

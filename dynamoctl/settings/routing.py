@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, ClassVar, Literal, get_args
 
 from pydantic import Field
 
+from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.component import ComponentSettings
 
@@ -32,6 +33,12 @@ class RouterSettings(Options):
     cost."""
     temperature: float = Field(default=0.0, ge=0)
     """Softmax temperature over worker costs; 0 always picks the cheapest worker."""
+    host_tier_credit: float = Field(default=DEFAULT_HOST_CREDIT, ge=0, le=1)
+    """What a prompt block in a worker's host-memory KV tier is worth in the KV cost, as a
+    fraction of a GPU hit: 1 - onboard time / prefill time of a block (docs/router.md,
+    "Tiers"); 0 ignores the tier."""
+    disk_tier_credit: float = Field(default=DEFAULT_DISK_CREDIT, ge=0, le=1)
+    """The same for a block in a worker's disk KV tier; 0 ignores the tier."""
     busy_kv_usage: float | None = Field(default=0.95, ge=0, le=1)
     """A worker whose KV cache is fuller than this fraction is busy and skipped; when every
     worker is busy, requests queue, then get 503. 1 (or, in a recipe, null): never busy by
@@ -49,6 +56,8 @@ class RouterSettings(Options):
             block_size,
             overlap_weight=self.overlap_weight,
             temperature=self.temperature,
+            host_credit=self.host_tier_credit,
+            disk_credit=self.disk_tier_credit,
             busy_kv_usage=self.busy_kv_usage,
             busy_waiting=self.busy_waiting,
         )

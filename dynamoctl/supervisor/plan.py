@@ -25,6 +25,7 @@ from dynamoctl.discovery.registry import etcd_url
 from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
 from dynamoctl.launch.slurm import sbatch_resources
+from dynamoctl.recipe.kv_offload import OffloadArgs, offload_args
 from dynamoctl.recipe.models import (
     EmbeddedDiscovery,
     EtcdDiscovery,
@@ -100,18 +101,34 @@ for _engine in ("vllm", "sglang", "trtllm"):
 
 
 def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str, Any]:
-    """The pool's ``engine_args`` plus the model's, refusing contradictions."""
+    """The pool's ``engine_args`` plus the model's and ``kv_offload``'s, refusing
+    contradictions."""
     derived = {k: v for k, v in MODEL_ARGS[pool.engine](model).items() if v is not None}
+    offload = _offload(pool, model).args
     merged = dict(derived)
     for key, value in pool.engine_args.items():
         name = key.replace("-", "_")
-        if name in derived and derived[name] != value:
-            raise PlanError(
-                f"workers.{role}.engine_args.{key}: {value!r} contradicts the model section "
-                f"({derived[name]!r}); set it in one place"
-            )
+        for section, theirs in (("the model section", derived), ("kv_offload", offload)):
+            if name in theirs and not _agrees(value, theirs[name]):
+                raise PlanError(
+                    f"workers.{role}.engine_args.{key}: {value!r} contradicts {section} "
+                    f"({theirs[name]!r}); set it in one place"
+                )
         merged[name] = value
-    return merged
+    return {**merged, **offload}
+
+
+def _offload(pool: WorkerPool, model: ModelSpec) -> OffloadArgs:
+    return offload_args(
+        pool.engine, pool.kv_offload, pool.gpus_per_replica, pool.engine_args, model.block_size
+    )
+
+
+def _agrees(ours: Any, derived: Any) -> bool:
+    """``derived`` is ``ours``, or a mapping that extends it (kv_offload adds to a dict)."""
+    if isinstance(ours, dict) and isinstance(derived, dict):
+        return all(derived.get(k) == v for k, v in ours.items())
+    return bool(ours == derived)
 
 
 # -- hosts and GPUs ---------------------------------------------------------------------------
@@ -278,7 +295,8 @@ def worker_spec(
     argv += render_engine_args({**args, **channel.args, **extra_args})
     common, secrets = _component_env(recipe, run_dir)
     plain, hidden = _split_env(pool.env)
-    env = {**common, **channel.env, **plain}
+    offload = _offload(pool, recipe.model)
+    env = {**common, **channel.env, **offload.env, **plain}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return InstanceSpec(
@@ -292,6 +310,7 @@ def worker_spec(
         env=env,
         gpus=gpus,
         secrets={**secrets, **hidden},
+        paths=offload.paths,
     )
 
 

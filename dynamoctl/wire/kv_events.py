@@ -25,6 +25,11 @@ ExternalBlockHash: TypeAlias = int | bytes
 
 MEDIUM_GPU: Final = "GPU"
 """``medium`` of blocks in device memory (vLLM's ``MEDIUM_GPU``)."""
+MEDIUM_CPU: Final = "CPU"
+"""``medium`` of blocks offloaded to host memory (vLLM's ``MEDIUM_CPU``; LMCache outside
+its multi-process mode writes it in lower case, which readers accept)."""
+MEDIUM_STORAGE: Final = "STORAGE"
+"""``medium`` of blocks offloaded to disk or a shared store (vLLM's ``MEDIUM_STORAGE``)."""
 
 
 class KVCacheEvent(msgspec.Struct, array_like=True, omit_defaults=True, gc=False, tag=True):

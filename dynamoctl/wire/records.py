@@ -99,6 +99,10 @@ class EventsRecord(msgspec.Struct, frozen=True, kw_only=True):
     kv_curve: bool = True
     """Whether the KV stream speaks CURVE when the deployment has a key (false: an engine's
     own publisher, which cannot; docs/security.md)."""
+    silent_tiers: dict[str, int] = {}
+    """Offload tiers (by KV-event ``medium``) whose evictions the KV stream never reports
+    (LMCache's CPU tier), with their capacity in blocks: routers forget the oldest blocks
+    past it (docs/router.md, "Tiers")."""
 
 
 class BookingsRecord(msgspec.Struct, frozen=True, kw_only=True):

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from dynamoctl.planes.curve import RefusalCollector
 from dynamoctl.wire.health import HealthStatus, WorkerHealth
 from dynamoctl.worker.instance import WorkerInstance
+from dynamoctl.worker.kv_tier_metrics import KvTierCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABELS = ["instance", "name", "model", "role"]
@@ -116,6 +117,7 @@ def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlet
     """``ready[0]`` flips to True once every instance has registered."""
     registry = CollectorRegistry()
     registry.register(WorkerCollector(instances))
+    registry.register(KvTierCollector(instances))  # engines that know their KV tiers
     registry.register(RefusalCollector())  # peers the planes' CURVE refused
 
     async def metrics(_: Request) -> Response:

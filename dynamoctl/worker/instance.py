@@ -197,6 +197,7 @@ class WorkerInstance:
                     load_replay=self.load_events.replay_address,
                     load_topic=LOAD_TOPIC.decode(),
                     kv_curve=ours,
+                    silent_tiers=dict(kv.silent_tiers),
                 )
             ),
         )

@@ -4,15 +4,18 @@ The worker feeds every batch it publishes through :class:`KvCacheState`; a subsc
 that joins late (a restarted router) or lost more events than the replay buffer keeps
 gets :meth:`KvCacheState.snapshot` instead: one batch, ``AllBlocksCleared`` followed by a
 ``BlockStored`` per cached block, that rebuilds the same cache from nothing. Generic over
-engines: it only reads the events.
+engines: it only reads the events. A block is kept per tier (``medium``): an offload tier
+(docs/mocker.md, "KV tiers") stores and removes its copy independently of the GPU's.
 """
 
 from __future__ import annotations
 
 import time
 from array import array
+from collections import Counter
 
 from dynamoctl.wire.kv_events import (
+    MEDIUM_GPU,
     AllBlocksCleared,
     BlockRemoved,
     BlockStored,
@@ -22,21 +25,33 @@ from dynamoctl.wire.kv_events import (
 )
 
 
+def _medium(medium: str | None) -> str:
+    return MEDIUM_GPU if medium is None else medium.upper()
+
+
 class KvCacheState:
     """The cached blocks implied by an event stream, in the order they were stored."""
 
     def __init__(self) -> None:
-        # hash -> (parent, tokens, block_size, medium); dict order = store order, so a
-        # parent always precedes its children when the snapshot replays them.
+        # (hash, medium) -> (parent, tokens, block_size, medium as sent); dict order =
+        # store order, so a parent precedes its children when the snapshot replays them.
         self._blocks: dict[
-            ExternalBlockHash, tuple[ExternalBlockHash | None, array[int], int, str | None]
+            tuple[ExternalBlockHash, str],
+            tuple[ExternalBlockHash | None, array[int], int, str | None],
         ] = {}
 
     def __len__(self) -> int:
-        return len(self._blocks)
+        """Blocks in the GPU prefix cache."""
+        return sum(1 for _, medium in self._blocks if medium == MEDIUM_GPU)
 
-    def hashes(self) -> set[ExternalBlockHash]:
-        return set(self._blocks)
+    def hashes(self, medium: str = MEDIUM_GPU) -> set[ExternalBlockHash]:
+        """Hashes cached in ``medium`` (default: the GPU prefix cache)."""
+        want = _medium(medium)
+        return {block for block, m in self._blocks if m == want}
+
+    def blocks_by_medium(self) -> dict[str, int]:
+        """Blocks held per tier (``GPU``, ``CPU``, ``STORAGE``, ...)."""
+        return dict(Counter(medium for _, medium in self._blocks))
 
     def apply(self, batch: KVEventBatch) -> None:
         for event in batch.events:
@@ -46,20 +61,24 @@ class KvCacheState:
         if isinstance(event, BlockStored):
             bs = event.block_size
             parent = event.parent_block_hash
+            medium = _medium(event.medium)
             for i, block in enumerate(event.block_hashes):
                 tokens = array("I", event.token_ids[i * bs : (i + 1) * bs])
-                self._blocks[block] = (parent, tokens, bs, event.medium)
+                self._blocks[block, medium] = (parent, tokens, bs, event.medium)
                 parent = block
         elif isinstance(event, BlockRemoved):
+            medium = _medium(event.medium)
             for block in event.block_hashes:
-                self._blocks.pop(block, None)
+                self._blocks.pop((block, medium), None)
         else:
             self._blocks.clear()
 
     def snapshot(self, data_parallel_rank: int | None = None) -> KVEventBatch:
         """One batch that rebuilds this state on an empty (or any) subscriber."""
         events: list[KVEvent] = [AllBlocksCleared()]
-        for block, (parent, tokens, bs, medium) in self._blocks.items():
+        for key in self._parents_first():
+            block = key[0]
+            parent, tokens, bs, medium = self._blocks[key]
             events.append(
                 BlockStored(
                     block_hashes=[block],
@@ -70,3 +89,30 @@ class KvCacheState:
                 )
             )
         return KVEventBatch(ts=time.time(), events=events, data_parallel_rank=data_parallel_rank)
+
+    def _parents_first(self) -> list[tuple[ExternalBlockHash, str]]:
+        """The blocks in store order, except that a block held in some tier comes before
+        its children in any tier (a block offloaded early may have a parent re-stored
+        since; the subscriber needs the parent first to know the child)."""
+        by_hash: dict[ExternalBlockHash, list[tuple[ExternalBlockHash, str]]] = {}
+        for key in self._blocks:
+            by_hash.setdefault(key[0], []).append(key)
+        order: list[tuple[ExternalBlockHash, str]] = []
+        done: set[tuple[ExternalBlockHash, str]] = set()
+        for first in self._blocks:
+            stack, on_stack = [first], {first}
+            while stack:
+                key = stack[-1]
+                parent = self._blocks[key][0]
+                waiting = [
+                    k for k in by_hash.get(parent, ()) if k not in done and k not in on_stack
+                ] if parent is not None else []  # fmt: skip
+                if waiting:
+                    stack += waiting
+                    on_stack.update(waiting)
+                    continue
+                stack.pop()
+                if key not in done:
+                    done.add(key)
+                    order.append(key)
+        return order

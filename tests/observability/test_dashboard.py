@@ -12,6 +12,7 @@ from prometheus_client.registry import Collector
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.worker.http import WorkerCollector
+from dynamoctl.worker.kv_tier_metrics import KvTierCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dynamoctl.json"
@@ -32,6 +33,7 @@ def code_metrics() -> dict[str, str]:
     return {
         **exported(FrontendMetrics().registry),
         **exported(WorkerCollector([])),
+        **exported(KvTierCollector([])),
         **exported(SupervisorCollector(None)),
     }
 

@@ -20,7 +20,7 @@ almost nothing: a hundred mocker engines fit in one process.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from dynamoctl.wire.kv_events import (
     MEDIUM_GPU,
@@ -49,6 +49,8 @@ class BlockPool:
         self._cached: dict[int, int] = {}  # sequence hash -> block id
         self._num_active = 0
         self._events: list[KVEvent] = []
+        self.listener: Callable[[KVEvent], None] | None = None
+        """Called with each event as it is recorded (the KV tiers follow the pool)."""
 
     # ------------------------------------------------------------------ state
 
@@ -143,7 +145,7 @@ class BlockPool:
         token_ids: Sequence[int],
     ) -> None:
         bs = self.block_size
-        self._events.append(
+        self._record(
             BlockStored(
                 block_hashes=list(hashes[start:end]),
                 parent_block_hash=hashes[start - 1] if start else parent,
@@ -191,7 +193,7 @@ class BlockPool:
             out.append(block)
         self._num_active += n
         if evicted:
-            self._events.append(BlockRemoved(block_hashes=evicted, medium=self.medium))
+            self._record(BlockRemoved(block_hashes=evicted, medium=self.medium))
         return out
 
     def release(self, blocks: Sequence[int]) -> None:
@@ -210,8 +212,17 @@ class BlockPool:
         for block in self._cached.values():
             self._hash[block] = None
         self._cached.clear()
-        self._events.append(AllBlocksCleared())
+        self._record(AllBlocksCleared())
         return True
+
+    def add_event(self, event: KVEvent) -> None:
+        """Record an event of a tier below this pool, in order with the pool's own."""
+        self._events.append(event)
+
+    def _record(self, event: KVEvent) -> None:
+        self._events.append(event)
+        if self.listener is not None:
+            self.listener(event)
 
     def take_events(self) -> list[KVEvent]:
         """Events recorded since the last call, in order."""

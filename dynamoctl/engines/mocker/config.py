@@ -9,6 +9,7 @@ from typing import Any
 import msgspec
 
 from dynamoctl.engines.mocker.sampling import EosDistribution
+from dynamoctl.kv.tiers import DEFAULT_DISK_GBPS, DEFAULT_HOST_GBPS
 
 
 class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -61,6 +62,25 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
     kv_pin_ttl: float = 30.0
     """Seconds (of real time) a prefill worker keeps a finished prefill's blocks pinned
     for its decode worker; unpulled blocks are freed after it."""
+    num_host_blocks: int = 0
+    """Host-memory KV tier in blocks (0: none): blocks the GPU pool evicts are offloaded
+    there and onboarded on a later prefix hit (docs/mocker.md, "KV tiers"). At least
+    ``num_gpu_blocks``: a smaller tier only churns."""
+    num_disk_blocks: int = 0
+    """Disk KV tier in blocks below the host tier (0: none); at least ``num_host_blocks``."""
+    host_gbps: float = DEFAULT_HOST_GBPS
+    """Host-to-GPU onboard bandwidth in GB/s of simulated time (PCIe 5 x16, pinned)."""
+    disk_gbps: float = DEFAULT_DISK_GBPS
+    """Disk-to-GPU onboard bandwidth in GB/s of simulated time (one PCIe 5 NVMe drive)."""
+    disk_path: str | None = None
+    """Directory of the disk tier: its free space bounds the tier (a full disk stops
+    disk offload, serving continues); None: only ``num_disk_blocks`` does."""
+    disk_offload_filter: bool = True
+    """Write a block to disk only once reused (frequency >= 2: starts at 1, doubles per
+    hit, decays by 1 per ``disk_filter_decay_s``), to spare the drive; off: every host
+    eviction goes down."""
+    disk_filter_decay_s: float = 600.0
+    """Simulated seconds per unit of frequency decay in the disk-offload filter."""
 
     nnodes: int = 1
     """Nodes of a multi-node replica (vLLM's ``--nnodes``); above 1 this engine is the
@@ -94,8 +114,30 @@ class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fie
             raise ValueError(f"speedup_ratio must be > 0, got {self.speedup_ratio}")
         if not self.eos_mean_tokens >= 1:
             raise ValueError(f"eos_mean_tokens must be >= 1, got {self.eos_mean_tokens}")
+        self._check_tiers()
         if not 1 <= self.vocab_size <= 2**32:
             raise ValueError(f"vocab_size must be in [1, 2**32], got {self.vocab_size}")
+
+    def _check_tiers(self) -> None:
+        host, disk = self.num_host_blocks, self.num_disk_blocks
+        if host < 0 or disk < 0:
+            raise ValueError("num_host_blocks and num_disk_blocks must be >= 0")
+        if not (self.host_gbps > 0 and self.disk_gbps > 0 and self.disk_filter_decay_s > 0):
+            raise ValueError("host_gbps, disk_gbps and disk_filter_decay_s must be > 0")
+        if disk and not host:
+            raise ValueError("num_disk_blocks needs a host tier (num_host_blocks > 0) above it")
+        # Capacity must not shrink going down (the reference's rule): a smaller tier
+        # evicts what it just received, and offloads churn.
+        if host and host < self.num_gpu_blocks:
+            raise ValueError(
+                f"num_host_blocks ({host}) is smaller than num_gpu_blocks "
+                f"({self.num_gpu_blocks}): a tier must hold at least the tier above it"
+            )
+        if disk and disk < host:
+            raise ValueError(
+                f"num_disk_blocks ({disk}) is smaller than num_host_blocks ({host}): "
+                "a tier must hold at least the tier above it"
+            )
 
     @property
     def context_length(self) -> int:

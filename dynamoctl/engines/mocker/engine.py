@@ -46,6 +46,7 @@ from dynamoctl.engines.api import (
     ModelCard,
     PeerHandler,
     PrefillsForRemoteDecode,
+    ReportsKvTiers,
     RequestRejected,
     ServesPeers,
 )
@@ -55,6 +56,7 @@ from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
 from dynamoctl.engines.mocker.timing import TimingModel
 from dynamoctl.engines.mocker.transfer import KvTransfers
+from dynamoctl.kv.tiers import TierStats
 from dynamoctl.wire.engine import TokenLogprobs
 from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
@@ -161,7 +163,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             await self._engine.abort(self.request_id)
 
 
-class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
+class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, ReportsKvTiers):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
     def __init__(
@@ -351,6 +353,11 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
         self._publish_events()
         return ok
 
+    def kv_tier_stats(self) -> list[TierStats]:
+        """Per-tier sizes and counters: GPU, then host and disk when configured."""
+        sched = self._scheduler
+        return sched.tiers.stats(sched.pool.num_cached)
+
     @property
     def num_preemptions(self) -> int:
         return self._scheduler.num_preemptions
@@ -377,10 +384,12 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork):
                 await asyncio.sleep(0)
                 if not sched.has_work():
                     continue
+                sched.tiers.set_time(t)
                 plan = sched.schedule()
                 if not plan.scheduled:  # every added request can run alone: a bug
                     raise RuntimeError("mocker scheduler made no progress with work queued")
                 dt = timing.step_ms(plan.prefill_tokens, plan.num_decode, plan.kv_usage) / 1e3
+                dt += plan.onboard_s  # lower-tier KV loaded into GPU memory (tiers.py)
                 t += dt
                 if self._gang is None:
                     await clock.sleep_until(t)

@@ -40,6 +40,7 @@ from dynamoctl.engines.api import FinishReason, GenerateRequest, LoadMetrics, Re
 from dynamoctl.engines.mocker.block_pool import BlockPool
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.sampling import MockSampler, mock_token, request_seed
+from dynamoctl.engines.mocker.tiers import KvTiers
 from dynamoctl.kv import hashing
 
 __all__ = ["Scheduler", "SeqState", "StepOutput", "StepPlan", "mock_token", "request_seed"]
@@ -116,6 +117,8 @@ class StepPlan:
     """Requests extending their output by one token."""
     kv_usage: float = 0.0
     """Held blocks / total blocks once the step's blocks are allocated."""
+    onboard_s: float = 0.0
+    """Seconds the step spends loading lower-tier KV blocks into GPU memory."""
     num_preempted: int = 0
 
 
@@ -131,6 +134,9 @@ class Scheduler:
     def __init__(self, config: MockerConfig) -> None:
         self.config = config
         self.pool = BlockPool(config.num_gpu_blocks, config.block_size)
+        self.tiers = KvTiers(config, self.pool.add_event)
+        """Host and disk tiers under the pool (inert without ``num_host_blocks``)."""
+        self.pool.listener = self.tiers.on_pool_event
         self.waiting: deque[SeqState] = deque()
         self.running: list[SeqState] = []
         self._seqs: dict[str, SeqState] = {}
@@ -230,7 +236,7 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Pick the step's work and allocate its blocks (see the module docstring)."""
-        cfg, pool = self.config, self.pool
+        cfg, pool, tiers = self.config, self.pool, self.tiers
         bs = cfg.block_size
         plan = StepPlan()
         budget = cfg.max_num_batched_tokens
@@ -273,8 +279,10 @@ class Scheduler:
             hits = (
                 pool.match_prefix(seq.hashes, (len(seq.tokens) - 1) // bs) if self._caching else []
             )
-            computed = len(hits) * bs
             remote = seq.remote_kv and seq.cached_tokens < 0  # pulled KV, first admission
+            # Lower-tier blocks right after the GPU hit are onboarded (docs/mocker.md).
+            lower = self._tier_hits(seq, len(hits)) if tiers.enabled and not remote else []
+            computed = (len(hits) + len(lower)) * bs
             if remote:
                 computed = len(seq.tokens) - 1
             n = len(seq.tokens) - computed
@@ -286,9 +294,13 @@ class Scheduler:
             if need + pool.num_unheld(hits) > pool.num_free:
                 break
             pool.acquire(hits)  # before allocating, so that allocation cannot evict them
+            if self._caching:
+                plan.onboard_s += self._onboard(seq, hits, lower)
             seq.blocks = hits + pool.allocate(need)
             seq.num_computed = computed
             seq.num_stored = len(hits)
+            if lower:
+                self._store_full_blocks(seq)  # onboarded: in GPU memory once the step ends
             if seq.cached_tokens < 0:
                 seq.cached_tokens = computed
             seq.status = Status.RUNNING
@@ -365,6 +377,19 @@ class Scheduler:
         self.pool.release(seq.blocks)
         seq.blocks = []
         return True
+
+    def _tier_hits(self, seq: SeqState, gpu_hits: int) -> list[int]:
+        limit = (len(seq.tokens) - 1) // self.config.block_size
+        return seq.hashes[gpu_hits : gpu_hits + self.tiers.match(seq.hashes[gpu_hits:limit])]
+
+    def _onboard(self, seq: SeqState, hits: list[int], lower: list[int]) -> float:
+        """Account an admission's lookup in the tiers; seconds its onboarding takes."""
+        tiers = self.tiers
+        if seq.cached_tokens < 0:  # first admission: what the hit rates count
+            tiers.record_lookup(len(seq.hashes), len(hits))
+        tiers.note_hits(seq.hashes[: len(hits)])
+        tiers.note_hits(lower)
+        return tiers.onboard(lower)
 
     def _store_full_blocks(self, seq: SeqState) -> None:
         bs = self.config.block_size

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -49,7 +50,7 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
-from dynamoctl.engines.vllm import gang
+from dynamoctl.engines.vllm import gang, lmcache
 from dynamoctl.engines.vllm.load import LoadTracker
 
 try:
@@ -110,6 +111,7 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
     def __init__(self, options: Mapping[str, Any]) -> None:
         options = vargs.with_kv_events(options)
         options.setdefault("shutdown_timeout", DRAIN_SHUTDOWN_TIMEOUT)
+        self._lmcache = _lmcache_server(options)  # the CPU build's host KV tier, if asked
         parser = AsyncEngineArgs.add_cli_args(_Parser(prog="dynamoctl worker --engine vllm"))
         self.engine_args = AsyncEngineArgs.from_cli_args(
             parser.parse_args(vargs.engine_argv(options))
@@ -166,16 +168,28 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         if self._gang:  # gloo's ranks meet on the gang's network (docs/engines.md)
             gang.set_network_env()
         began = time.monotonic()
-        self._engine = engine = await asyncio.to_thread(
-            AsyncLLM.from_engine_args,
-            self.engine_args,
-            stat_loggers=[lambda _config, _index: _LoadLogger(self._load)],
-        )
+        if self._lmcache is not None:
+            os.environ.update(lmcache.ENV)
+            await self._lmcache.start()
+        try:
+            self._engine = engine = await asyncio.to_thread(
+                AsyncLLM.from_engine_args,
+                self.engine_args,
+                stat_loggers=[lambda _config, _index: _LoadLogger(self._load)],
+            )
+        except BaseException:
+            if self._lmcache is not None:
+                await self._lmcache.stop()
+            raise
         config = engine.vllm_config
         self._card = card = _model_card(config)
         self._load.total_blocks = card.kv_capacity_blocks
         self._defaults = dict(config.model_config.get_diff_sampling_param())
         self._kv_source = self._find_kv_source(engine)
+        if self._kv_source is not None and self._lmcache is not None:
+            # LMCache reports what enters its CPU tier, never what leaves it.
+            capacity = int(self._lmcache.l1_bytes // _kv_bytes_per_block(config))
+            self._kv_source = dataclasses.replace(self._kv_source, silent_tiers={"CPU": capacity})
         # One token end to end: the engine computes, and its output loop runs, before the
         # worker registers as ready.
         warmup = GenerateRequest(f"dynamoctl-warmup-{os.getpid()}", [0], 1, ignore_eos=True)
@@ -197,7 +211,11 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         live = self._load.live
         if live:  # their streams receive vLLM's final "abort" outputs
             await engine.abort(live)
-        await asyncio.to_thread(engine.shutdown)
+        try:
+            await asyncio.to_thread(engine.shutdown)
+        finally:
+            if self._lmcache is not None:
+                await self._lmcache.stop()
 
     def generate(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
         return self._stream(request)
@@ -296,6 +314,35 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
                 configured.endpoint,
             )
         return source
+
+
+def _lmcache_server(options: dict[str, Any]) -> lmcache.LMCacheServer | None:
+    """``lmcache_l1_gib`` (ours, from a recipe's ``kv_offload`` on the CPU build): an
+    LMCache server of that size, and vLLM's connector to it in ``options``."""
+    l1_gib = options.pop("lmcache_l1_gib", None)
+    if l1_gib is None:
+        return None
+    if "kv_transfer_config" in options:
+        raise ValueError(
+            "vllm engine arguments: kv_offload with LMCache sets kv-transfer-config; "
+            "remove the recipe's own"
+        )
+    server = lmcache.LMCacheServer(float(l1_gib), int(options.get("block_size") or 16))
+    options["kv_transfer_config"] = server.kv_transfer_config()
+    return server
+
+
+def _kv_bytes_per_block(config: Any) -> int:
+    """KV bytes of one block: K and V of every layer for ``block_size`` tokens."""
+    model, parallel = config.model_config, config.parallel_config
+    per_token = (
+        2
+        * model.get_num_layers(parallel)
+        * model.get_num_kv_heads(parallel)
+        * model.get_head_size()
+        * model.dtype.itemsize
+    )
+    return max(1, int(per_token * config.cache_config.block_size))
 
 
 def _death_cause(engine: Any) -> str:
