@@ -18,7 +18,8 @@ Every member gets the rank and rendezvous flags its engine reads (docs/engines.m
   engine whose DP ranks are spread evenly over the nodes: ``--data-parallel-size-local``,
   ``--data-parallel-address`` (the leader), ``--data-parallel-rpc-port``, and on followers
   ``--data-parallel-start-rank`` and ``--headless``.
-- SGLang: ``--nnodes --node-rank --dist-init-addr LEADER:PORT``.
+- SGLang: ``--nnodes --node-rank --dist-init-addr LEADER:PORT``; followers add
+  ``--host MEMBER --port 30000`` (SGLang's dummy health check on node ranks >= 1).
 - mocker: vLLM's flag names (``--nnodes --node-rank --master-addr --master-port``), so one
   rendering serves both; its followers answer each simulated step (docs/mocker.md).
 
@@ -48,6 +49,9 @@ DP_RPC_PORT = 29550
 """vLLM's ``--data-parallel-rpc-port`` (its own default), for data-parallel gangs."""
 LOCAL_POOL_OFFSET = {"prefill": 0, "decode": 100, "agg": 200}
 """Local target only (one host shared by every gang): rendezvous port offsets per pool."""
+SGLANG_FOLLOWER_HEALTH_PORT = 30000
+"""An SGLang follower's dummy health check (``--port``, SGLang's default); the ports
+SGLang derives from ``--dist-init-addr`` lie just above the rendezvous port."""
 RENDEZVOUS_TIMEOUT_CAP = 120.0
 """Longest a follower waits for its leader's rendezvous (``start_timeout`` if shorter)."""
 
@@ -62,12 +66,22 @@ def rendezvous_port(role: Role, index: int, shared_host: bool) -> int:
 
 
 def rank_flags(
-    engine: str, args: dict[str, Any], rank: int, nnodes: int, leader: str, port: int
+    engine: str,
+    args: dict[str, Any],
+    rank: int,
+    nnodes: int,
+    leader: str,
+    port: int,
+    member: str = "",
 ) -> dict[str, Any]:
-    """The flags member ``rank`` of an ``nnodes`` gang adds to the engine's arguments."""
-    if engine == "sglang":
-        return {"nnodes": nnodes, "node_rank": rank, "dist_init_addr": f"{leader}:{port}"}
+    """The flags member ``rank`` (at address ``member``) of an ``nnodes`` gang adds to
+    the engine's arguments."""
     flags: dict[str, Any]
+    if engine == "sglang":
+        flags = {"nnodes": nnodes, "node_rank": rank, "dist_init_addr": f"{leader}:{port}"}
+        if rank:  # where SGLang's follower serves its dummy health check
+            flags |= {"host": member, "port": SGLANG_FOLLOWER_HEALTH_PORT}
+        return flags
     if _data_parallel(engine, args):
         local = int(args["data_parallel_size"]) // nnodes
         flags = {
@@ -131,7 +145,7 @@ def gang_specs(
     ]
     rendezvous = f"{leader_host.address}:{port}"
     for rank, (host, gpus) in enumerate(members[1:], start=1):
-        flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port)
+        flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port, host.address)
         member = _Member(role, index, rank, nnodes, host, gpus)
         specs.append(_follower_spec(recipe, member, args, flags, rendezvous))
     return specs
@@ -182,13 +196,16 @@ def _follower_spec(
     env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
     if member.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, member.gpus))
+    ports = dict(channel.ports)
+    if pool.engine == "sglang":
+        ports["health"] = int(flags["port"])
     return InstanceSpec(
         name=str(member.name),
         pool=role,
         component="follower",
         host=host.name,
         address=host.address,
-        ports=channel.ports,
+        ports=ports,
         argv=argv,
         env=_member_env(pool.engine, env, host),
         gpus=member.gpus,
@@ -203,9 +220,12 @@ def _data_parallel(engine: str, args: dict[str, Any]) -> bool:
     return engine == "vllm" and int(args.get("data_parallel_size", 1)) > 1
 
 
+HOST_IP_VARIABLES = {"vllm": "VLLM_HOST_IP", "sglang": "SGLANG_HOST_IP"}
+"""Where each engine reads a member's own address (its ``get_ip()``)."""
+
+
 def _member_env(engine: str, env: dict[str, str], host: Host) -> dict[str, str]:
-    # vLLM's executor message queues connect to get_ip(), which reads VLLM_HOST_IP: the
+    # The engines' cross-node message queues connect to get_ip(), which reads these: the
     # member's own address, not whichever interface a multi-homed node reports first.
-    if engine == "vllm":
-        return {**env, "VLLM_HOST_IP": host.address}
-    return env
+    variable = HOST_IP_VARIABLES.get(engine)
+    return {**env, variable: host.address} if variable else env

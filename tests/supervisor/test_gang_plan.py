@@ -95,6 +95,30 @@ def test_sglang_members_get_dist_init_addr() -> None:
         (2, 0, "192.0.2.1:29501"),
         (2, 1, "192.0.2.1:29501"),
     ]
+    # The follower serves SGLang's dummy health check on its own address, a declared port.
+    assert "host" not in args[0] and (args[1]["host"], args[1]["port"]) == ("192.0.2.2", 30000)
+    assert specs[1].ports == {"health": 30000}
+    assert specs[1].argv[3:7] == ["follower", "--engine", "sglang", "--label"]
+    assert [s.env["SGLANG_HOST_IP"] for s in specs] == ["192.0.2.1", "192.0.2.2"]
+    assert all("VLLM_HOST_IP" not in s.env for s in specs)
+
+
+def test_data_parallel_members_declare_the_nixl_ports_of_their_own_ranks() -> None:
+    """vLLM's DP rank r listens on VLLM_NIXL_SIDE_CHANNEL_PORT + r (its global rank): every
+    member shares the replica's base and declares its node's ranks, none twice."""
+    specs = _plan(
+        _recipe(
+            "nodes_per_replica: 4, gpus_per_replica: 32, engine_args: {data-parallel-size: 32, "
+            "kv-transfer-config: {kv_connector: NixlConnector, kv_role: kv_both}}"
+        )
+    )
+    assert {s.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for s in specs} == {"5800"}  # agg's block
+    for k, spec in enumerate(specs):
+        nixl = {n: p for n, p in spec.ports.items() if n.startswith("nixl")}
+        ranks = range(8 * k, 8 * k + 8)
+        assert nixl == {
+            (f"nixl_side_channel_dp{r}" if r else "nixl_side_channel"): 5800 + r for r in ranks
+        }, spec.name
 
 
 def test_a_local_mocker_gang_shares_the_host_with_a_port_per_gang() -> None:
