@@ -2,13 +2,15 @@
 
 The supervisor runs inside the allocation (``sbatch slurm/launch.sh``) and starts every
 instance as ``srun --jobid=JOB --nodes=1 --ntasks=1 --nodelist=NODE --overlap ...`` in a
-session of its own on its own host; that srun is the local handle (pid, pgid) and the step
-(``JOBID.STEPID``) is the remote one. Signals go through ``scancel --signal`` to the step,
-not to srun: srun answers SIGINT with a status line and SIGKILL to srun alone leaves the
-tasks running. The keeper inside the step watches its stdin, which srun forwards from a pipe
-this process holds, so an instance stops when its supervisor dies even if the job goes on;
-when the job ends Slurm ends its steps. Components stay children of their step (no
-``--setsid``): with no-cgroup process tracking a detached process escapes ``scancel``.
+session of its own on its own host (a TensorRT-LLM gang, one MPI world, as one step over
+all its nodes: ``--nodes=N --ntasks-per-node=G --mpi=pmix``); that srun is the local
+handle (pid, pgid) and the step (``JOBID.STEPID``) is the remote one. Signals go through
+``scancel --signal`` to the step, not to srun: srun answers SIGINT with a status line and
+SIGKILL to srun alone leaves the tasks running. The keeper inside the step (one per
+task) watches its stdin, which srun forwards from a pipe this process holds, so an
+instance stops when its supervisor dies even if the job goes on; when the job ends Slurm
+ends its steps. Components stay children of their step (no ``--setsid``): with
+no-cgroup process tracking a detached process escapes ``scancel``.
 
 The login-node path (``submit``, ``job_state``, ``cancel``) wraps ``sbatch``, ``squeue`` and
 ``scancel``.
@@ -63,6 +65,9 @@ _STRIPPED = """
     SRUN_CONTAINER SLURM_TASK_PROLOG SLURM_TASK_EPILOG SLURM_SPREAD_JOB SLURM_USE_MIN_NODES
 """
 STRIPPED_ENV = frozenset(_STRIPPED.split())
+MPI_PLUGIN = "pmix"
+"""Slurm's MPI plugin for a TensorRT-LLM gang's world (as Dynamo's and srt-slurm's
+TensorRT-LLM launches use)."""
 CLIENT_TIMEOUT_S = 30.0
 KILL_FALLBACK_S = 10.0
 """After ``scancel --signal=KILL``, srun gets this long to notice before it is killed."""
@@ -213,11 +218,15 @@ class SlurmLauncher:
             raise LaunchError("srun is not on PATH: install the Slurm client commands")
         nodes = await self.allocation_nodes()
         for spec in instances:
-            if spec.host not in nodes:
-                raise LaunchError(
-                    f"{spec.name}: host {spec.host!r} is not a node of Slurm job "
-                    f"{self.job_id} (its nodes: {', '.join(nodes)})"
-                )
+            for host in spec.mpi_nodes or [spec.host]:
+                if host not in nodes:
+                    raise LaunchError(
+                        f"{spec.name}: host {host!r} is not a node of Slurm job "
+                        f"{self.job_id} (its nodes: {', '.join(nodes)})"
+                    )
+        worlds = [spec for spec in instances if spec.mpi_nodes]
+        if worlds:
+            await self._check_mpi(worlds[0])
         for result in await self._check_nodes(nodes, instances):
             node = result["host"]
             fix = "submit the job with --gpus-per-node (dynamoctl up on a login node does)"
@@ -261,6 +270,27 @@ class SlurmLauncher:
             )
         return results
 
+    async def _check_mpi(self, spec: InstanceSpec) -> None:
+        """An MPI world needs Slurm's PMIx plugin *and* the PMIx library on the nodes: a
+        one-task ``--mpi=pmix`` step on its first node shows whether both are there (the
+        plugin alone is listed by ``srun --mpi=list`` even when the library is missing)."""
+        argv = [
+            "srun",
+            f"--jobid={self._job()}",
+            *("--nodes=1", "--ntasks=1", f"--nodelist={spec.mpi_nodes[0]}"),
+            *("--overlap", f"--mpi={MPI_PLUGIN}", f"--job-name={STEP_PREFIX}mpicheck"),
+            *self._container_args(),
+            "true",
+        ]
+        code, _, err = await _run(argv, self._env)
+        if code != 0:
+            why = err.strip().splitlines()[0] if err.strip() else f"exit {code}"
+            raise LaunchError(
+                f"{spec.name}: TensorRT-LLM's MPI world needs `srun --mpi={MPI_PLUGIN}` on "
+                f"{spec.mpi_nodes[0]}, which fails: {why}; install PMIx on the nodes (Slurm "
+                "built with PMIx support, and its library)"
+            )
+
     def _container_args(self) -> list[str]:
         if self.container is None:
             return []
@@ -273,9 +303,7 @@ class SlurmLauncher:
         argv = [
             "srun",
             f"--jobid={self.job_id or '$SLURM_JOB_ID'}",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--nodelist={spec.host}",
+            *_step_shape(spec),
             "--overlap",  # share the allocation's CPUs, memory and GPUs with the other steps
             "--kill-on-bad-exit=1",
             "--export=ALL",  # the step gets srun's environment, whatever sbatch --export said
@@ -369,6 +397,21 @@ class SlurmLauncher:
 
     async def close(self) -> None:
         """Nothing held: srun's stdin pipes close with this process, and keepers act."""
+
+
+def _step_shape(spec: InstanceSpec) -> list[str]:
+    """srun's node and task options: one task on ``host``; an MPI world (a TensorRT-LLM
+    gang), ``mpi_tasks_per_node`` ranks on each of ``mpi_nodes``, wired by PMIx. One
+    step keeps Slurm's accounting and kill semantics: ``--kill-on-bad-exit`` ends every
+    rank when one fails, and the supervisor sees the one srun end."""
+    if not spec.mpi_nodes:
+        return ["--nodes=1", "--ntasks=1", f"--nodelist={spec.host}"]
+    return [
+        f"--nodes={len(spec.mpi_nodes)}",
+        f"--ntasks-per-node={spec.mpi_tasks_per_node}",
+        f"--nodelist={','.join(spec.mpi_nodes)}",
+        f"--mpi={MPI_PLUGIN}",
+    ]
 
 
 def from_recipe(recipe: Recipe) -> SlurmLauncher:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dynamoctl.recipe.fields import rule_error
-from dynamoctl.recipe.targets import LocalTarget, SshTarget, Target
+from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 
 if TYPE_CHECKING:
     from dynamoctl.recipe.models import WorkerPool
@@ -38,6 +38,7 @@ PARALLEL_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
         ("data-parallel-size", "dp"),
     ),
     "sglang": (("tp-size", "tp", "tensor-parallel-size"), ("pp-size", "pipeline-parallel-size")),
+    "trtllm": (("tensor-parallel-size", "tp-size"), ("pipeline-parallel-size", "pp-size")),
     "mocker": (),
 }
 
@@ -73,6 +74,14 @@ def check_gang(role: str, pool: WorkerPool, target: Target) -> None:
                 "simulate a multi-node replica there",
             )
         return
+    if pool.engine == "trtllm" and not isinstance(target, SlurmTarget):
+        raise rule_error(
+            f"{at}.nodes_per_replica",
+            "TensorRT-LLM runs a multi-node replica as one MPI world, which dynamoctl starts "
+            "only on a Slurm target (one `srun --mpi=pmix` step over the replica's nodes); "
+            "an ssh target has no MPI launcher dynamoctl controls: use nodes_per_replica: 1, "
+            "or the vllm or sglang engine",
+        )
     have = len(target.hosts) if isinstance(target, SshTarget) else target.nodes
     field = "target.hosts" if isinstance(target, SshTarget) else "target.nodes"
     if nodes > have:

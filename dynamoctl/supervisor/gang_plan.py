@@ -22,6 +22,9 @@ Every member gets the rank and rendezvous flags its engine reads (docs/engines.m
   ``--host MEMBER --port 30000`` (SGLang's dummy health check on node ranks >= 1).
 - mocker: vLLM's flag names (``--nnodes --node-rank --master-addr --master-port``), so one
   rendering serves both; its followers answer each simulated step (docs/mocker.md).
+- TensorRT-LLM: no followers and no rank flags: one instance whose launch is an MPI
+  world over all the gang's nodes (``mpi_nodes``; Slurm only), ``trtllm-llmapi-launch``
+  in front of the worker command.
 
 Ports are fixed (whole nodes cannot collide) and declared, so preflight checks them; on
 a local target every gang shares the one host, so each gets its own port.
@@ -29,6 +32,7 @@ a local target every gang shares the one host, so each gets its own port.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +53,8 @@ DP_RPC_PORT = 29550
 """vLLM's ``--data-parallel-rpc-port`` (its own default), for data-parallel gangs."""
 LOCAL_POOL_OFFSET = {"prefill": 0, "decode": 100, "agg": 200}
 """Local target only (one host shared by every gang): rendezvous port offsets per pool."""
+MPI_LAUNCHER = "trtllm-llmapi-launch"
+"""TensorRT-LLM's launcher of a multi-node LLM-API process, run by every MPI rank."""
 SGLANG_FOLLOWER_HEALTH_PORT = 30000
 """An SGLang follower's dummy health check (``--port``, SGLang's default); the ports
 SGLang derives from ``--dist-init-addr`` lie just above the rendezvous port."""
@@ -114,6 +120,8 @@ def gang_specs(
     from dynamoctl.supervisor.plan import engine_arguments, worker_spec
 
     pool = recipe.workers.pools()[role]
+    if pool.engine == "trtllm":
+        return [_mpi_world_spec(recipe, role, index, members, url, run_dir)]
     nnodes = len(members)
     leader_host = members[0][0]
     shared = len({host.name for host, _ in members}) == 1
@@ -214,6 +222,46 @@ def _follower_spec(
         rank=member.rank,
         nnodes=member.nnodes,
     )
+
+
+def _mpi_world_spec(
+    recipe: Recipe, role: Role, index: int, members: Members, url: str, run_dir: Path
+) -> InstanceSpec:
+    """A TensorRT-LLM gang: one instance whose launch is one MPI world over every node of
+    ``members`` (``mpi_nodes``), a rank per GPU. ``trtllm-llmapi-launch`` runs the worker
+    command on rank 0 (with the MPI environment stripped, beside TensorRT-LLM's MPI
+    leader) and TensorRT-LLM's worker loop on every other rank; the engine's parallel
+    sizes span the world. It expands its command unquoted (``$task_with_command``), so
+    JSON values are rendered without spaces and any other blank is refused."""
+    from dynamoctl.supervisor.plan import PlanError, worker_spec
+
+    host, gpus = members[0]
+    leader = worker_spec(recipe, role, index, host, gpus, url, run_dir)
+    argv = [MPI_LAUNCHER, *map(_compact_json, leader.argv)]
+    blank = next((arg for arg in argv if any(c.isspace() for c in arg)), None)
+    if blank is not None:
+        raise PlanError(
+            f"workers.{role}: {blank!r} holds a blank, but {MPI_LAUNCHER} splits the worker "
+            "command at blanks; use a path or value without spaces"
+        )
+    return msgspec.structs.replace(
+        leader,
+        argv=argv,
+        gang=str(InstanceName(role, index)),
+        nnodes=len(members),
+        mpi_nodes=[node.name for node, _ in members],
+        mpi_tasks_per_node=max(len(gpus), 1),
+    )
+
+
+def _compact_json(arg: str) -> str:
+    """``{"a": 1, "b": 2}`` as ``{"a":1,"b":2}``; anything else unchanged."""
+    if not arg.startswith(("{", "[")):
+        return arg
+    try:
+        return json.dumps(json.loads(arg), separators=(",", ":"))
+    except ValueError:
+        return arg
 
 
 def _data_parallel(engine: str, args: dict[str, Any]) -> bool:

@@ -471,6 +471,9 @@ def render(plan: Plan, describe: Callable[[InstanceSpec], list[str]]) -> str:
     for spec in plan.instances:
         gpus = ",".join(map(str, spec.gpus)) or "-"
         gang = f", gang {spec.gang} rank {spec.rank}/{spec.nnodes}" if spec.gang else ""
+        if spec.mpi_nodes:
+            world = f"{spec.mpi_tasks_per_node} x {len(spec.mpi_nodes)} ranks"
+            gang = f", gang {spec.gang}: one MPI world of {world} on {','.join(spec.mpi_nodes)}"
         lines.append(f"[{spec.name}] {spec.component} on {spec.host}, gpus {gpus}{gang}")
         if spec.env:
             lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()))

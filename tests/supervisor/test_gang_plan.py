@@ -211,11 +211,77 @@ workers:
         load_recipe_text(text, "r.yaml")
 
 
-def test_trtllm_gangs_are_refused_until_its_mpi_world_is_supported() -> None:
-    with pytest.raises(RecipeError, match=r"workers.agg.nodes_per_replica.*TensorRT-LLM"):
-        load_recipe_text(
-            _recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm"), "r"
+SSH = "target: {kind: ssh, hosts: [10.0.0.1, 10.0.0.2], gpus_per_host: 8}"
+
+
+def test_a_trtllm_gang_is_one_mpi_world_on_slurm() -> None:
+    specs = _plan(
+        _recipe(
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tensor-parallel-size: 16, "
+            "kv-cache-config: {free_gpu_memory_fraction: 0.85}}",
+            engine="trtllm",
         )
+    )
+    assert len(specs) == 1  # no followers: the MPI launcher starts every rank
+    (spec,) = specs
+    assert (spec.name, spec.host, spec.gang, spec.nnodes) == ("agg-0", "n0", "agg-0", 2)
+    assert (spec.mpi_nodes, spec.mpi_tasks_per_node) == (["n0", "n1"], 8)
+    assert spec.argv[0] == "trtllm-llmapi-launch" and spec.argv[2:5] == [
+        "-m",
+        "dynamoctl",
+        "worker",
+    ]
+    # It word-splits its command: JSON without blanks, no rank flags of ours.
+    assert '{"free_gpu_memory_fraction":0.85}' in spec.argv
+    assert not any(" " in arg for arg in spec.argv)
+    assert not {"--nnodes", "--node-rank", "--master-addr"} & set(spec.argv)
+
+    from dynamoctl.launch.slurm import SlurmLauncher
+
+    srun = SlurmLauncher(job_id="7", python="/py", env={}).describe(spec)
+    assert srun[2:6] == ["--nodes=2", "--ntasks-per-node=8", "--nodelist=n0,n1", "--mpi=pmix"]
+    assert srun[srun.index("--") + 1] == "trtllm-llmapi-launch"
+
+
+def test_a_trtllm_gang_refuses_a_blank_its_launcher_would_split() -> None:
+    text = _recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm")
+    with pytest.raises(PlanError, match=r"workers.agg: '/my models/m' holds a blank"):
+        _plan(text.replace("path: /m", "path: /my models/m"))
+
+
+def test_trtllm_gangs_are_refused_off_slurm_naming_the_field_and_why() -> None:
+    text = _recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm")
+    with pytest.raises(RecipeError) as error:
+        load_recipe_text(text.replace(SLURM.replace("NODES", "4"), SSH), "r.yaml")
+    assert "workers.agg.nodes_per_replica" in str(error.value)
+    assert "one MPI world" in str(error.value) and "only on a Slurm target" in str(error.value)
+
+
+def test_trtllm_parallel_sizes_must_fill_the_gang() -> None:
+    text = _recipe(
+        "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tensor-parallel-size: 8}",
+        engine="trtllm",
+    )
+    with pytest.raises(RecipeError, match=r"engine_args.tensor-parallel-size: .*8 = 8 GPUs"):
+        load_recipe_text(text, "r.yaml")
+
+
+def test_an_mpi_world_node_with_another_gpu_count_is_refused() -> None:
+    from dynamoctl.launch.api import LaunchError
+    from dynamoctl.launch.gpus import check_gpus
+
+    (spec,) = _plan(_recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm"))
+    check_gpus("n1", 8, [spec], "target.gpus_per_node", "fix it")
+    with pytest.raises(LaunchError, match=r"agg-0 \(gang agg-0, rank 0\): n1 has 4 GPU"):
+        check_gpus("n1", 4, [spec], "target.gpus_per_node", "fix it")
+
+
+def test_an_ssh_gang_wider_than_the_hosts_is_refused_naming_target_hosts() -> None:
+    text = _recipe("nodes_per_replica: 3, gpus_per_replica: 24").replace(
+        SLURM.replace("NODES", "4"), SSH
+    )
+    with pytest.raises(RecipeError, match=r"nodes_per_replica: 3 nodes .* has 2 \(target.hosts\)"):
+        load_recipe_text(text, "r.yaml")
 
 
 def test_more_gangs_than_free_nodes_is_a_plan_error_naming_nodes_per_replica() -> None:
