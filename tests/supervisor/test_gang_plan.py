@@ -320,3 +320,11 @@ def test_a_gang_member_on_a_node_with_another_gpu_count_is_refused() -> None:
     check_gpus("n1", 8, specs, "target.gpus_per_node", "fix it")  # as declared: fine
     with pytest.raises(LaunchError, match=r"agg-0.1 \(gang agg-0, rank 1\): n1 has 12 GPU"):
         check_gpus("n1", 12, specs, "target.gpus_per_node", "fix it")
+
+
+def test_sglang_parallel_sizes_must_fill_the_gang() -> None:
+    text = _recipe(
+        "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tp: 8}", engine="sglang"
+    )
+    with pytest.raises(RecipeError, match=r"workers.agg.engine_args.tp: tp 8 = 8 GPUs but"):
+        load_recipe_text(text, "r.yaml")
