@@ -411,6 +411,7 @@ def _step_shape(spec: InstanceSpec) -> list[str]:
         f"--ntasks-per-node={spec.mpi_tasks_per_node}",
         f"--nodelist={','.join(spec.mpi_nodes)}",
         f"--mpi={MPI_PLUGIN}",
+        "--label",  # "RANK: " before each output line: the ranks share one log
     ]
 
 

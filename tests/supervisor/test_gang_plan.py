@@ -239,7 +239,13 @@ def test_a_trtllm_gang_is_one_mpi_world_on_slurm() -> None:
     from dynamoctl.launch.slurm import SlurmLauncher
 
     srun = SlurmLauncher(job_id="7", python="/py", env={}).describe(spec)
-    assert srun[2:6] == ["--nodes=2", "--ntasks-per-node=8", "--nodelist=n0,n1", "--mpi=pmix"]
+    assert srun[2:7] == [
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--nodelist=n0,n1",
+        "--mpi=pmix",
+        "--label",
+    ]
     assert srun[srun.index("--") + 1] == "trtllm-llmapi-launch"
 
 
