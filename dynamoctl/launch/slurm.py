@@ -65,9 +65,6 @@ _STRIPPED = """
     SRUN_CONTAINER SLURM_TASK_PROLOG SLURM_TASK_EPILOG SLURM_SPREAD_JOB SLURM_USE_MIN_NODES
 """
 STRIPPED_ENV = frozenset(_STRIPPED.split())
-MPI_PLUGIN = "pmix"
-"""Slurm's MPI plugin for a TensorRT-LLM gang's world (as Dynamo's and srt-slurm's
-TensorRT-LLM launches use)."""
 CLIENT_TIMEOUT_S = 30.0
 KILL_FALLBACK_S = 10.0
 """After ``scancel --signal=KILL``, srun gets this long to notice before it is killed."""
@@ -175,7 +172,8 @@ class SlurmLauncher:
     ``job_id`` defaults to ``$SLURM_JOB_ID``; ``python`` is the interpreter that runs the
     keeper on the nodes (default: this one, or ``python3`` inside a ``container``);
     ``env`` is the environment srun and the Slurm clients run with (default:
-    ``os.environ``), minus :data:`STRIPPED_ENV`.
+    ``os.environ``), minus :data:`STRIPPED_ENV`; ``mpi`` is the MPI plugin of a
+    TensorRT-LLM gang's step (``target.mpi``).
     """
 
     kind = "slurm"
@@ -188,7 +186,9 @@ class SlurmLauncher:
         container: SlurmContainer | None = None,
         env: Mapping[str, str] | None = None,
         step_timeout: float = 60.0,
+        mpi: str = "pmix",
     ) -> None:
+        self.mpi = mpi
         self._env = step_env(os.environ if env is None else env)
         self.job_id = job_id or (os.environ if env is None else env).get("SLURM_JOB_ID")
         self.python = python or ("python3" if container else sys.executable)
@@ -278,7 +278,7 @@ class SlurmLauncher:
             "srun",
             f"--jobid={self._job()}",
             *("--nodes=1", "--ntasks=1", f"--nodelist={spec.mpi_nodes[0]}"),
-            *("--overlap", f"--mpi={MPI_PLUGIN}", f"--job-name={STEP_PREFIX}mpicheck"),
+            *("--overlap", f"--mpi={self.mpi}", f"--job-name={STEP_PREFIX}mpicheck"),
             *self._container_args(),
             "true",
         ]
@@ -286,9 +286,10 @@ class SlurmLauncher:
         if code != 0:
             why = err.strip().splitlines()[0] if err.strip() else f"exit {code}"
             raise LaunchError(
-                f"{spec.name}: TensorRT-LLM's MPI world needs `srun --mpi={MPI_PLUGIN}` on "
-                f"{spec.mpi_nodes[0]}, which fails: {why}; install PMIx on the nodes (Slurm "
-                "built with PMIx support, and its library)"
+                f"{spec.name}: TensorRT-LLM's MPI world needs `srun --mpi={self.mpi}` "
+                f"(target.mpi) on {spec.mpi_nodes[0]}, which fails: {why}; install that "
+                "plugin's library on the nodes (PMIx for pmix), or name another plugin "
+                "`srun --mpi=list` shows"
             )
 
     def _container_args(self) -> list[str]:
@@ -303,7 +304,7 @@ class SlurmLauncher:
         argv = [
             "srun",
             f"--jobid={self.job_id or '$SLURM_JOB_ID'}",
-            *_step_shape(spec),
+            *_step_shape(spec, self.mpi),
             "--overlap",  # share the allocation's CPUs, memory and GPUs with the other steps
             "--kill-on-bad-exit=1",
             "--export=ALL",  # the step gets srun's environment, whatever sbatch --export said
@@ -399,9 +400,9 @@ class SlurmLauncher:
         """Nothing held: srun's stdin pipes close with this process, and keepers act."""
 
 
-def _step_shape(spec: InstanceSpec) -> list[str]:
+def _step_shape(spec: InstanceSpec, mpi: str) -> list[str]:
     """srun's node and task options: one task on ``host``; an MPI world (a TensorRT-LLM
-    gang), ``mpi_tasks_per_node`` ranks on each of ``mpi_nodes``, wired by PMIx. One
+    gang), ``mpi_tasks_per_node`` ranks on each of ``mpi_nodes``, wired by ``mpi``. One
     step keeps Slurm's accounting and kill semantics: ``--kill-on-bad-exit`` ends every
     rank when one fails, and the supervisor sees the one srun end."""
     if not spec.mpi_nodes:
@@ -410,7 +411,7 @@ def _step_shape(spec: InstanceSpec) -> list[str]:
         f"--nodes={len(spec.mpi_nodes)}",
         f"--ntasks-per-node={spec.mpi_tasks_per_node}",
         f"--nodelist={','.join(spec.mpi_nodes)}",
-        f"--mpi={MPI_PLUGIN}",
+        f"--mpi={mpi}",
         "--label",  # "RANK: " before each output line: the ranks share one log
     ]
 
@@ -418,7 +419,7 @@ def _step_shape(spec: InstanceSpec) -> list[str]:
 def from_recipe(recipe: Recipe) -> SlurmLauncher:
     """The launcher for a Slurm recipe, inside its allocation (``$SLURM_JOB_ID``)."""
     assert isinstance(recipe.target, SlurmTarget)
-    return SlurmLauncher(container=recipe.target.container)
+    return SlurmLauncher(container=recipe.target.container, mpi=recipe.target.mpi)
 
 
 # --- the login-node path -------------------------------------------------------------------
