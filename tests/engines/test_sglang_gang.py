@@ -40,7 +40,8 @@ def _follower(argv: list[str], rendezvous: str, timeout: float) -> subprocess.Po
 
 def test_a_follower_gets_the_leaders_server_arguments_with_its_rank() -> None:
     args = follower_server_args(FOLLOWER)
-    assert args["model_path"] == "/m" and args["page_size"] == 32 and args["tp"] == 16
+    assert args["model_path"] == "/m" and args["page_size"] == 32 and args["tp_size"] == 16
+    assert "tp" not in args  # ServerArgs has tp_size only (the CLI's --tp is an alias)
     assert (args["nnodes"], args["node_rank"], args["dist_init_addr"]) == (
         2,
         1,
