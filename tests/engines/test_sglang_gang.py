@@ -99,3 +99,22 @@ def test_an_unreachable_leader_ends_an_sglang_follower_with_status_2_in_bound() 
     assert f"agg-0.1 on {socket.gethostname()}: cannot reach the leader's rendezvous" in err
     assert f"127.0.0.1:{port} within 1 s (connection refused)" in err
     assert time.monotonic() - began < 30
+
+
+def test_every_parallel_size_spelling_the_gang_rules_accept_reaches_the_engine() -> None:
+    """The rules accept several spellings (recipe/gang_rules.py); each adapter must hand
+    its engine the one its Python API takes (``ServerArgs.tp_size``, ``LLM``'s
+    ``tensor_parallel_size``), or a valid recipe would fail at start."""
+    from dynamoctl.engines.sglang.args import server_args
+    from dynamoctl.engines.trtllm.args import llm_kwargs
+    from dynamoctl.recipe.gang_rules import PARALLEL_SIZES
+
+    wanted = {
+        "sglang": ({"tp_size", "pp_size"}, lambda o: server_args(o, None)),
+        "trtllm": ({"tensor_parallel_size", "pipeline_parallel_size"}, llm_kwargs),
+    }
+    for engine, (fields, translate) in wanted.items():
+        for spellings in PARALLEL_SIZES[engine]:
+            for spelling in spellings:
+                out = translate({"model": "/m", spelling.replace("-", "_"): 2})
+                assert set(out) & fields, (engine, spelling, out)
