@@ -183,6 +183,12 @@ def test_follower_names_parse_and_order_after_their_leader() -> None:
             "is set by dynamoctl for each member",
         ),
         (
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tp: 16}",
+            4,
+            "workers.agg.engine_args.tp",
+            "write tensor-parallel-size",
+        ),
+        (
             "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {master-addr: 10.0.0.1}",
             4,
             "workers.agg.engine_args.master-addr",
