@@ -13,7 +13,6 @@ GPUs are spread round-robin, so a CPU deployment still uses every host.
 
 from __future__ import annotations
 
-import dataclasses
 import shlex
 import sys
 from collections.abc import Callable, Mapping
@@ -38,11 +37,11 @@ from dynamoctl.recipe.models import (
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.commands import frontend_argv, router_argv, worker_argv
-from dynamoctl.supervisor.gang_plan import gang_specs
+from dynamoctl.supervisor.gang_plan import gang_specs, member_channel
 from dynamoctl.supervisor.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferChannel, TransferError, transfer_channel
+from dynamoctl.supervisor.transfer import TransferError
 from dynamoctl.util.registry import Registry
 
 ETCD_CLIENT_PORT = 2379
@@ -231,38 +230,6 @@ def _split_env(
         k: credentials.secret_ref(v) for k, v in values.items() if isinstance(v, SecretSource)
     }
     return plain, hidden
-
-
-def member_channel(
-    engine: str,
-    role: Role,
-    index: int,
-    host: Host,
-    args: Mapping[str, Any],
-    rank_args: Mapping[str, Any],
-) -> TransferChannel:
-    """The KV side channel of one process (raises :class:`TransferError`). A
-    data-parallel gang member runs only its node's ``data-parallel-size-local`` ranks,
-    from ``data-parallel-start-rank``: vLLM's rank ``r`` listens on the side-channel port
-    plus its *global* DP rank, so every member shares the replica's base port and
-    declares (for preflight) only the ports of its own ranks."""
-    channel = transfer_channel(engine, role, index, host, args)
-    local = rank_args.get("data_parallel_size_local")
-    if local is None or not channel.ports:
-        return channel
-    first = int(rank_args.get("data_parallel_start_rank", 0))
-    ports = {
-        name: port
-        for name, port in channel.ports.items()
-        if first <= _dp_rank_of(name) < first + int(local)
-    }
-    return dataclasses.replace(channel, ports=ports)
-
-
-def _dp_rank_of(port_name: str) -> int:
-    """The data-parallel rank a side-channel port is for (``nixl_side_channel_dp3``: 3)."""
-    _, sep, rank = port_name.rpartition("_dp")
-    return int(rank) if sep and rank.isdigit() else 0
 
 
 def worker_spec(
