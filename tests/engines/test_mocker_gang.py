@@ -115,7 +115,9 @@ async def test_followers_exit_when_the_leader_goes_away(
 
 async def test_a_gang_that_never_forms_is_an_error_naming_the_missing_rank() -> None:
     port = free_port()
-    engine = MockerEngine(MockerConfig(nnodes=3, master_port=port, collective_timeout=1))
+    # Long enough for rank 2's process to start and join on a loaded machine (its python
+    # start-up alone took over 1 s under load): only rank 1 must be missing.
+    engine = MockerEngine(MockerConfig(nnodes=3, master_port=port, collective_timeout=6))
     member = follower(port, rank=2, nnodes=3)
     try:
         with pytest.raises(GangError, match=rf"rank\(s\) 1 never joined 127.0.0.1:{port}"):
