@@ -340,3 +340,23 @@ def test_sglang_parallel_sizes_must_fill_the_gang() -> None:
     )
     with pytest.raises(RecipeError, match=r"workers.agg.engine_args.tp: tp 8 = 8 GPUs but"):
         load_recipe_text(text, "r.yaml")
+
+
+def test_a_stopped_mpi_world_gives_back_every_node_it_spans() -> None:
+    """``scale`` reuses a stopped TensorRT-LLM gang's nodes: all of them come back, not
+    only the leader's (the world is one instance with no followers)."""
+    from types import SimpleNamespace
+
+    from dynamoctl.supervisor.gang import Gangs
+    from dynamoctl.supervisor.instance import Instance
+    from dynamoctl.util.backoff import Backoff
+
+    text = _recipe("replicas: 2, nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm")
+    recipe = load_recipe_text(text, "r.yaml")
+    allocation = [f"n{i}" for i in range(4)]
+    resolve = {name: f"192.0.2.{i + 1}" for i, name in enumerate(allocation)}
+    plan, gpu_map = build_plan(recipe, Path("/run"), allocation, resolve)
+    first = Instance(plan.by_pool("agg")[0], Backoff())
+    assert gpu_map.take_nodes(1) is None  # both worlds hold two whole nodes each
+    Gangs(SimpleNamespace(instances={"agg-0": first})).release(first, gpu_map.release_node)  # type: ignore[arg-type]
+    assert [host.name for host, _ in gpu_map.take_nodes(2) or []] == ["n0", "n1"]
