@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
 
 def follower(
     ctx: typer.Context,
-    engine: str = typer.Option(..., help="Engine of the gang: mocker or vllm."),
+    engine: str = typer.Option(..., help="Engine of the gang: mocker, vllm or sglang."),
     label: str = typer.Option(..., help="This member's name, e.g. decode-0.1."),
     rendezvous: str = typer.Option(..., help="The leader's rendezvous ADDRESS:PORT."),
     rendezvous_timeout: float = typer.Option(

@@ -53,8 +53,8 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
     )
     nodes: dict[str, list[str]] = {}  # a gang's hosts, leader first
     for row in report.instances:
-        if row.gang:
-            nodes.setdefault(row.gang, []).append(row.host)
+        if row.gang:  # an MPI world's nodes are all in its one row
+            nodes.setdefault(row.gang, []).extend(row.mpi_nodes or [row.host])
     rows = [
         (
             # A gang is one replica: the leader's row names its nodes, members sit under it.

@@ -110,6 +110,11 @@ class InstanceSpec(msgspec.Struct, frozen=True, kw_only=True):
     """Node rank in its gang: 0 is the leader (it registers and serves), 1.. followers."""
     nnodes: int = 1
     """Members of its gang (1: not a gang)."""
+    mpi_nodes: list[str] = []
+    """The nodes one launch of it spans, ``host`` first: a TensorRT-LLM gang is one MPI
+    world, one ``srun --mpi=pmix`` step over all of them (Slurm only); empty otherwise."""
+    mpi_tasks_per_node: int = 0
+    """MPI ranks on each of ``mpi_nodes`` (the node's GPUs)."""
 
 
 class ProcessRecord(msgspec.Struct, frozen=True, kw_only=True):

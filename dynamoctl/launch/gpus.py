@@ -26,7 +26,8 @@ def check_gpus(host: str, have: int, instances: list[InstanceSpec], source: str,
     """Refuse a plan that gives an instance on ``host`` a GPU index it does not have;
     ``source`` is the recipe field the plan counted on, ``fix`` what to do."""
     for spec in instances:
-        if spec.host == host and spec.gang and spec.gpus and have != len(spec.gpus):
+        here = spec.host == host or host in spec.mpi_nodes  # an MPI world's every node
+        if here and spec.gang and spec.gpus and have != len(spec.gpus):
             # A gang's ranks are laid out evenly (vLLM's local world size, SGLang's GPUs
             # per node): a node with another count breaks the engine's arithmetic.
             raise LaunchError(
@@ -34,7 +35,7 @@ def check_gpus(host: str, have: int, instances: list[InstanceSpec], source: str,
                 f"but every node of a multi-node replica must have {len(spec.gpus)} (from "
                 f"{source}); mixed GPU counts per node cannot hold one gang"
             )
-        if spec.host == host and spec.gpus and max(spec.gpus) >= have:
+        if here and spec.gpus and max(spec.gpus) >= have:
             raise LaunchError(
                 f"{spec.name}: {host} has {have} GPU(s) for this deployment but the plan "
                 f"gives it GPU(s) {','.join(map(str, spec.gpus))} (from {source}); {fix}"

@@ -2,13 +2,15 @@
 
 The supervisor runs inside the allocation (``sbatch slurm/launch.sh``) and starts every
 instance as ``srun --jobid=JOB --nodes=1 --ntasks=1 --nodelist=NODE --overlap ...`` in a
-session of its own on its own host; that srun is the local handle (pid, pgid) and the step
-(``JOBID.STEPID``) is the remote one. Signals go through ``scancel --signal`` to the step,
-not to srun: srun answers SIGINT with a status line and SIGKILL to srun alone leaves the
-tasks running. The keeper inside the step watches its stdin, which srun forwards from a pipe
-this process holds, so an instance stops when its supervisor dies even if the job goes on;
-when the job ends Slurm ends its steps. Components stay children of their step (no
-``--setsid``): with no-cgroup process tracking a detached process escapes ``scancel``.
+session of its own on its own host (a TensorRT-LLM gang, one MPI world, as one step over
+all its nodes: ``--nodes=N --ntasks-per-node=G --mpi=pmix``); that srun is the local
+handle (pid, pgid) and the step (``JOBID.STEPID``) is the remote one. Signals go through
+``scancel --signal`` to the step, not to srun: srun answers SIGINT with a status line and
+SIGKILL to srun alone leaves the tasks running. The keeper inside the step (one per
+task) watches its stdin, which srun forwards from a pipe this process holds, so an
+instance stops when its supervisor dies even if the job goes on; when the job ends Slurm
+ends its steps. Components stay children of their step (no ``--setsid``): with
+no-cgroup process tracking a detached process escapes ``scancel``.
 
 The login-node path (``submit``, ``job_state``, ``cancel``) wraps ``sbatch``, ``squeue`` and
 ``scancel``.
@@ -171,7 +173,8 @@ class SlurmLauncher:
     ``job_id`` defaults to ``$SLURM_JOB_ID``; ``python`` is the interpreter that runs the
     keeper on the nodes (default: this one, or ``python3`` inside a ``container``);
     ``env`` is the environment srun and the Slurm clients run with (default:
-    ``os.environ``), minus :data:`STRIPPED_ENV`.
+    ``os.environ``), minus :data:`STRIPPED_ENV`; ``mpi`` is the MPI plugin of a
+    TensorRT-LLM gang's step (``target.mpi``).
     """
 
     kind = "slurm"
@@ -184,7 +187,9 @@ class SlurmLauncher:
         container: SlurmContainer | None = None,
         env: Mapping[str, str] | None = None,
         step_timeout: float = 60.0,
+        mpi: str = "pmix",
     ) -> None:
+        self.mpi = mpi
         self._env = step_env(os.environ if env is None else env)
         self.job_id = job_id or (os.environ if env is None else env).get("SLURM_JOB_ID")
         self.python = python or ("python3" if container else sys.executable)
@@ -214,11 +219,15 @@ class SlurmLauncher:
             raise LaunchError("srun is not on PATH: install the Slurm client commands")
         nodes = await self.allocation_nodes()
         for spec in instances:
-            if spec.host not in nodes:
-                raise LaunchError(
-                    f"{spec.name}: host {spec.host!r} is not a node of Slurm job "
-                    f"{self.job_id} (its nodes: {', '.join(nodes)})"
-                )
+            for host in spec.mpi_nodes or [spec.host]:
+                if host not in nodes:
+                    raise LaunchError(
+                        f"{spec.name}: host {host!r} is not a node of Slurm job "
+                        f"{self.job_id} (its nodes: {', '.join(nodes)})"
+                    )
+        worlds = [spec for spec in instances if spec.mpi_nodes]
+        if worlds:
+            await self._check_mpi(worlds[0])
         for result in await self._check_nodes(nodes, instances):
             node = result["host"]
             fix = "submit the job with --gpus-per-node (dynamoctl up on a login node does)"
@@ -270,6 +279,28 @@ class SlurmLauncher:
             )
         return results
 
+    async def _check_mpi(self, spec: InstanceSpec) -> None:
+        """An MPI world needs Slurm's PMIx plugin *and* the PMIx library on the nodes: a
+        one-task ``--mpi=pmix`` step on its first node shows whether both are there (the
+        plugin alone is listed by ``srun --mpi=list`` even when the library is missing)."""
+        argv = [
+            "srun",
+            f"--jobid={self._job()}",
+            *("--nodes=1", "--ntasks=1", f"--nodelist={spec.mpi_nodes[0]}"),
+            *("--overlap", f"--mpi={self.mpi}", f"--job-name={STEP_PREFIX}mpicheck"),
+            *self._container_args(),
+            "true",
+        ]
+        code, _, err = await _run(argv, self._env)
+        if code != 0:
+            why = err.strip().splitlines()[0] if err.strip() else f"exit {code}"
+            raise LaunchError(
+                f"{spec.name}: TensorRT-LLM's MPI world needs `srun --mpi={self.mpi}` "
+                f"(target.mpi) on {spec.mpi_nodes[0]}, which fails: {why}; install that "
+                "plugin's library on the nodes (PMIx for pmix), or name another plugin "
+                "`srun --mpi=list` shows"
+            )
+
     def _container_args(self) -> list[str]:
         if self.container is None:
             return []
@@ -282,9 +313,7 @@ class SlurmLauncher:
         argv = [
             "srun",
             f"--jobid={self.extra_jobs.get(spec.host) or self.job_id or '$SLURM_JOB_ID'}",
-            "--nodes=1",
-            "--ntasks=1",
-            f"--nodelist={spec.host}",
+            *_step_shape(spec, self.mpi),
             "--overlap",  # share the allocation's CPUs, memory and GPUs with the other steps
             "--kill-on-bad-exit=1",
             "--export=ALL",  # the step gets srun's environment, whatever sbatch --export said
@@ -390,10 +419,26 @@ async def job_nodes(job: str, env: Mapping[str, str]) -> list[str]:
     return hosts.split()
 
 
+def _step_shape(spec: InstanceSpec, mpi: str) -> list[str]:
+    """srun's node and task options: one task on ``host``; an MPI world (a TensorRT-LLM
+    gang), ``mpi_tasks_per_node`` ranks on each of ``mpi_nodes``, wired by ``mpi``. One
+    step keeps Slurm's accounting and kill semantics: ``--kill-on-bad-exit`` ends every
+    rank when one fails, and the supervisor sees the one srun end."""
+    if not spec.mpi_nodes:
+        return ["--nodes=1", "--ntasks=1", f"--nodelist={spec.host}"]
+    return [
+        f"--nodes={len(spec.mpi_nodes)}",
+        f"--ntasks-per-node={spec.mpi_tasks_per_node}",
+        f"--nodelist={','.join(spec.mpi_nodes)}",
+        f"--mpi={mpi}",
+        "--label",  # "RANK: " before each output line: the ranks share one log
+    ]
+
+
 def from_recipe(recipe: Recipe) -> SlurmLauncher:
     """The launcher for a Slurm recipe, inside its allocation (``$SLURM_JOB_ID``)."""
     assert isinstance(recipe.target, SlurmTarget)
-    return SlurmLauncher(container=recipe.target.container)
+    return SlurmLauncher(container=recipe.target.container, mpi=recipe.target.mpi)
 
 
 # --- the login-node path -------------------------------------------------------------------

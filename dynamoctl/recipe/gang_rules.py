@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from dynamoctl.recipe.fields import rule_error
-from dynamoctl.recipe.targets import LocalTarget, SshTarget, Target
+from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 
 if TYPE_CHECKING:
     from dynamoctl.recipe.models import WorkerPool
@@ -32,14 +32,21 @@ GANG_FLAGS = frozenset(
 PARALLEL_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
     # Each entry: the spellings of one parallel size; their product is the GPUs one engine
     # instance uses (vLLM: arg_utils.py world size; SGLang: dp-attention lives inside tp).
-    "vllm": (
-        ("tensor-parallel-size", "tp"),
-        ("pipeline-parallel-size", "pp"),
-        ("data-parallel-size", "dp"),
-    ),
+    # vLLM: the long names only; its short options are -tp/-pp/-dp, which an engine_args
+    # key (rendered --tp) does not reach: the worker's parser refuses --tp.
+    "vllm": (("tensor-parallel-size",), ("pipeline-parallel-size",), ("data-parallel-size",)),
     "sglang": (("tp-size", "tp", "tensor-parallel-size"), ("pp-size", "pipeline-parallel-size")),
+    "trtllm": (("tensor-parallel-size", "tp-size"), ("pipeline-parallel-size", "pp-size")),
     "mocker": (),
 }
+
+
+VLLM_SHORT_OPTIONS = {
+    "tp": "tensor-parallel-size",
+    "pp": "pipeline-parallel-size",
+    "dp": "data-parallel-size",
+}
+"""vLLM's short parallel options (``-tp``) by the long name a recipe must use."""
 
 
 def parallel_product(pool: WorkerPool) -> tuple[int, list[str]]:
@@ -73,6 +80,14 @@ def check_gang(role: str, pool: WorkerPool, target: Target) -> None:
                 "simulate a multi-node replica there",
             )
         return
+    if pool.engine == "trtllm" and not isinstance(target, SlurmTarget):
+        raise rule_error(
+            f"{at}.nodes_per_replica",
+            "TensorRT-LLM runs a multi-node replica as one MPI world, which dynamoctl starts "
+            "only on a Slurm target (one `srun --mpi=pmix` step over the replica's nodes); "
+            "an ssh target has no MPI launcher dynamoctl controls: use nodes_per_replica: 1, "
+            "or the vllm or sglang engine",
+        )
     have = len(target.hosts) if isinstance(target, SshTarget) else target.nodes
     field = "target.hosts" if isinstance(target, SshTarget) else "target.nodes"
     if nodes > have:
@@ -87,6 +102,14 @@ def check_gang(role: str, pool: WorkerPool, target: Target) -> None:
             f"{pool.gpus_per_replica} but a replica of {nodes} whole nodes has {nodes} x "
             f"{per_node} = {nodes * per_node} GPUs (or 0 on CPU nodes)",
         )
+    for key in pool.engine_args:
+        long = VLLM_SHORT_OPTIONS.get(key) if pool.engine == "vllm" else None
+        if long:
+            raise rule_error(
+                f"{at}.engine_args.{key}",
+                f"vLLM's short option is -{key}, which engine_args cannot give (it renders "
+                f"--{key}, which vLLM refuses); write {long}",
+            )
     product, named = parallel_product(pool)
     if not named:
         return

@@ -225,8 +225,9 @@ class WorkerPool(RecipeModel):
     node; dynamoctl gives each the engine's rank and rendezvous flags (vLLM ``--nnodes
     --node-rank --master-addr --master-port``, ``--headless`` on followers; SGLang
     ``--nnodes --node-rank --dist-init-addr``), and the engine's parallel sizes in
-    ``engine_args`` must multiply to ``gpus_per_replica``. Engines: vllm, sglang, mocker
-    (TensorRT-LLM's MPI world is not supported yet). At most 64 nodes."""
+    ``engine_args`` must multiply to ``gpus_per_replica``. Engines: vllm, sglang, mocker;
+    trtllm on a Slurm target only, as one MPI world (one ``srun --mpi=pmix`` step over
+    the replica's nodes running ``trtllm-llmapi-launch``). At most 64 nodes."""
     engine_args: dict[str, Any] = Field(default_factory=dict)
     """Engine command-line arguments without the leading ``--``, passed untouched, e.g.
     ``{tensor-parallel-size: 8}``; ``true`` is a bare flag."""
@@ -243,12 +244,6 @@ class WorkerPool(RecipeModel):
     def _gang_flags_are_ours(self) -> WorkerPool:
         if self.nodes_per_replica == 1:
             return self
-        if self.engine == "trtllm":
-            raise rule_error(
-                "nodes_per_replica",
-                "TensorRT-LLM replicas over several nodes (one MPI world) are not supported "
-                "yet; use vllm or sglang, or nodes_per_replica: 1",
-            )
         for key in self.engine_args:
             if key.replace("_", "-") in GANG_FLAGS:
                 raise rule_error(

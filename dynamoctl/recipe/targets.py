@@ -116,6 +116,11 @@ class SlurmTarget(RecipeModel):
     """Run every component in this container. Default: on the nodes' own environment."""
     extra_sbatch_args: list[NonEmptyStr] = Field(default_factory=list)
     """Extra ``sbatch`` arguments, verbatim, e.g. ``["--exclusive", "--qos=high"]``."""
+    mpi: str = Field(default="pmix", pattern=r"^[A-Za-z0-9_]+$")
+    """Slurm's MPI plugin (``srun --mpi``) for a TensorRT-LLM replica over several nodes,
+    which runs as one MPI world: ``pmix`` (as Dynamo's and srt-slurm's launches), or what
+    ``srun --mpi=list`` shows at the site (``pmix_v4``, ``pmi2``...). ``up`` checks that a
+    step with it starts before starting anything. Unused by other engines."""
     addresses: dict[str, Annotated[str, AfterValidator(check_ipv4)]] = Field(default_factory=dict)
     """IPv4 address each node's components bind and advertise, by node name, where the name
     does not resolve to the network the nodes should talk over (several networks per node).

@@ -8,6 +8,12 @@ watching (STARTING until probes say READY) instead of a launch. Everything else 
 supervisor left (its keeper's instance is not in the plan any more, or was planned
 differently, or a keeper that cannot be attached to) is reaped and, if planned, started
 afresh.
+
+A multi-node replica is taken back whole or not at all: when one of its members cannot
+be adopted (it died while no supervisor watched), the members that could are reaped too,
+and the new supervisor starts the gang afresh; a leader adopted beside a freshly started
+follower would wait forever for a rank that never joins (docs/operations.md,
+"Multi-node replicas").
 """
 
 from __future__ import annotations
@@ -15,7 +21,14 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, ProcessRecord
+from dynamoctl.launch.api import (
+    InstanceSpec,
+    Launched,
+    Launcher,
+    LaunchError,
+    ProcessRecord,
+    stop,
+)
 from dynamoctl.supervisor.plan import Plan
 from dynamoctl.supervisor.rundir import RunDir
 
@@ -41,6 +54,7 @@ async def take_over(plan: Plan, run_dir: RunDir, launcher: Launcher) -> dict[str
         )
     )
     adopted = {name: proc for name, proc in zip(names, outcomes, strict=True) if proc}
+    await _reap_broken_gangs(plan, adopted)
     state.records = {name: state.records[name] for name in adopted}
     run_dir.write_state(state)  # what was reaped is no longer recorded
     return adopted
@@ -76,3 +90,27 @@ async def _adopt_one(
     except LaunchError as exc:
         log.warning("could not stop %s, left by the previous supervisor: %s", where, exc)
     return None
+
+
+async def _reap_broken_gangs(plan: Plan, adopted: dict[str, Launched]) -> None:
+    """Drop from ``adopted`` (and stop) every member of a gang not adopted whole."""
+    gangs: dict[str, list[str]] = {}
+    for spec in plan.instances:
+        if spec.gang:
+            gangs.setdefault(spec.gang, []).append(spec.name)
+    for gang, members in gangs.items():
+        lost = [name for name in members if name not in adopted]
+        kept = [name for name in members if name in adopted]
+        if not lost or not kept:
+            continue
+        why = f"gang {gang} lost {', '.join(lost)}: it restarts whole"
+        for name in kept:
+            proc = adopted.pop(name)
+            await stop(proc, REAP_GRACE)  # through the lifeline just attached
+            log.warning(
+                "stopped %s (pid %s on %s), left by the previous supervisor: %s",
+                name,
+                proc.record.pid,
+                proc.record.host,
+                why,
+            )

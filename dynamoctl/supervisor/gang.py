@@ -150,5 +150,6 @@ class Gangs:
     def release(self, leader: Instance, give_back: Callable[[str], None]) -> None:
         """Give the whole nodes of ``leader``'s gang back (``give_back(host)``)."""
         for member in (leader, *self.followers(leader)):
-            give_back(member.spec.host)
+            for host in member.spec.mpi_nodes or [member.spec.host]:  # an MPI world's all
+                give_back(host)
             member.released = True

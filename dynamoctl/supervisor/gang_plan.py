@@ -18,9 +18,13 @@ Every member gets the rank and rendezvous flags its engine reads (docs/engines.m
   engine whose DP ranks are spread evenly over the nodes: ``--data-parallel-size-local``,
   ``--data-parallel-address`` (the leader), ``--data-parallel-rpc-port``, and on followers
   ``--data-parallel-start-rank`` and ``--headless``.
-- SGLang: ``--nnodes --node-rank --dist-init-addr LEADER:PORT``.
+- SGLang: ``--nnodes --node-rank --dist-init-addr LEADER:PORT``; followers add
+  ``--host MEMBER --port 30000`` (SGLang's dummy health check on node ranks >= 1).
 - mocker: vLLM's flag names (``--nnodes --node-rank --master-addr --master-port``), so one
   rendering serves both; its followers answer each simulated step (docs/mocker.md).
+- TensorRT-LLM: no followers and no rank flags: one instance whose launch is an MPI
+  world over all the gang's nodes (``mpi_nodes``; Slurm only), ``trtllm-llmapi-launch``
+  in front of the worker command.
 
 Ports are fixed (whole nodes cannot collide) and declared, so preflight checks them; on
 a local target every gang shares the one host, so each gets its own port.
@@ -28,6 +32,9 @@ a local target every gang shares the one host, so each gets its own port.
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,7 +46,7 @@ from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.hosts import Host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferError
+from dynamoctl.supervisor.transfer import TransferChannel, TransferError, transfer_channel
 
 RENDEZVOUS_PORT = 29501
 """The leader's rendezvous port (vLLM's ``--master-port``, SGLang's ``--dist-init-addr``
@@ -48,6 +55,11 @@ DP_RPC_PORT = 29550
 """vLLM's ``--data-parallel-rpc-port`` (its own default), for data-parallel gangs."""
 LOCAL_POOL_OFFSET = {"prefill": 0, "decode": 100, "agg": 200}
 """Local target only (one host shared by every gang): rendezvous port offsets per pool."""
+MPI_LAUNCHER = "trtllm-llmapi-launch"
+"""TensorRT-LLM's launcher of a multi-node LLM-API process, run by every MPI rank."""
+SGLANG_FOLLOWER_HEALTH_PORT = 30000
+"""An SGLang follower's dummy health check (``--port``, SGLang's default); the ports
+SGLang derives from ``--dist-init-addr`` lie just above the rendezvous port."""
 RENDEZVOUS_TIMEOUT_CAP = 120.0
 """Longest a follower waits for its leader's rendezvous (``start_timeout`` if shorter)."""
 
@@ -62,12 +74,22 @@ def rendezvous_port(role: Role, index: int, shared_host: bool) -> int:
 
 
 def rank_flags(
-    engine: str, args: dict[str, Any], rank: int, nnodes: int, leader: str, port: int
+    engine: str,
+    args: dict[str, Any],
+    rank: int,
+    nnodes: int,
+    leader: str,
+    port: int,
+    member: str = "",
 ) -> dict[str, Any]:
-    """The flags member ``rank`` of an ``nnodes`` gang adds to the engine's arguments."""
-    if engine == "sglang":
-        return {"nnodes": nnodes, "node_rank": rank, "dist_init_addr": f"{leader}:{port}"}
+    """The flags member ``rank`` (at address ``member``) of an ``nnodes`` gang adds to
+    the engine's arguments."""
     flags: dict[str, Any]
+    if engine == "sglang":
+        flags = {"nnodes": nnodes, "node_rank": rank, "dist_init_addr": f"{leader}:{port}"}
+        if rank:  # where SGLang's follower serves its dummy health check
+            flags |= {"host": member, "port": SGLANG_FOLLOWER_HEALTH_PORT}
+        return flags
     if _data_parallel(engine, args):
         local = int(args["data_parallel_size"]) // nnodes
         flags = {
@@ -100,6 +122,8 @@ def gang_specs(
     from dynamoctl.supervisor.plan import engine_arguments, worker_spec
 
     pool = recipe.workers.pools()[role]
+    if pool.engine == "trtllm":
+        return [_mpi_world_spec(recipe, role, index, members, url, run_dir)]
     nnodes = len(members)
     leader_host = members[0][0]
     shared = len({host.name for host, _ in members}) == 1
@@ -131,7 +155,7 @@ def gang_specs(
     ]
     rendezvous = f"{leader_host.address}:{port}"
     for rank, (host, gpus) in enumerate(members[1:], start=1):
-        flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port)
+        flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port, host.address)
         member = _Member(role, index, rank, nnodes, host, gpus)
         specs.append(_follower_spec(recipe, member, args, flags, rendezvous))
     return specs
@@ -158,7 +182,7 @@ def _follower_spec(
 ) -> InstanceSpec:
     """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags;
     the pool's env and secrets (weights need the same token), its node's GPUs."""
-    from dynamoctl.supervisor.plan import PlanError, member_channel, python_for
+    from dynamoctl.supervisor.plan import PlanError, python_for
     from dynamoctl.worker.options import render_engine_args
 
     role, index = member.role, member.index
@@ -182,13 +206,16 @@ def _follower_spec(
     env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
     if member.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, member.gpus))
+    ports = dict(channel.ports)
+    if pool.engine == "sglang":
+        ports["health"] = int(flags["port"])
     return InstanceSpec(
         name=str(member.name),
         pool=role,
         component="follower",
         host=host.name,
         address=host.address,
-        ports=channel.ports,
+        ports=ports,
         argv=argv,
         env=_member_env(pool.engine, env, host),
         gpus=member.gpus,
@@ -199,13 +226,88 @@ def _follower_spec(
     )
 
 
+def _mpi_world_spec(
+    recipe: Recipe, role: Role, index: int, members: Members, url: str, run_dir: Path
+) -> InstanceSpec:
+    """A TensorRT-LLM gang: one instance whose launch is one MPI world over every node of
+    ``members`` (``mpi_nodes``), a rank per GPU. ``trtllm-llmapi-launch`` runs the worker
+    command on rank 0 (with the MPI environment stripped, beside TensorRT-LLM's MPI
+    leader) and TensorRT-LLM's worker loop on every other rank; the engine's parallel
+    sizes span the world. It expands its command unquoted (``$task_with_command``), so
+    JSON values are rendered without spaces and any other blank is refused."""
+    from dynamoctl.supervisor.plan import PlanError, worker_spec
+
+    host, gpus = members[0]
+    leader = worker_spec(recipe, role, index, host, gpus, url, run_dir)
+    argv = [MPI_LAUNCHER, *map(_compact_json, leader.argv)]
+    blank = next((arg for arg in argv if any(c.isspace() for c in arg)), None)
+    if blank is not None:
+        raise PlanError(
+            f"workers.{role}: {blank!r} holds a blank, but {MPI_LAUNCHER} splits the worker "
+            "command at blanks; use a path or value without spaces"
+        )
+    return msgspec.structs.replace(
+        leader,
+        argv=argv,
+        gang=str(InstanceName(role, index)),
+        nnodes=len(members),
+        mpi_nodes=[node.name for node, _ in members],
+        mpi_tasks_per_node=max(len(gpus), 1),
+    )
+
+
+def _compact_json(arg: str) -> str:
+    """``{"a": 1, "b": 2}`` as ``{"a":1,"b":2}``; anything else unchanged."""
+    if not arg.startswith(("{", "[")):
+        return arg
+    try:
+        return json.dumps(json.loads(arg), separators=(",", ":"))
+    except ValueError:
+        return arg
+
+
+def member_channel(
+    engine: str,
+    role: Role,
+    index: int,
+    host: Host,
+    args: Mapping[str, Any],
+    rank_args: Mapping[str, Any],
+) -> TransferChannel:
+    """The KV side channel of one process (raises :class:`TransferError`). A
+    data-parallel gang member runs only its node's ``data-parallel-size-local`` ranks,
+    from ``data-parallel-start-rank``: vLLM's rank ``r`` listens on the side-channel port
+    plus its *global* DP rank, so every member shares the replica's base port and
+    declares (for preflight) only the ports of its own ranks."""
+    channel = transfer_channel(engine, role, index, host, args)
+    local = rank_args.get("data_parallel_size_local")
+    if local is None or not channel.ports:
+        return channel
+    first = int(rank_args.get("data_parallel_start_rank", 0))
+    ports = {
+        name: port
+        for name, port in channel.ports.items()
+        if first <= _dp_rank_of(name) < first + int(local)
+    }
+    return dataclasses.replace(channel, ports=ports)
+
+
+def _dp_rank_of(port_name: str) -> int:
+    """The data-parallel rank a side-channel port is for (``nixl_side_channel_dp3``: 3)."""
+    _, sep, rank = port_name.rpartition("_dp")
+    return int(rank) if sep and rank.isdigit() else 0
+
+
 def _data_parallel(engine: str, args: dict[str, Any]) -> bool:
     return engine == "vllm" and int(args.get("data_parallel_size", 1)) > 1
 
 
+HOST_IP_VARIABLES = {"vllm": "VLLM_HOST_IP", "sglang": "SGLANG_HOST_IP"}
+"""Where each engine reads a member's own address (its ``get_ip()``)."""
+
+
 def _member_env(engine: str, env: dict[str, str], host: Host) -> dict[str, str]:
-    # vLLM's executor message queues connect to get_ip(), which reads VLLM_HOST_IP: the
+    # The engines' cross-node message queues connect to get_ip(), which reads these: the
     # member's own address, not whichever interface a multi-homed node reports first.
-    if engine == "vllm":
-        return {**env, "VLLM_HOST_IP": host.address}
-    return env
+    variable = HOST_IP_VARIABLES.get(engine)
+    return {**env, variable: host.address} if variable else env

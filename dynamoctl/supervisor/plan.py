@@ -38,11 +38,11 @@ from dynamoctl.recipe.models import (
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.commands import frontend_argv, planner_argv, router_argv, worker_argv
-from dynamoctl.supervisor.gang_plan import gang_specs
+from dynamoctl.supervisor.gang_plan import gang_specs, member_channel
 from dynamoctl.supervisor.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferChannel, TransferError, transfer_channel
+from dynamoctl.supervisor.transfer import TransferError
 from dynamoctl.util.registry import Registry
 
 ETCD_CLIENT_PORT = 2379
@@ -247,22 +247,6 @@ def _split_env(
         k: credentials.secret_ref(v) for k, v in values.items() if isinstance(v, SecretSource)
     }
     return plain, hidden
-
-
-def member_channel(
-    engine: str,
-    role: Role,
-    index: int,
-    host: Host,
-    args: Mapping[str, Any],
-    rank_args: Mapping[str, Any],
-) -> TransferChannel:
-    """The KV side channel of one process: a data-parallel gang member runs only its
-    node's ``data-parallel-size-local`` ranks (raises :class:`TransferError`)."""
-    local = rank_args.get("data_parallel_size_local")
-    return transfer_channel(
-        engine, role, index, host, args if local is None else {**args, "data_parallel_size": local}
-    )
 
 
 def worker_spec(
@@ -493,6 +477,9 @@ def render(plan: Plan, describe: Callable[[InstanceSpec], list[str]]) -> str:
     for spec in plan.instances:
         gpus = ",".join(map(str, spec.gpus)) or "-"
         gang = f", gang {spec.gang} rank {spec.rank}/{spec.nnodes}" if spec.gang else ""
+        if spec.mpi_nodes:
+            world = f"{spec.mpi_tasks_per_node} x {len(spec.mpi_nodes)} ranks"
+            gang = f", gang {spec.gang}: one MPI world of {world} on {','.join(spec.mpi_nodes)}"
         lines.append(f"[{spec.name}] {spec.component} on {spec.host}, gpus {gpus}{gang}")
         if spec.env:
             lines.append("  env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in spec.env.items()))

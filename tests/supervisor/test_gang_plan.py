@@ -95,6 +95,30 @@ def test_sglang_members_get_dist_init_addr() -> None:
         (2, 0, "192.0.2.1:29501"),
         (2, 1, "192.0.2.1:29501"),
     ]
+    # The follower serves SGLang's dummy health check on its own address, a declared port.
+    assert "host" not in args[0] and (args[1]["host"], args[1]["port"]) == ("192.0.2.2", 30000)
+    assert specs[1].ports == {"health": 30000}
+    assert specs[1].argv[3:7] == ["follower", "--engine", "sglang", "--label"]
+    assert [s.env["SGLANG_HOST_IP"] for s in specs] == ["192.0.2.1", "192.0.2.2"]
+    assert all("VLLM_HOST_IP" not in s.env for s in specs)
+
+
+def test_data_parallel_members_declare_the_nixl_ports_of_their_own_ranks() -> None:
+    """vLLM's DP rank r listens on VLLM_NIXL_SIDE_CHANNEL_PORT + r (its global rank): every
+    member shares the replica's base and declares its node's ranks, none twice."""
+    specs = _plan(
+        _recipe(
+            "nodes_per_replica: 4, gpus_per_replica: 32, engine_args: {data-parallel-size: 32, "
+            "kv-transfer-config: {kv_connector: NixlConnector, kv_role: kv_both}}"
+        )
+    )
+    assert {s.env["VLLM_NIXL_SIDE_CHANNEL_PORT"] for s in specs} == {"5800"}  # agg's block
+    for k, spec in enumerate(specs):
+        nixl = {n: p for n, p in spec.ports.items() if n.startswith("nixl")}
+        ranks = range(8 * k, 8 * k + 8)
+        assert nixl == {
+            (f"nixl_side_channel_dp{r}" if r else "nixl_side_channel"): 5800 + r for r in ranks
+        }, spec.name
 
 
 def test_a_local_mocker_gang_shares_the_host_with_a_port_per_gang() -> None:
@@ -159,6 +183,12 @@ def test_follower_names_parse_and_order_after_their_leader() -> None:
             "is set by dynamoctl for each member",
         ),
         (
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tp: 16}",
+            4,
+            "workers.agg.engine_args.tp",
+            "write tensor-parallel-size",
+        ),
+        (
             "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {master-addr: 10.0.0.1}",
             4,
             "workers.agg.engine_args.master-addr",
@@ -187,11 +217,83 @@ workers:
         load_recipe_text(text, "r.yaml")
 
 
-def test_trtllm_gangs_are_refused_until_its_mpi_world_is_supported() -> None:
-    with pytest.raises(RecipeError, match=r"workers.agg.nodes_per_replica.*TensorRT-LLM"):
-        load_recipe_text(
-            _recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm"), "r"
+SSH = "target: {kind: ssh, hosts: [10.0.0.1, 10.0.0.2], gpus_per_host: 8}"
+
+
+def test_a_trtllm_gang_is_one_mpi_world_on_slurm() -> None:
+    specs = _plan(
+        _recipe(
+            "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tensor-parallel-size: 16, "
+            "kv-cache-config: {free_gpu_memory_fraction: 0.85}}",
+            engine="trtllm",
         )
+    )
+    assert len(specs) == 1  # no followers: the MPI launcher starts every rank
+    (spec,) = specs
+    assert (spec.name, spec.host, spec.gang, spec.nnodes) == ("agg-0", "n0", "agg-0", 2)
+    assert (spec.mpi_nodes, spec.mpi_tasks_per_node) == (["n0", "n1"], 8)
+    assert spec.argv[0] == "trtllm-llmapi-launch" and spec.argv[2:5] == [
+        "-m",
+        "dynamoctl",
+        "worker",
+    ]
+    # It word-splits its command: JSON without blanks, no rank flags of ours.
+    assert '{"free_gpu_memory_fraction":0.85}' in spec.argv
+    assert not any(" " in arg for arg in spec.argv)
+    assert not {"--nnodes", "--node-rank", "--master-addr"} & set(spec.argv)
+
+    from dynamoctl.launch.slurm import SlurmLauncher
+
+    srun = SlurmLauncher(job_id="7", python="/py", env={}).describe(spec)
+    assert srun[2:7] == [
+        "--nodes=2",
+        "--ntasks-per-node=8",
+        "--nodelist=n0,n1",
+        "--mpi=pmix",
+        "--label",
+    ]
+    assert srun[srun.index("--") + 1] == "trtllm-llmapi-launch"
+
+
+def test_a_trtllm_gang_refuses_a_blank_its_launcher_would_split() -> None:
+    text = _recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm")
+    with pytest.raises(PlanError, match=r"workers.agg: '/my models/m' holds a blank"):
+        _plan(text.replace("path: /m", "path: /my models/m"))
+
+
+def test_trtllm_gangs_are_refused_off_slurm_naming_the_field_and_why() -> None:
+    text = _recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm")
+    with pytest.raises(RecipeError) as error:
+        load_recipe_text(text.replace(SLURM.replace("NODES", "4"), SSH), "r.yaml")
+    assert "workers.agg.nodes_per_replica" in str(error.value)
+    assert "one MPI world" in str(error.value) and "only on a Slurm target" in str(error.value)
+
+
+def test_trtllm_parallel_sizes_must_fill_the_gang() -> None:
+    text = _recipe(
+        "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tensor-parallel-size: 8}",
+        engine="trtllm",
+    )
+    with pytest.raises(RecipeError, match=r"engine_args.tensor-parallel-size: .*8 = 8 GPUs"):
+        load_recipe_text(text, "r.yaml")
+
+
+def test_an_mpi_world_node_with_another_gpu_count_is_refused() -> None:
+    from dynamoctl.launch.api import LaunchError
+    from dynamoctl.launch.gpus import check_gpus
+
+    (spec,) = _plan(_recipe("nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm"))
+    check_gpus("n1", 8, [spec], "target.gpus_per_node", "fix it")
+    with pytest.raises(LaunchError, match=r"agg-0 \(gang agg-0, rank 0\): n1 has 4 GPU"):
+        check_gpus("n1", 4, [spec], "target.gpus_per_node", "fix it")
+
+
+def test_an_ssh_gang_wider_than_the_hosts_is_refused_naming_target_hosts() -> None:
+    text = _recipe("nodes_per_replica: 3, gpus_per_replica: 24").replace(
+        SLURM.replace("NODES", "4"), SSH
+    )
+    with pytest.raises(RecipeError, match=r"nodes_per_replica: 3 nodes .* has 2 \(target.hosts\)"):
+        load_recipe_text(text, "r.yaml")
 
 
 def test_more_gangs_than_free_nodes_is_a_plan_error_naming_nodes_per_replica() -> None:
@@ -230,3 +332,31 @@ def test_a_gang_member_on_a_node_with_another_gpu_count_is_refused() -> None:
     check_gpus("n1", 8, specs, "target.gpus_per_node", "fix it")  # as declared: fine
     with pytest.raises(LaunchError, match=r"agg-0.1 \(gang agg-0, rank 1\): n1 has 12 GPU"):
         check_gpus("n1", 12, specs, "target.gpus_per_node", "fix it")
+
+
+def test_sglang_parallel_sizes_must_fill_the_gang() -> None:
+    text = _recipe(
+        "nodes_per_replica: 2, gpus_per_replica: 16, engine_args: {tp: 8}", engine="sglang"
+    )
+    with pytest.raises(RecipeError, match=r"workers.agg.engine_args.tp: tp 8 = 8 GPUs but"):
+        load_recipe_text(text, "r.yaml")
+
+
+def test_a_stopped_mpi_world_gives_back_every_node_it_spans() -> None:
+    """``scale`` reuses a stopped TensorRT-LLM gang's nodes: all of them come back, not
+    only the leader's (the world is one instance with no followers)."""
+    from types import SimpleNamespace
+
+    from dynamoctl.supervisor.gang import Gangs
+    from dynamoctl.supervisor.instance import Instance
+    from dynamoctl.util.backoff import Backoff
+
+    text = _recipe("replicas: 2, nodes_per_replica: 2, gpus_per_replica: 16", engine="trtllm")
+    recipe = load_recipe_text(text, "r.yaml")
+    allocation = [f"n{i}" for i in range(4)]
+    resolve = {name: f"192.0.2.{i + 1}" for i, name in enumerate(allocation)}
+    plan, gpu_map = build_plan(recipe, Path("/run"), allocation, resolve)
+    first = Instance(plan.by_pool("agg")[0], Backoff())
+    assert gpu_map.take_nodes(1) is None  # both worlds hold two whole nodes each
+    Gangs(SimpleNamespace(instances={"agg-0": first})).release(first, gpu_map.release_node)  # type: ignore[arg-type]
+    assert [host.name for host, _ in gpu_map.take_nodes(2) or []] == ["n0", "n1"]

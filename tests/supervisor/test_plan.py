@@ -45,6 +45,11 @@ DECLARED = {
         *("--nodes", ",".join(f"gpu{i:02d}" for i in range(1, 7))),
         *(arg for i in range(1, 7) for arg in ("--resolve", f"gpu{i:02d}=192.0.2.{40 + i}")),
     ],
+    "sglang-tp16-2node": ["--resolve", "gpu-a=192.0.2.51", "--resolve", "gpu-b=192.0.2.52"],
+    "trtllm-tp16-2node": [
+        *("--nodes", "gpu01,gpu02"),
+        *("--resolve", "gpu01=192.0.2.61", "--resolve", "gpu02=192.0.2.62"),
+    ],
     "vllm-agg": ["--resolve", "gpu-node-1=192.0.2.21", "--resolve", "gpu-node-2=192.0.2.22"],
 }
 

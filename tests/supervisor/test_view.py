@@ -78,3 +78,30 @@ async def test_live_table_redraws_without_state_changes_and_logs_print_above_it(
     text = out.getvalue()
     assert len(set(re.findall(r"1m\d\ds", text))) >= 3, text[-2000:]  # redrawn, moving
     assert "a log line during the live table" in text  # printed by Live, not over it
+
+
+def test_a_gang_row_names_every_node_an_mpi_world_included() -> None:
+    common: dict[str, Any] = {"pid": 7, "state": "READY", "restarts": 0, "uptime_s": 1.0}
+    rows = [
+        InstanceStatus(
+            name="agg-0", pool="agg", component="worker", host="n1", **common,
+            gang="agg-0", mpi_nodes=["n1", "n2"],
+        ),
+        InstanceStatus(
+            name="decode-0", pool="decode", component="worker", host="n3", **common,
+            gang="decode-0",
+        ),
+        InstanceStatus(
+            name="decode-0.1", pool="decode", component="follower", host="n4", **common,
+            gang="decode-0", rank=1,
+        ),
+    ]  # fmt: skip
+    report = StatusReport(
+        name="g", phase="serving", endpoint="e", model="m", target="slurm", instances=rows
+    )
+    out = io.StringIO()
+    Console(file=out, width=120, color_system=None).print(status_table(report, 120))
+    lines = out.getvalue().splitlines()
+    assert any("agg-0" in line and "n1,n2" in line for line in lines)
+    assert any("decode-0 " in line and "n3,n4" in line for line in lines)
+    assert any("└ decode-0.1" in line and "n4" in line for line in lines)

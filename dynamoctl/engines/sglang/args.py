@@ -18,6 +18,14 @@ ALIASES: Final[Mapping[str, str]] = {
     "max_model_len": "context_length",
     "max_num_seqs": "max_running_requests",
     "max_num_batched_tokens": "chunked_prefill_size",
+    # SGLang's command line takes these spellings of its parallel sizes (and the recipe's
+    # gang rules accept them); its ServerArgs, what sglang.Engine is built from, only
+    # the *_size fields.
+    "tp": "tp_size",
+    "tensor_parallel_size": "tp_size",
+    "pp": "pp_size",
+    "pipeline_parallel_size": "pp_size",
+    "data_parallel_size": "dp_size",
 }
 """dynamoctl's (vLLM's) argument names → SGLang's ``ServerArgs`` fields."""
 

@@ -41,6 +41,7 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import ChildWatch, RequestLoad, free_port, poll_death
 from dynamoctl.engines.sglang import args as sargs
+from dynamoctl.engines.sglang import gang as sgang
 
 
 class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
@@ -93,6 +94,8 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
             return
         ports = (free_port(self._host), free_port(self._host))
         self._args = sargs.server_args(self.options, (f"tcp://*:{ports[0]}", f"tcp://*:{ports[1]}"))
+        if sgang.is_gang(self.options):  # gloo/NCCL ranks meet on the gang's network
+            sgang.set_network_env()
         children = ChildWatch("SGLang")
         self._engine = await asyncio.to_thread(sglang.Engine, **self._args)
         children.started()

