@@ -1,8 +1,7 @@
 """The SLA planner against static provisioning, on a bursty load, the deployments side by
 side in one run.
 
-    python benchmarks/planner.py [--out benchmarks/results/planner.json]
-                                 [--plot docs/img/planner.png]
+    python benchmarks/planner.py [--workload bursty|trace] [--out FILE] [--plot PNG]
 
 Four ``dynamoctl up`` deployments of mocker workers on the real clock (local target, one
 private ``DYNAMOCTL_HOME``): ``static-small`` (1 replica), ``static-medium`` (2: about what
@@ -10,7 +9,9 @@ the planner spends, the reference's "static provisioning" at equal cost),
 ``static-large`` (4 replicas) and ``planner`` (1 replica and a ``planner:`` section, at
 most 4, GPU budget 4). Each gets
 the same open-loop load from ``dynamoctl.bench``: Poisson arrivals at a rate that is low,
-jumps (the spike), holds high (the plateau), then falls back. The planner runs both
+jumps (the spike), holds high (the plateau), then falls back; or (``--workload trace``,
+results in ``planner_trace.json``) a Mooncake-format trace whose rate rises over 30 s,
+holds, and falls over 30 s, prompts sharing their first block in 8 groups. The planner runs both
 loops: the throughput loop every 10 s from a profile computed from the mocker's timing
 model (the replicas' floor), the load loop every 2 s above it. A mocker replica counts as
 one GPU. Reported per deployment: the fraction of requests meeting both the TTFT and the
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import json
 import os
 import platform
@@ -35,7 +37,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +50,13 @@ from dynamoctl.bench.client import RequestRecord, Sender
 from dynamoctl.bench.clock import LoopClock
 from dynamoctl.bench.http import Endpoint
 from dynamoctl.bench.schedule import Limits, drive
-from dynamoctl.bench.workload import LengthDist, Session, synthetic_sessions
+from dynamoctl.bench.workload import (
+    LengthDist,
+    Session,
+    TraceEntry,
+    synthetic_sessions,
+    trace_sessions,
+)
 from dynamoctl.engines.mocker.timing import TimingModel
 from dynamoctl.planner.perf import PROFILE_VERSION, DecodePoint, PrefillPoint, Profile
 
@@ -55,7 +64,10 @@ TTFT_MS, ITL_MS = 1500.0, 500.0
 SPEEDUP = 0.1
 BLOCKS, BLOCK_SIZE, STEP_TOKENS = 4096, 16, 2048
 PHASES = (("low", 25.0, 0.8), ("spike and plateau", 50.0, 7.0), ("fall", 35.0, 0.8))
-"""(name, seconds, requests per second) of the load, in order."""
+"""(name, seconds, requests per second) of the bursty load, in order."""
+TRACE_RATE = ((0.0, 0.8), (20.0, 0.8), (50.0, 7.0), (70.0, 7.0), (100.0, 0.8), (110.0, 0.8))
+"""(seconds, requests per second) corners of the trace's rate, linear in between: a rise
+over 30 s, a plateau, a fall over 30 s."""
 MAX_REPLICAS = 4
 GONE = ("STOPPED", "FAILED", "PENDING")
 DEPLOYMENTS = {"static-small": 1, "static-medium": 2, "static-large": MAX_REPLICAS, "planner": 1}
@@ -155,6 +167,66 @@ def bursty(seed: int) -> Iterator[Session]:
         t, start = end, end
 
 
+def trace_rate(t: float) -> float:
+    """The trace's request rate at ``t`` (:data:`TRACE_RATE`, linear between corners)."""
+    for (t0, r0), (t1, r1) in itertools.pairwise(TRACE_RATE):
+        if t0 <= t <= t1:
+            return r0 + (r1 - r0) * (t - t0) / (t1 - t0)
+    return TRACE_RATE[-1][1]
+
+
+def mooncake_trace(seed: int) -> list[TraceEntry]:
+    """A trace in Mooncake's format (arrival in ms, lengths, 512-token block hash ids) whose
+    arrivals are a Poisson process at :func:`trace_rate` (by thinning): 500 to 1500 prompt
+    tokens whose first block is one of 8 shared ones (a system prompt), 16 out. Made here
+    because no public trace can be downloaded where this runs; ``dynamoctl bench --trace``
+    replays a real one the same way."""
+    rng = random.Random(f"{seed}/trace")
+    peak, end = max(rate for _, rate in TRACE_RATE), TRACE_RATE[-1][0]
+    unique = itertools.count(1000)
+    entries, t = [], 0.0
+    while (t := t + rng.expovariate(peak)) < end:
+        if rng.random() * peak > trace_rate(t):
+            continue
+        length = rng.randint(500, 1500)
+        blocks = [rng.randrange(8)] + [next(unique) for _ in range(-(-length // 512) - 1)]
+        entries.append(TraceEntry(timestamp=t * 1000, input_length=length, output_length=16,
+                                  hash_ids=blocks))  # fmt: skip
+    return entries
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One of the loads the deployments get."""
+
+    sessions: Callable[[], Iterator[Session]]
+    seconds: float
+    rise: float
+    """When the rate starts to rise (time to react is measured from here)."""
+    edges: tuple[float, ...]
+    """Where the rate changes (vertical lines on the plot)."""
+    title: str
+
+
+WORKLOADS = {
+    "bursty": Workload(
+        sessions=lambda: bursty(seed=7),
+        seconds=sum(p[1] for p in PHASES),
+        rise=PHASES[0][1],
+        edges=(PHASES[0][1], PHASES[0][1] + PHASES[1][1]),
+        title=" → ".join(f"{rate:g} req/s for {seconds:g} s" for _, seconds, rate in PHASES),
+    ),
+    "trace": Workload(
+        sessions=lambda: trace_sessions(mooncake_trace(seed=7)),
+        seconds=TRACE_RATE[-1][0],
+        rise=TRACE_RATE[1][0],
+        edges=tuple(t for t, _ in TRACE_RATE[1:-1]),
+        title="Mooncake-format trace, "
+        + " → ".join(f"{rate:g} req/s at {t:g} s" for t, rate in TRACE_RATE[1:-1]),
+    ),
+}
+
+
 class Replicas:
     """Samples a deployment's ``status`` every 0.5 s: replicas holding a GPU, READY ones,
     and the planner's desired count."""
@@ -198,18 +270,20 @@ def sla_met(record: RequestRecord) -> bool:
     return record.tpot is None or record.tpot * 1000 <= ITL_MS
 
 
-async def load_all(urls: dict[str, str], access: dict[str, tuple[str, str]]) -> dict[str, Any]:
+async def load_all(
+    workload: Workload, urls: dict[str, str], access: dict[str, tuple[str, str]]
+) -> dict[str, Any]:
     clock = LoopClock()
     origin = clock.now()
     stop = asyncio.Event()
     watches = {name: Replicas(*access[name], clock, origin) for name in urls}
     watching = [asyncio.create_task(w.run(stop)) for w in watches.values()]
     endpoints = {name: Endpoint(url) for name, url in urls.items()}
-    seconds = sum(p[1] for p in PHASES)
+    seconds = workload.seconds
 
     async def one(name: str) -> Any:
         sender = Sender(endpoints[name], MODEL, clock, timeout=180)
-        return await drive(bursty(seed=7), sender.send, clock=clock,
+        return await drive(workload.sessions(), sender.send, clock=clock,
                            limits=Limits(10**9, seconds, 60, max_inflight=4096))  # fmt: skip
 
     outcomes = dict(zip(urls, await asyncio.gather(*(one(n) for n in urls)), strict=True))
@@ -218,7 +292,7 @@ async def load_all(urls: dict[str, str], access: dict[str, tuple[str, str]]) -> 
     await asyncio.gather(*watching)
     for endpoint in endpoints.values():
         await endpoint.close()
-    spike = PHASES[0][1]
+    spike = workload.rise
     found: dict[str, Any] = {}
     for name, outcome in outcomes.items():
         records, watch = outcome.records, watches[name]
@@ -246,7 +320,7 @@ async def load_all(urls: dict[str, str], access: dict[str, tuple[str, str]]) -> 
     return found
 
 
-def plot(found: dict[str, Any], path: Path) -> None:
+def plot(workload: Workload, found: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -259,9 +333,7 @@ def plot(found: dict[str, Any], path: Path) -> None:
         points = row["ttft_over_time"]
         bottom.scatter([p[0] for p in points], [p[1] for p in points], s=4, label=name)
     bottom.axhline(TTFT_MS / 1000, color="grey", linestyle="--", label="TTFT target")
-    edge = 0.0
-    for _, seconds, _ in PHASES[:-1]:
-        edge += seconds
+    for edge in workload.edges:
         for ax in (top, bottom):
             ax.axvline(edge, color="lightgrey", linewidth=1)
     top.set_ylabel("replicas holding a GPU")
@@ -270,8 +342,8 @@ def plot(found: dict[str, Any], path: Path) -> None:
     bottom.set_xlabel("seconds since the load started")
     top.legend(loc="upper right")
     bottom.legend(loc="upper right", markerscale=3)
-    rates = " → ".join(f"{rate:g} req/s for {seconds:g} s" for _, seconds, rate in PHASES)
-    fig.suptitle(f"SLA planner vs static provisioning (mocker, speedup 0.1): {rates}", fontsize=9)
+    title = f"SLA planner vs static provisioning (mocker, speedup 0.1): {workload.title}"
+    fig.suptitle(title, fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
@@ -279,9 +351,14 @@ def plot(found: dict[str, Any], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default="benchmarks/results/planner.json")
-    parser.add_argument("--plot", default="docs/img/planner.png")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="bursty")
+    parser.add_argument("--out", help="default: benchmarks/results/planner[_WORKLOAD].json")
+    parser.add_argument("--plot", help="default: docs/img/planner[_WORKLOAD].png")
     args = parser.parse_args()
+    suffix = "" if args.workload == "bursty" else f"_{args.workload}"
+    args.out = args.out or f"benchmarks/results/planner{suffix}.json"
+    args.plot = args.plot or f"docs/img/planner{suffix}.png"
+    workload = WORKLOADS[args.workload]
     with tempfile.TemporaryDirectory(prefix="dynamoctl-planner-") as tmp:
         home = Path(tmp) / "home"
         urls, access = {}, {}
@@ -305,7 +382,7 @@ def main() -> None:
                 )
                 print(f"{name} up", flush=True)
             began = time.monotonic()
-            found = asyncio.run(load_all(urls, access))
+            found = asyncio.run(load_all(workload, urls, access))
             print(f"load done in {time.monotonic() - began:.0f} s", flush=True)
             log = (home / "runs" / "planner" / "logs" / "planner-0.log").read_text()
             found["planner"]["decisions_logged"] = [
@@ -321,7 +398,8 @@ def main() -> None:
             "cpus": os.cpu_count(),
         },
         "targets": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
-        "phases": [{"name": n, "seconds": s, "rate": r} for n, s, r in PHASES],
+        "workload": args.workload,
+        "load": workload.title,
         "deployments": {
             "static-small": "1 mocker replica",
             "static-medium": "2 mocker replicas (about the planner's GPU-seconds)",
@@ -334,7 +412,7 @@ def main() -> None:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    plot(found, Path(args.plot))
+    plot(workload, found, Path(args.plot))
     brief = {
         name: {k: v for k, v in row.items() if not k.endswith("over_time")}
         for name, row in found.items()
