@@ -10,6 +10,7 @@ import typer
 
 from dynamoctl import __version__
 from dynamoctl.cli import bench as bench_cli
+from dynamoctl.cli import configure as configure_cli
 from dynamoctl.cli import deploy, discovery, follower, frontend, operate, recipe, router, worker
 
 app = typer.Typer(name="dynamoctl", no_args_is_help=True, add_completion=False)
@@ -30,7 +31,10 @@ def _root(
     """LLM serving on Slurm, SSH-reachable nodes or one workstation, without Kubernetes."""
 
 
-_GROUPS = (recipe, discovery, worker, follower, frontend, router, deploy, operate, bench_cli)
+_GROUPS = (
+    recipe, discovery, worker, follower, frontend, router, deploy, operate, bench_cli,
+    configure_cli,
+)  # fmt: skip
 for _group in _GROUPS:
     _group.register(app)
 

@@ -77,7 +77,10 @@ def shipped_models() -> tuple[str, ...]:
     utils = _module("aiconfigurator_core.sdk.utils")
     folder = Path(utils._get_model_config_path())
     return tuple(
-        sorted(p.name.removesuffix("_config.json").replace("--", "/", 1) for p in folder.glob("*_config.json"))
+        sorted(
+            p.name.removesuffix("_config.json").replace("--", "/", 1)
+            for p in folder.glob("*_config.json")
+        )
     )
 
 
@@ -181,7 +184,8 @@ def answer(question: Question) -> Answer:
         front = result.pareto_fronts.get(mode)
         if front is not None and len(front):
             fronts[mode] = tuple(
-                FrontPoint(float(r["tokens/s/user"]), float(r["tokens/s/gpu"])) for _, r in _rows(front)
+                FrontPoint(float(r["tokens/s/user"]), float(r["tokens/s/gpu"]))
+                for _, r in _rows(front)
             )
     if not candidates:
         raise ConfigureError(_unreachable(question, model, version))
@@ -258,7 +262,10 @@ def _unreachable(question: Question, model: str, version: str) -> str:
     tpot = min(float(f["tpot"].min()) for f in result.pareto_fronts.values() if len(f))
     binding = [
         f"{name} {target:g} ms (best reachable {best:.1f} ms)"
-        for name, target, best in (("TTFT", question.ttft_ms, ttft), ("TPOT", question.tpot_ms, tpot))
+        for name, target, best in (
+            ("TTFT", question.ttft_ms, ttft),
+            ("TPOT", question.tpot_ms, tpot),
+        )
         if best > target
     ]
     what = " and ".join(binding) or (

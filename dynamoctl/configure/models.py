@@ -69,7 +69,9 @@ class Parallel(msgspec.Struct, frozen=True, kw_only=True):
 
     def label(self) -> str:
         parts = [f"TP{self.tp}"]
-        parts += [f"{name}{value}" for name, value in (("PP", self.pp), ("DP", self.dp)) if value > 1]
+        parts += [
+            f"{name}{value}" for name, value in (("PP", self.pp), ("DP", self.dp)) if value > 1
+        ]
         if self.moe_ep > 1:
             parts.append(f"EP{self.moe_ep}")
         return " ".join(parts)
