@@ -207,6 +207,16 @@ def dump_recipe(recipe: Recipe, answer: Answer, candidate: Candidate, units: int
     by loading it back as ``dynamoctl recipe validate`` would."""
     data = recipe.model_dump(mode="json", by_alias=True, exclude_defaults=True)
     data.pop("namespace", None)
+    data["workers"] = {  # every pool's shape spelled out, defaults or not
+        role: {
+            "engine": pool.engine,
+            "replicas": pool.replicas,
+            "gpus_per_replica": pool.gpus_per_replica,
+            **({"nodes_per_replica": pool.nodes_per_replica} if pool.nodes_per_replica > 1 else {}),
+            "engine_args": pool.engine_args,
+        }
+        for role, pool in recipe.workers.pools().items()
+    }
     doc = CommentedMap(data)
     q, p = answer.question, candidate.predicted
     doc.yaml_set_start_comment(

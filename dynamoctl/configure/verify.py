@@ -1,0 +1,238 @@
+"""``dynamoctl configure --verify``: run the chosen configuration on mocker workers that
+take their step times from AI Configurator (``perf_model: aic``), under the load the
+prediction is for, and set simulated against predicted figures (docs/configure.md,
+"Verifying by simulation").
+
+The deployment is real: ``dynamoctl up --detach`` of a local recipe with the same pools
+and replica counts (each replica a mocker with the pool's parallelism and batch size, at a
+clock speed-up), in a private run-directory home, then ``dynamoctl bench``'s runner at
+the configuration's concurrency over all units, then ``dynamoctl down``. Figures are read
+in steady state: TTFT and TPOT of requests sent once the first request has completed (the
+first wave queues behind a cold start), throughput per GPU over the window in which every
+concurrency slot was busy. Simulated seconds are real seconds x the speed-up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+from rich.table import Table
+
+from dynamoctl.configure import aic
+from dynamoctl.configure.models import Answer, Candidate, ConfigureError, Pool
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+    from dynamoctl.bench.client import RequestRecord
+    from dynamoctl.configure.options import ConfigureOptions
+
+BLOCK = 64
+"""KV block size of the simulated workers (the recipe's default)."""
+
+
+class Figures(msgspec.Struct, frozen=True, kw_only=True):
+    ttft_ms: float
+    tpot_ms: float
+    tokens_per_s_gpu: float
+
+
+class Verification(msgspec.Struct, frozen=True, kw_only=True):
+    """Predicted and simulated figures of one configuration under one load."""
+
+    label: str
+    gpus: int
+    concurrency: int
+    """Requests in flight over the whole deployment."""
+    requests: int
+    completed: int
+    speedup: float
+    predicted: Figures
+    simulated: Figures
+    recipe: str
+    """The mocker recipe that was run (to run it again by hand)."""
+
+
+def mocker_args(answer: Answer, role: str, pool: Pool, speedup: float) -> dict[str, Any]:
+    """A mocker replica standing in for one instance of ``pool``."""
+    q = answer.question
+    p = pool.parallel
+    per_request = math.ceil((q.isl + q.osl) / BLOCK) + 1
+    held = pool.batch_size + (32 if role == "prefill" else 0)  # prefills pinned for decode
+    return {
+        "perf-model": "aic",
+        "aic-model": q.model,
+        "aic-system": q.system,
+        "aic-engine": q.engine,
+        "aic-engine-version": answer.engine_version,
+        "aic-tp-size": p.tp,
+        "aic-pp-size": p.pp,
+        "aic-dp-size": p.dp,
+        "aic-moe-tp-size": p.moe_tp,
+        "aic-moe-ep-size": p.moe_ep,
+        "max-num-seqs": pool.batch_size,
+        # AI Configurator's agg step: one prompt's worth of new tokens plus the decodes.
+        "max-num-batched-tokens": q.isl + pool.batch_size,
+        "num-gpu-blocks": math.ceil(held * per_request * 1.25),
+        "kv-bytes-per-token": aic.kv_bytes_per_token(aic.resolve_model(q.model)),
+        "speedup-ratio": speedup,
+    }
+
+
+def mocker_recipe(
+    answer: Answer, chosen: Candidate, units: int, *, name: str, port: int, speedup: float
+) -> dict[str, Any]:
+    """The local mocker deployment standing in for ``units`` units of ``chosen``."""
+    workers = {
+        role: {
+            "engine": "mocker",
+            "replicas": pool.workers * units,
+            "gpus_per_replica": 0,
+            "engine_args": mocker_args(answer, role, pool, speedup),
+        }
+        for role, pool in chosen.pools().items()
+    }
+    return {
+        "schema": 1,
+        "name": name,
+        "target": {"kind": "local", "gpus": 0},
+        "model": {"name": "verify", "path": "verify", "block_size": BLOCK},
+        "frontend": {"port": port, "host": "127.0.0.1"},
+        "workers": workers,
+        "supervision": {"start_timeout": 300},
+    }
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _dynamoctl(env: dict[str, str], *args: str, timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "dynamoctl", *args],
+        env=env, capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+
+
+def verify(
+    answer: Answer, chosen: Candidate, units: int, options: ConfigureOptions, console: Console
+) -> Verification:
+    """Bring the mocker deployment up, load it, take it down; compare (module docstring)."""
+    from ruamel.yaml import YAML
+
+    from dynamoctl.recipe.loader import load_recipe
+
+    speedup = options.verify_speedup
+    q = answer.question
+    port = _free_port()
+    recipe = mocker_recipe(answer, chosen, units, name="verify", port=port, speedup=speedup)
+    path = options.out.with_suffix(".verify.yaml")
+    with open(path, "w") as out:
+        YAML(typ="safe").dump(recipe, out)
+    load_recipe(path)  # a RecipeError here is ours: fail before starting anything
+    concurrency = chosen.concurrency * units
+    requests = concurrency * options.verify_rounds
+    e2e = (chosen.predicted.ttft_ms + q.osl * chosen.predicted.tpot_ms) / 1e3 / speedup
+    with tempfile.TemporaryDirectory(prefix="dynamoctl-verify-") as home:
+        env = {**os.environ, "DYNAMOCTL_HOME": home}
+        console.print(f"verify: starting {chosen.label()} on mocker workers ({path}) ...")
+        up = _dynamoctl(env, "up", "--detach", str(path), timeout=600)
+        try:
+            if up.returncode != 0:
+                raise ConfigureError(f"verify: dynamoctl up failed:\n{up.stderr[-3000:]}")
+            console.print(f"verify: {requests} requests at concurrency {concurrency} ...")
+            records = asyncio.run(_load(port, q.isl, q.osl, concurrency, requests, e2e))
+        finally:
+            _dynamoctl(env, "down", "verify", "--now", timeout=180)
+    ok = [r for r in records if r.error is None]
+    if not ok:
+        kinds = sorted({r.error or "" for r in records})
+        raise ConfigureError(f"verify: no request completed ({', '.join(kinds)})")
+    p = chosen.predicted
+    return Verification(
+        label=chosen.label(), gpus=chosen.gpus_per_unit * units, concurrency=concurrency,
+        requests=len(records), completed=len(ok), speedup=speedup,
+        predicted=Figures(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s_gpu=p.tokens_per_s_gpu),
+        simulated=steady_figures(ok, speedup, chosen.gpus_per_unit * units),
+        recipe=str(path),
+    )  # fmt: skip
+
+
+async def _load(
+    port: int, isl: int, osl: int, concurrency: int, requests: int, e2e_s: float
+) -> list[RequestRecord]:
+    from rich.console import Console
+
+    from dynamoctl.bench.runner import BenchConfig, run_bench
+    from dynamoctl.bench.schedule import Limits
+
+    config = BenchConfig(
+        target=f"http://127.0.0.1:{port}", concurrency=[concurrency], isl=str(isl),
+        osl=str(osl), timeout=max(60.0, 20 * e2e_s),
+        limits=Limits(requests, 3600.0, max(60.0, 10 * e2e_s), concurrency),
+    )  # fmt: skip
+    result = await run_bench(config, console=Console(stderr=True, quiet=True))
+    return result.runs[0].requests
+
+
+def steady_figures(records: list[RequestRecord], speedup: float, gpus: int) -> Figures:
+    """Simulated-time figures of completed ``records`` in steady state (module docstring)."""
+    first_done = min(r.start + (r.e2e or 0.0) for r in records)
+    last_sent = max(r.start for r in records)
+    later = [r for r in records if r.start >= first_done] or records
+    ttft = statistics.fmean(r.ttft or 0.0 for r in later)
+    tpots = [t for r in later if (t := r.tpot) is not None]
+    tpot = statistics.fmean(tpots) if tpots else 0.0
+    window = (first_done, last_sent) if last_sent > first_done else (0.0, first_done)
+    tokens = sum(_tokens_within(r, *window) for r in records)
+    rate = tokens / max(window[1] - window[0], 1e-9)  # tokens per real second
+    return Figures(
+        ttft_ms=ttft * 1e3 * speedup,
+        tpot_ms=tpot * 1e3 * speedup,
+        tokens_per_s_gpu=rate / speedup / max(gpus, 1),
+    )
+
+
+def _tokens_within(record: RequestRecord, lo: float, hi: float) -> float:
+    """Output tokens ``record`` produced in [lo, hi], spread evenly between its first
+    and its last token."""
+    first = record.start + (record.ttft or 0.0)
+    last = record.start + (record.e2e or 0.0)
+    if last <= first:
+        return float(record.output_tokens) if lo <= last <= hi else 0.0
+    overlap = max(0.0, min(hi, last) - max(lo, first))
+    return record.output_tokens * overlap / (last - first)
+
+
+def comparison_table(result: Verification) -> Table:
+    table = Table(
+        title=(
+            f"--verify: {result.label} ({result.gpus} GPUs) simulated on mocker workers at "
+            f"x{result.speedup:g}, concurrency {result.concurrency}, "
+            f"{result.completed}/{result.requests} requests"
+        ),
+        caption=f"mocker recipe: {result.recipe}",
+    )
+    for header in ("", "predicted", "simulated", "simulated / predicted"):
+        table.add_column(header, justify="right")
+    for label, name, digits in (
+        ("TTFT ms", "ttft_ms", 0),
+        ("TPOT ms", "tpot_ms", 1),
+        ("tok/s/GPU", "tokens_per_s_gpu", 1),
+    ):
+        pred = getattr(result.predicted, name)
+        sim = getattr(result.simulated, name)
+        ratio = f"{sim / pred:.2f}" if pred else "-"
+        table.add_row(label, f"{pred:.{digits}f}", f"{sim:.{digits}f}", ratio)
+    return table
