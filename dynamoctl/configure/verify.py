@@ -160,10 +160,11 @@ def verify(
         kinds = sorted({r.error or "" for r in records})
         raise ConfigureError(f"verify: no request completed ({', '.join(kinds)})")
     p = chosen.predicted
+    predicted = Figures(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s_gpu=p.tokens_per_s_gpu)
     return Verification(
         label=chosen.label(), gpus=chosen.gpus_per_unit * units, concurrency=concurrency,
         requests=len(records), completed=len(ok), speedup=speedup,
-        predicted=Figures(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s_gpu=p.tokens_per_s_gpu),
+        predicted=predicted,
         simulated=steady_figures(ok, speedup, chosen.gpus_per_unit * units),
         recipe=str(path),
     )  # fmt: skip
