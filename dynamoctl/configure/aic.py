@@ -18,6 +18,7 @@ import functools
 import importlib
 import logging
 import math
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -55,12 +56,15 @@ def _module(name: str) -> Any:
 @contextlib.contextmanager
 def _quiet() -> Iterator[None]:
     """AI Configurator logs every fallback table it loads at WARNING; our messages say
-    what matters. Its CLI layer also calls ``sys.exit`` on some bad inputs."""
+    what matters; its deprecation warnings (the pin is deliberate, docs/configure.md) are
+    noise to an operator. Its CLI layer also calls ``sys.exit`` on some bad inputs."""
     saved = [(logging.getLogger(n), logging.getLogger(n).level) for n in _LOGGERS]
     for logger, _ in saved:
         logger.setLevel(logging.CRITICAL)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            yield
     except SystemExit as exc:
         raise ConfigureError(f"AI Configurator refused the input (exit {exc.code})") from None
     finally:

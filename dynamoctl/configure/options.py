@@ -69,10 +69,15 @@ class ConfigureOptions(Options):
     verify: bool = False
     """Run the chosen configuration on mocker workers with AI Configurator's timing and
     compare simulated with predicted figures."""
-    verify_speedup: float = Field(default=5.0, gt=0, le=1000)
-    """--verify: simulated seconds per real second."""
+    verify_load: Literal["rate", "concurrency"] = "rate"
+    """--verify: ``rate``: Poisson arrivals at the predicted request rate (requests spread
+    out, as AI Configurator's queueing model assumes); ``concurrency``: a closed loop at
+    the predicted concurrency (all sessions start together)."""
+    verify_speedup: float | None = Field(default=None, gt=0, le=1000)
+    """--verify: simulated seconds per real second (default: what keeps the deployment
+    under 1500 streamed tokens per real second, which one CPU core of frontend carries)."""
     verify_rounds: int = Field(default=3, ge=1, le=100)
-    """--verify: requests per concurrency slot (requests = rounds x concurrency)."""
+    """--verify: requests sent = rounds x the predicted concurrency."""
 
     @field_validator("from_recipe", "trace")
     @classmethod

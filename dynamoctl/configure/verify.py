@@ -6,10 +6,12 @@ prediction is for, and set simulated against predicted figures (docs/configure.m
 The deployment is real: ``dynamoctl up --detach`` of a local recipe with the same pools
 and replica counts (each replica a mocker with the pool's parallelism and batch size, at a
 clock speed-up), in a private run-directory home, then ``dynamoctl bench``'s runner at
-the configuration's concurrency over all units, then ``dynamoctl down``. Figures are read
-in steady state: TTFT and TPOT of requests sent once the first request has completed (the
-first wave queues behind a cold start), throughput per GPU over the window in which every
-concurrency slot was busy. Simulated seconds are real seconds x the speed-up.
+the configuration's predicted request rate (Poisson arrivals; or, ``--verify-load
+concurrency``, a closed loop at its concurrency) over all units, then ``dynamoctl down``.
+Figures are read in steady state: TTFT and TPOT of requests sent once the first request
+has completed (before, the deployment is filling up), throughput per GPU and requests in
+flight over the window from that first completion to the last request sent. Simulated
+seconds are real seconds x the speed-up.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import msgspec
 from rich.table import Table
 
 from dynamoctl.configure import aic
-from dynamoctl.configure.models import Answer, Candidate, ConfigureError, Pool
+from dynamoctl.configure.models import Answer, Candidate, ConfigureError, Pool, Question
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -38,12 +40,25 @@ if TYPE_CHECKING:
 
 BLOCK = 64
 """KV block size of the simulated workers (the recipe's default)."""
+REAL_TOKEN_RATE = 1500.0
+"""Streamed tokens per real second the default speed-up aims at: past a few thousand the
+frontend and the workers' Python fall behind the simulated clock on a small machine, and
+late tokens would read as slow steps."""
+
+
+def auto_speedup(chosen: Candidate, units: int) -> float:
+    """The speed-up at which the predicted output rate streams :data:`REAL_TOKEN_RATE`
+    tokens per real second (at most 10x)."""
+    simulated = chosen.predicted.tokens_per_s_gpu * chosen.gpus_per_unit * units
+    return min(10.0, REAL_TOKEN_RATE / max(simulated, 1e-9))
 
 
 class Figures(msgspec.Struct, frozen=True, kw_only=True):
     ttft_ms: float
     tpot_ms: float
     tokens_per_s_gpu: float
+    in_flight: float
+    """Requests in flight over the whole deployment (closed loop: the concurrency)."""
 
 
 class Verification(msgspec.Struct, frozen=True, kw_only=True):
@@ -51,8 +66,8 @@ class Verification(msgspec.Struct, frozen=True, kw_only=True):
 
     label: str
     gpus: int
-    concurrency: int
-    """Requests in flight over the whole deployment."""
+    load: str
+    """The load sent: ``rate R/s`` (Poisson) or ``concurrency C`` (closed loop)."""
     requests: int
     completed: int
     speedup: float
@@ -133,7 +148,7 @@ def verify(
 
     from dynamoctl.recipe.loader import load_recipe
 
-    speedup = options.verify_speedup
+    speedup = options.verify_speedup or auto_speedup(chosen, units)
     q = answer.question
     port = _free_port()
     recipe = mocker_recipe(answer, chosen, units, name="verify", port=port, speedup=speedup)
@@ -151,8 +166,15 @@ def verify(
         try:
             if up.returncode != 0:
                 raise ConfigureError(f"verify: dynamoctl up failed:\n{up.stderr[-3000:]}")
-            console.print(f"verify: {requests} requests at concurrency {concurrency} ...")
-            records = asyncio.run(_load(port, q.isl, q.osl, concurrency, requests, e2e))
+            rate = chosen.predicted.request_rate * units * speedup  # per real second
+            load = (
+                f"rate {chosen.predicted.request_rate * units:.3g}/s"
+                if options.verify_load == "rate"
+                else f"concurrency {concurrency}"
+            )
+            console.print(f"verify: {requests} requests at {load} (simulated time) ...")
+            by_rate = rate if options.verify_load == "rate" else None
+            records = asyncio.run(_load(port, q, concurrency, by_rate, requests, e2e))
         finally:
             _dynamoctl(env, "down", "verify", "--now", timeout=180)
     ok = [r for r in records if r.error is None]
@@ -160,9 +182,12 @@ def verify(
         kinds = sorted({r.error or "" for r in records})
         raise ConfigureError(f"verify: no request completed ({', '.join(kinds)})")
     p = chosen.predicted
-    predicted = Figures(ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s_gpu=p.tokens_per_s_gpu)
+    predicted = Figures(
+        ttft_ms=p.ttft_ms, tpot_ms=p.tpot_ms, tokens_per_s_gpu=p.tokens_per_s_gpu,
+        in_flight=concurrency,
+    )  # fmt: skip
     return Verification(
-        label=chosen.label(), gpus=chosen.gpus_per_unit * units, concurrency=concurrency,
+        label=chosen.label(), gpus=chosen.gpus_per_unit * units, load=load,
         requests=len(records), completed=len(ok), speedup=speedup,
         predicted=predicted,
         simulated=steady_figures(ok, speedup, chosen.gpus_per_unit * units),
@@ -171,7 +196,12 @@ def verify(
 
 
 async def _load(
-    port: int, isl: int, osl: int, concurrency: int, requests: int, e2e_s: float
+    port: int,
+    question: Question,
+    concurrency: int,
+    rate: float | None,
+    requests: int,
+    e2e_s: float,
 ) -> list[RequestRecord]:
     from rich.console import Console
 
@@ -179,9 +209,10 @@ async def _load(
     from dynamoctl.bench.schedule import Limits
 
     config = BenchConfig(
-        target=f"http://127.0.0.1:{port}", concurrency=[concurrency], isl=str(isl),
-        osl=str(osl), timeout=max(60.0, 20 * e2e_s),
-        limits=Limits(requests, 3600.0, max(60.0, 10 * e2e_s), concurrency),
+        target=f"http://127.0.0.1:{port}", concurrency=[] if rate else [concurrency],
+        rates=[rate] if rate else [], isl=str(question.isl), osl=str(question.osl),
+        timeout=max(60.0, 20 * e2e_s),
+        limits=Limits(requests, 3600.0, max(60.0, 10 * e2e_s), 8 * concurrency),
     )  # fmt: skip
     result = await run_bench(config, console=Console(stderr=True, quiet=True))
     return result.runs[0].requests
@@ -195,13 +226,15 @@ def steady_figures(records: list[RequestRecord], speedup: float, gpus: int) -> F
     ttft = statistics.fmean(r.ttft or 0.0 for r in later)
     tpots = [t for r in later if (t := r.tpot) is not None]
     tpot = statistics.fmean(tpots) if tpots else 0.0
-    window = (first_done, last_sent) if last_sent > first_done else (0.0, first_done)
-    tokens = sum(_tokens_within(r, *window) for r in records)
-    rate = tokens / max(window[1] - window[0], 1e-9)  # tokens per real second
+    lo, hi = (first_done, last_sent) if last_sent > first_done else (0.0, first_done)
+    span = max(hi - lo, 1e-9)
+    tokens = sum(_tokens_within(r, lo, hi) for r in records)
+    busy = sum(max(0.0, min(hi, r.start + (r.e2e or 0.0)) - max(lo, r.start)) for r in records)
     return Figures(
         ttft_ms=ttft * 1e3 * speedup,
         tpot_ms=tpot * 1e3 * speedup,
-        tokens_per_s_gpu=rate / speedup / max(gpus, 1),
+        tokens_per_s_gpu=tokens / span / speedup / max(gpus, 1),  # per simulated second
+        in_flight=busy / span,
     )
 
 
@@ -220,7 +253,7 @@ def comparison_table(result: Verification) -> Table:
     table = Table(
         title=(
             f"--verify: {result.label} ({result.gpus} GPUs) simulated on mocker workers at "
-            f"x{result.speedup:g}, concurrency {result.concurrency}, "
+            f"x{result.speedup:.3g}, {result.load}, "
             f"{result.completed}/{result.requests} requests"
         ),
         caption=f"mocker recipe: {result.recipe}",
@@ -231,6 +264,7 @@ def comparison_table(result: Verification) -> Table:
         ("TTFT ms", "ttft_ms", 0),
         ("TPOT ms", "tpot_ms", 1),
         ("tok/s/GPU", "tokens_per_s_gpu", 1),
+        ("requests in flight", "in_flight", 1),
     ):
         pred = getattr(result.predicted, name)
         sim = getattr(result.simulated, name)
