@@ -123,11 +123,11 @@ def check_data(system: str, engine: str, version: str | None) -> str:
     data = databases()
     if system not in data:
         raise ConfigureError(
-            f"--system {system}: no performance data; systems with data: {', '.join(data)}"
+            f"system {system}: no performance data; systems with data: {', '.join(data)}"
         )
     if engine not in ENGINES or engine not in data[system]:
         have = ", ".join(f"{e} ({', '.join(v)})" for e, v in data[system].items())
-        raise ConfigureError(f"--engine {engine}: no data on {system}; engines there: {have}")
+        raise ConfigureError(f"engine {engine}: no data on {system}; engines there: {have}")
     versions = data[system][engine]
     if version is None:  # AI Configurator's own default: its "current" slot
         pdb = _module("aiconfigurator_core.sdk.perf_database")
@@ -136,7 +136,7 @@ def check_data(system: str, engine: str, version: str | None) -> str:
         return str(slots.get("current", versions[-1]))
     if version not in versions:
         raise ConfigureError(
-            f"--engine-version {version}: no {engine} data on {system}; versions: "
+            f"engine version {version}: no {engine} data on {system}; versions: "
             + ", ".join(versions)
         )
     return version
