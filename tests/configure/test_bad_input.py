@@ -32,13 +32,12 @@ def refused(*args: str) -> str:
 
 
 def test_model_neither_shipped_nor_local(tmp_path: Path) -> None:
-    error = refused(
-        *SMALL[2:], "--model", "example-org/not-a-model-7B", "--out", str(tmp_path / "r.yaml")
-    )
+    out = tmp_path / "r.yaml"
+    error = refused(*SMALL[2:], "--model", "example-org/not-a-model-7B", "--out", str(out))
     assert "not a model AI Configurator ships and not a local directory" in error
     assert "config.json" in error and "offline" in error
     assert "meta-llama/Meta-Llama-3.1-8B" in error  # the shipped ids are listed
-    assert not (tmp_path / "r.yaml").exists()
+    assert not out.exists()
 
 
 def test_a_local_directory_with_config_json_works_offline(tmp_path: Path) -> None:
