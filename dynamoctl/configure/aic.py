@@ -242,7 +242,7 @@ def _candidate(mode: Mode, rank: int, row: Any, gpus: int) -> Candidate:
     )
     return Candidate(
         mode=mode, rank=rank, gpus_per_unit=unit, units=max(1, gpus // unit),
-        concurrency=int(row["concurrency"]), predicted=predicted, **pools,  # type: ignore[arg-type]
+        concurrency=int(row["concurrency"]), predicted=predicted, **pools,
     )  # fmt: skip
 
 
