@@ -51,7 +51,7 @@ def configure(*, options: ConfigureOptions) -> None:
         gpus = options.gpus or nodes * per_node
         check_gpus(gpus, target)
         answer = aic.answer(options.question(gpus))
-        chosen, units = choose(answer, target)
+        chosen, units = choose(answer, target, options.mode)
         console.print(candidates_table(answer, chosen))
         recipe = build_recipe(
             answer, chosen, units, name=options.name, served_name=options.model_name(),

@@ -53,6 +53,9 @@ class ConfigureOptions(Options):
     """TTFT target, ms."""
     tpot: float = Field(default=50.0, gt=0)
     """TPOT (mean inter-token latency) target, ms."""
+    mode: Literal["best", "agg", "disagg"] = "best"
+    """Which mode's configuration to write: the one with the most throughput per GPU, or
+    the best of one mode."""
     top: int = Field(default=5, ge=1, le=50)
     """Configurations shown per mode."""
     name: str = "configured"

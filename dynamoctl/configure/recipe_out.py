@@ -91,10 +91,14 @@ def place(candidate: Candidate, target: Target, engine: str) -> int:
     return units
 
 
-def choose(answer: Answer, target: Target) -> tuple[Candidate, int]:
+def choose(answer: Answer, target: Target, mode: str = "best") -> tuple[Candidate, int]:
     """The best configuration the target's nodes hold, and how many units of it: the
-    winning mode's by rank, then the other mode's."""
+    winning mode's by rank, then the other mode's (or only ``mode``'s)."""
     ordered = sorted(answer.candidates, key=lambda c: (c.mode != answer.chosen, c.rank))
+    if mode != "best":
+        ordered = [c for c in ordered if c.mode == mode]
+        if not ordered:
+            raise ConfigureError(f"--mode {mode}: no {mode} configuration meets the targets")
     refused = []
     for candidate in ordered:
         units = place(candidate, target, answer.question.engine)
