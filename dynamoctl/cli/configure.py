@@ -29,6 +29,7 @@ def configure(*, options: ConfigureOptions) -> None:
     """Recommend parallelism, agg or disagg, and replica counts for a model on some GPUs
     under TTFT/TPOT targets (AI Configurator's per-operation GPU data); print the top
     configurations, write a ready recipe and a Pareto plot."""
+    import msgspec
     from rich.console import Console
 
     from dynamoctl.configure import aic
@@ -72,6 +73,9 @@ def configure(*, options: ConfigureOptions) -> None:
 
             result = verify(answer, chosen, units, options, console)
             console.print(comparison_table(result))
+            report = options.out.with_suffix(".verify.json")
+            report.write_bytes(msgspec.json.format(msgspec.json.encode(result), indent=2))
+            console.print(f"wrote {report}")
     except ConfigureError as exc:
         typer.echo(f"dynamoctl configure: {exc}", err=True)
         raise typer.Exit(1) from exc
