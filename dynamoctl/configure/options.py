@@ -22,9 +22,9 @@ class ConfigureOptions(Options):
 
     FLAGS: ClassVar[dict[str, str]] = {"ttft": "ttft", "tpot": "tpot"}
 
-    model: str
-    """Model: an id AI Configurator ships (e.g. meta-llama/Meta-Llama-3.1-70B) or a
-    directory holding its config.json."""
+    model: str = ""
+    """Model (required): an id AI Configurator ships, like meta-llama/Meta-Llama-3.1-70B,
+    or a directory holding the model's config.json."""
     system: str = "h100_sxm"
     """GPU system as AI Configurator names it (h100_sxm, h200_sxm, b200_sxm, ...)."""
     engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
@@ -91,6 +91,8 @@ class ConfigureOptions(Options):
 
     @model_validator(mode="after")
     def _workload(self) -> ConfigureOptions:
+        if not self.model:
+            raise ValueError("give --model (a shipped model id or a directory with config.json)")
         if self.trace is not None and (self.isl or self.osl):
             raise ValueError("give --trace or --isl/--osl, not both")
         if self.trace is None and not (self.isl and self.osl):
