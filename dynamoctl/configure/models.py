@@ -7,7 +7,7 @@ AI Configurator answers in pandas DataFrames whose columns change between releas
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, get_args
 
 import msgspec
 
@@ -15,8 +15,9 @@ Mode = Literal["agg", "disagg"]
 """Aggregated (each replica prefills and decodes) or disaggregated (prefill and decode
 pools, KV moved between them)."""
 
-ENGINES = ("vllm", "sglang", "trtllm")
+DataEngine = Literal["vllm", "sglang", "trtllm"]
 """Engines AI Configurator has data for; each is also the recipe's engine name."""
+ENGINES: tuple[str, ...] = get_args(DataEngine)
 
 
 class ConfigureError(ValueError):

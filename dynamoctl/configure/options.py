@@ -11,7 +11,7 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from dynamoctl.configure.models import ConfigureError, Question
+from dynamoctl.configure.models import ConfigureError, DataEngine, Question
 from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 from dynamoctl.settings.base import Options
@@ -27,7 +27,7 @@ class ConfigureOptions(Options):
     or a directory holding the model's config.json."""
     system: str = "h100_sxm"
     """GPU system as AI Configurator names it (h100_sxm, h200_sxm, b200_sxm, ...)."""
-    engine: Literal["vllm", "sglang", "trtllm"] = "vllm"
+    engine: DataEngine = "vllm"
     """Engine of the recipe, and whose performance data is used."""
     engine_version: str | None = None
     """Version of the engine's performance data (default: AI Configurator's current)."""

@@ -161,3 +161,11 @@ def test_written_yaml_round_trips_through_the_loader(tmp_path: Path) -> None:
     data = YAML(typ="safe").load(text)
     assert data["workers"]["agg"]["replicas"] == 2  # spelled out, though not the default
     assert "# 1 per unit x 2 unit(s)" in text
+
+
+def test_every_engine_with_data_has_recipe_arguments() -> None:
+    from dynamoctl.configure.models import ENGINES
+    from dynamoctl.configure.recipe_out import ENGINE_ARGS
+    from dynamoctl.engines.registry import ENGINES as RUNNABLE
+
+    assert set(ENGINE_ARGS) == set(ENGINES) <= set(RUNNABLE)
