@@ -169,3 +169,38 @@ def test_every_engine_with_data_has_recipe_arguments() -> None:
     from dynamoctl.engines.registry import ENGINES as RUNNABLE
 
     assert set(ENGINE_ARGS) == set(ENGINES) <= set(RUNNABLE)
+
+
+def test_ssh_hosts_become_the_target(tmp_path: Path) -> None:
+    out = tmp_path / "ssh.yaml"
+    configure(
+        *SMALL[:2], "--isl", "1024", "--osl", "128", "--tpot", "30", "--target-kind", "ssh",
+        "--hosts", "gpu-a,gpu-b", "--gpus-per-node", "1", "--gpus", "2", "--out", str(out),
+    )  # fmt: skip
+    recipe = load_recipe(out)
+    assert recipe.target.kind == "ssh"
+    assert recipe.target.hosts == ["gpu-a", "gpu-b"] and recipe.target.gpus_per_host == 1
+    assert recipe.discovery.backend == "etcd"
+    used = sum(p.replicas * p.gpus_per_replica for p in recipe.workers.pools().values())
+    assert used == 2
+
+
+def test_the_verify_deployment_of_a_disaggregated_configuration_is_valid(tmp_path: Path) -> None:
+    from dynamoctl.configure.verify import mocker_recipe
+    from dynamoctl.recipe.models import Recipe
+
+    prefill = Pool(parallel=Parallel(tp=1), batch_size=1, workers=2)
+    decode = Pool(parallel=Parallel(tp=2), batch_size=64, workers=1)
+    disagg = Candidate(
+        mode="disagg", rank=1, prefill=prefill, decode=decode, gpus_per_unit=4, units=2,
+        concurrency=64, predicted=_candidate(tp=1).predicted,
+    )  # fmt: skip
+    answer = _answer(disagg, 8)
+    data = mocker_recipe(answer, disagg, 2, name="v", port=18000, speedup=0.5)
+    recipe = Recipe.model_validate(data)
+    assert recipe.workers.prefill is not None and recipe.workers.decode is not None
+    assert (recipe.workers.prefill.replicas, recipe.workers.decode.replicas) == (4, 2)
+    args = recipe.workers.decode.engine_args
+    assert (args["perf-model"], args["aic-tp-size"], args["max-num-seqs"]) == ("aic", 2, 64)
+    assert args["num-gpu-blocks"] * 64 >= 64 * (4000 + 500)  # the whole batch fits
+    assert args["kv-bytes-per-token"] == 2 * 126 * 8 * 128 * 2  # Llama-3.1-405B, 16-bit
