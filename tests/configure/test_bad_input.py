@@ -116,3 +116,8 @@ def test_without_the_extra_the_message_names_the_install() -> None:
     assert done.returncode == 1
     assert "pip install 'dynamoctl[configure]'" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_model_too_large_for_the_gpus_says_so() -> None:
+    error = refused("--model", "meta-llama/Meta-Llama-3.1-405B", *SMALL[2:])
+    assert "fits 1 x h100_sxm at any latency" in error and "give more GPUs" in error
