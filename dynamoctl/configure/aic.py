@@ -327,6 +327,47 @@ def step_latency(
     return StepLatency(handle)
 
 
+MEMORY_FRACTION = {
+    "vllm": ("of_total", 0.9),
+    "sglang": ("of_total", 0.9),
+    "trtllm": ("of_free", 0.9),
+}
+"""The share of GPU memory each engine gives weights + KV by default (vLLM's
+``gpu-memory-utilization``; SGLang about its ``mem-fraction-static``; TensorRT-LLM's
+``free_gpu_memory_fraction``, of what the weights leave)."""
+
+
+def kv_capacity_tokens(
+    model: str,
+    system: str,
+    engine: str,
+    version: str | None,
+    parallel: Parallel,
+    *,
+    max_batch: int,
+    max_step_tokens: int,
+) -> int:
+    """KV-cache tokens one instance holds, from AI Configurator's memory model (weights,
+    activations at the step budget, the engine's memory fraction)."""
+    resolved = resolve_model(model)
+    literal = check_data(system, engine, version)
+    memory = _module("aiconfigurator_core.sdk.memory")
+    kind, fraction = MEMORY_FRACTION[engine]
+    moe = _is_moe(resolved)
+    try:
+        with _quiet():
+            estimate = memory.estimate_kv_cache(
+                resolved, system, engine, literal, max_num_tokens=max_step_tokens,
+                max_batch_size=max_batch, memory_fraction_kind=kind,
+                memory_fraction_value=fraction, tp_size=parallel.tp, pp_size=parallel.pp,
+                attention_dp_size=parallel.dp, moe_tp_size=parallel.moe_tp if moe else None,
+                moe_ep_size=parallel.moe_ep if moe else None,
+            )  # fmt: skip
+    except ValueError as exc:
+        raise ConfigureError(f"AI Configurator cannot size the KV cache: {exc}") from exc
+    return int(estimate["total_kv_size_tokens"])
+
+
 def _is_moe(model: str) -> bool:
     return bool(model_facts(model).get("num_experts"))
 

@@ -4,8 +4,9 @@
 time against prompt length, ITL against batch size and context length. ``dynamoctl
 configure --profile-out`` writes that format (unchanged) for the chosen configuration's
 decode pool (the agg pool for agg), with its parallelism, from the same step latencies the
-mocker's ``aic`` timing uses: what ``dynamoctl profile`` would measure on that replica if
-AI Configurator's data holds (docs/configure.md, "A planner profile")."""
+mocker's ``aic`` timing uses, and AI Configurator's KV capacity for that instance: what
+``dynamoctl profile`` would measure on that replica if AI Configurator's data holds
+(docs/configure.md, "A planner profile")."""
 
 from __future__ import annotations
 
@@ -26,6 +27,10 @@ def build_profile(answer: Answer, candidate: Candidate, served_name: str) -> Pro
     prompts = aic.geometric(64, max(2 * q.isl, 4096), 2.0)
     batches = aic.geometric(1, max(8, 2 * pool.batch_size), 2.0)
     contexts = aic.geometric(128, max(256, 2 * (q.isl + q.osl)), 2.0)
+    capacity = aic.kv_capacity_tokens(
+        q.model, q.system, q.engine, answer.engine_version, pool.parallel,
+        max_batch=pool.batch_size, max_step_tokens=q.isl + pool.batch_size,
+    )  # fmt: skip
     return Profile(
         version=PROFILE_VERSION,
         model=served_name,
@@ -37,6 +42,7 @@ def build_profile(answer: Answer, candidate: Candidate, served_name: str) -> Pro
             for c in contexts
             for b in batches
         ),
+        kv_capacity_tokens=capacity,
         source=(
             f"AI Configurator {aic.PINNED}: {q.model} on {q.system} ({q.engine} "
             f"{answer.engine_version}), {pool.parallel.label()}"

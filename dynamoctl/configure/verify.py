@@ -17,7 +17,6 @@ seconds are real seconds x the speed-up.
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import socket
 import statistics
@@ -77,12 +76,15 @@ class Verification(msgspec.Struct, frozen=True, kw_only=True):
     """The mocker recipe that was run (to run it again by hand)."""
 
 
-def mocker_args(answer: Answer, role: str, pool: Pool, speedup: float) -> dict[str, Any]:
+def mocker_args(answer: Answer, pool: Pool, speedup: float) -> dict[str, Any]:
     """A mocker replica standing in for one instance of ``pool``."""
     q = answer.question
     p = pool.parallel
-    per_request = math.ceil((q.isl + q.osl) / BLOCK) + 1
-    held = pool.batch_size + (32 if role == "prefill" else 0)  # prefills pinned for decode
+    step_tokens = q.isl + pool.batch_size  # AI Configurator's agg step: one prompt + decodes
+    capacity = aic.kv_capacity_tokens(
+        q.model, q.system, q.engine, answer.engine_version, p,
+        max_batch=pool.batch_size, max_step_tokens=step_tokens,
+    )  # fmt: skip
     return {
         "perf-model": "aic",
         "aic-model": q.model,
@@ -95,9 +97,8 @@ def mocker_args(answer: Answer, role: str, pool: Pool, speedup: float) -> dict[s
         "aic-moe-tp-size": p.moe_tp,
         "aic-moe-ep-size": p.moe_ep,
         "max-num-seqs": pool.batch_size,
-        # AI Configurator's agg step: one prompt's worth of new tokens plus the decodes.
-        "max-num-batched-tokens": q.isl + pool.batch_size,
-        "num-gpu-blocks": math.ceil(held * per_request * 1.25),
+        "max-num-batched-tokens": step_tokens,
+        "num-gpu-blocks": capacity // BLOCK,  # the simulated GPU's KV cache
         "kv-bytes-per-token": aic.kv_bytes_per_token(aic.resolve_model(q.model)),
         "speedup-ratio": speedup,
     }
@@ -112,7 +113,7 @@ def mocker_recipe(
             "engine": "mocker",
             "replicas": pool.workers * units,
             "gpus_per_replica": 0,
-            "engine_args": mocker_args(answer, role, pool, speedup),
+            "engine_args": mocker_args(answer, pool, speedup),
         }
         for role, pool in chosen.pools().items()
     }

@@ -97,6 +97,10 @@ def test_small_model_on_one_local_gpu(tmp_path: Path) -> None:
     # The planner reads the profile in its own format, for this pool.
     loaded = load_profile(profile)
     check_profile(loaded, model=recipe.model.name, engine="vllm", gpus_per_replica=1)
+    # AI Configurator's KV capacity for the instance: more than its batch needs, less than
+    # a whole 80 GiB GPU at Qwen3-8B's 144 KiB per token (36 layers x 8 KV heads x 128).
+    assert loaded.kv_capacity_tokens is not None
+    assert 56 * (1024 + 128) < loaded.kv_capacity_tokens < 80 * 2**30 // (36 * 8 * 128 * 2 * 2)
     model = PerfModel(loaded)
     assert model.prefill_seconds(2048) > model.prefill_seconds(512) > 0
     batch, itl = model.batch_within(0.020, 1100)
@@ -112,9 +116,11 @@ def _candidate(tp: int, workers: int = 1) -> Candidate:
     )  # fmt: skip
 
 
-def _answer(candidate: Candidate, gpus: int) -> Answer:
+def _answer(
+    candidate: Candidate, gpus: int, model: str = "meta-llama/Meta-Llama-3.1-405B"
+) -> Answer:
     question = Question(
-        model="meta-llama/Meta-Llama-3.1-405B", system="h100_sxm", engine="vllm",
+        model=model, system="h100_sxm", engine="vllm",
         gpus=gpus, isl=4000, osl=500, ttft_ms=1000, tpot_ms=50,
     )  # fmt: skip
     return Answer(
@@ -195,12 +201,18 @@ def test_the_verify_deployment_of_a_disaggregated_configuration_is_valid(tmp_pat
         mode="disagg", rank=1, prefill=prefill, decode=decode, gpus_per_unit=4, units=2,
         concurrency=64, predicted=_candidate(tp=1).predicted,
     )  # fmt: skip
-    answer = _answer(disagg, 8)
+    answer = _answer(disagg, 8, model="meta-llama/Meta-Llama-3.1-8B")
     data = mocker_recipe(answer, disagg, 2, name="v", port=18000, speedup=0.5)
     recipe = Recipe.model_validate(data)
     assert recipe.workers.prefill is not None and recipe.workers.decode is not None
     assert (recipe.workers.prefill.replicas, recipe.workers.decode.replicas) == (4, 2)
     args = recipe.workers.decode.engine_args
     assert (args["perf-model"], args["aic-tp-size"], args["max-num-seqs"]) == ("aic", 2, 64)
-    assert args["num-gpu-blocks"] * 64 >= 64 * (4000 + 500)  # the whole batch fits
-    assert args["kv-bytes-per-token"] == 2 * 126 * 8 * 128 * 2  # Llama-3.1-405B, 16-bit
+    # The simulated GPU's KV cache: what AI Configurator's memory model leaves on 2 x H100
+    # (80 GiB each, 90% for weights + KV; 8B weights ~16 GB), more than the batch needs.
+    assert (
+        64 * (4000 + 500)
+        < args["num-gpu-blocks"] * 64
+        < 2 * 80 * 2**30 // args["kv-bytes-per-token"]
+    )
+    assert args["kv-bytes-per-token"] == 2 * 32 * 8 * 128 * 2  # Llama-3.1-8B, 16-bit
