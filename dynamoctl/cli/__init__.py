@@ -10,6 +10,7 @@ import typer
 
 from dynamoctl import __version__
 from dynamoctl.cli import bench as bench_cli
+from dynamoctl.cli import configure as configure_cli
 from dynamoctl.cli import (
     deploy,
     discovery,
@@ -53,6 +54,7 @@ _GROUPS = (
     operate,
     bench_cli,
     profile,
+    configure_cli,
 )
 for _group in _GROUPS:
     _group.register(app)

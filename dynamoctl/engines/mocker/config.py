@@ -8,12 +8,14 @@ from typing import Any
 
 import msgspec
 
+from dynamoctl.engines.mocker.aic_timing import PerfModelOptions
 from dynamoctl.engines.mocker.sampling import EosDistribution
 from dynamoctl.kv.tiers import DEFAULT_DISK_GBPS, DEFAULT_HOST_GBPS
 
 
-class MockerConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """Everything that shapes a simulated engine (recipe ``engine_args`` for ``mocker``)."""
+class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Everything that shapes a simulated engine (recipe ``engine_args`` for ``mocker``);
+    the timing source's options are :class:`PerfModelOptions`'."""
 
     model: str = "mocker"
     """Served model name, as the frontend exposes it."""

@@ -50,11 +50,11 @@ from dynamoctl.engines.api import (
     RequestRejected,
     ServesPeers,
 )
+from dynamoctl.engines.mocker.aic_timing import StepTiming, timing_for
 from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
-from dynamoctl.engines.mocker.timing import TimingModel
 from dynamoctl.engines.mocker.transfer import KvTransfers
 from dynamoctl.kv.tiers import TierStats
 from dynamoctl.wire.engine import TokenLogprobs
@@ -171,11 +171,11 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
         config: MockerConfig | None = None,
         *,
         clock: Clock | None = None,
-        timing: TimingModel | None = None,
+        timing: StepTiming | None = None,
     ) -> None:
         self.config = config or MockerConfig()
         self.clock: Clock = clock or RealClock(self.config.speedup_ratio)
-        self.timing = timing or TimingModel()
+        self.timing = timing or timing_for(self.config)  # polynomial or AI Configurator
         self.stats = MockerStats()
         self._scheduler = Scheduler(self.config)
         self._streams: dict[str, MockerStream] = {}
@@ -205,7 +205,7 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
 
     @classmethod
     def from_options(
-        cls, *, clock: Clock | None = None, timing: TimingModel | None = None, **options: Any
+        cls, *, clock: Clock | None = None, timing: StepTiming | None = None, **options: Any
     ) -> MockerEngine:
         """Registry factory: ``options`` are :class:`MockerConfig` fields."""
         return cls(MockerConfig.from_options(options), clock=clock, timing=timing)
