@@ -53,6 +53,8 @@ from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.shape import Shape, sse_data, usage_of
+from dynamoctl.parsers.shaper import ChatShaper, Delta
+from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +208,7 @@ class _Completions:
             if raw is None:
                 return  # the client left before sending its whole body
             prepare = self._chat if endpoint == "chat" else self._completion
-            model, body, job = await prepare(raw)
+            model, body, job, shaper = await prepare(raw)
         except OpenAIError as exc:
             await exc.response()(scope, receive, send)
             return
@@ -224,33 +226,42 @@ class _Completions:
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
             await self._stream(receive, send, deltas, shape, outcome, len(job.prompt_ids),
-                               include_usage)  # fmt: skip
+                               include_usage, shaper)  # fmt: skip
         else:
-            await self._whole(scope, receive, send, deltas, shape, outcome, len(job.prompt_ids))
+            await self._whole(
+                scope, receive, send, deltas, shape, outcome, len(job.prompt_ids), shaper
+            )
 
-    async def _chat(
-        self, raw: bytes
-    ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
+    async def _chat(self, raw: bytes) -> _Prepared:
         body = decode_body(raw, ChatCompletionRequest)
         model = _model(self.registry, body.model)
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        # Structured outputs, tools, reasoning (dynamoctl.structured): 400s before any work.
+        plan = plan_chat(body, body.output_constraint(), model.card.traits, body.messages[-1].role)
+        messages = [
+            {"role": m.role, "content": m.text(), **m.tool_template_fields()} for m in body.messages
+        ]
         try:
-            prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            prompt = model.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tools=plan.template_tools
+            )
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
         ids = await self._encode(model, prompt, False, "messages")
-        return model, body, job_of(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
+        job = job_of(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
+        job.output = plan.spec
+        return model, body, job, plan.shaper
 
-    async def _completion(
-        self, raw: bytes
-    ) -> tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job]:
+    async def _completion(self, raw: bytes) -> _Prepared:
         body = decode_body(raw, CompletionRequest)
         model = _model(self.registry, body.model)
+        plan = plan_completion(body, model.card.traits)
         if isinstance(body.prompt, str):
             ids = await self._encode(model, body.prompt, True, "prompt")
         else:
             ids = list(body.prompt)
-        return model, body, job_of(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
+        job = job_of(model, body, ids, f"cmpl-{uuid.uuid4().hex}")
+        job.output = plan.spec
+        return model, body, job, None
 
     async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:
         """``text``'s ids: inline when short, else on a thread (:mod:`longtext`); a
@@ -272,6 +283,7 @@ class _Completions:
         outcome: Outcome,
         prompt_tokens: int,
         include_usage: bool,
+        shaper: ChatShaper | None = None,
     ) -> None:
         """SSE: headers at once, an event per text delta, errors in-band, then ``[DONE]``.
 
@@ -293,11 +305,14 @@ class _Completions:
                     if shape.chat:
                         await send(_part(sse_data(shape.with_usage(
                             shape.chunk("", first=True), include_usage))))  # fmt: skip
-                    frame = shape.text_frame(include_usage)
+                    # With a shaper (reasoning, tool calls) a delta is not just text.
+                    frame = shape.text_frame(include_usage) if shaper is None else None
                     buffered = outcome.probe.buffered
                     async for text in deltas:
                         if not text:
                             pass  # nothing to say, but the generator is about to wait: flush
+                        elif shaper is not None:
+                            held += _delta_events(shape, shaper.push(text), include_usage)
                         elif frame is not None:  # the per-token hot path: no dicts, no dumps
                             held.append(
                                 frame[0] + encode_basestring_ascii(text).encode() + frame[1]
@@ -314,7 +329,11 @@ class _Completions:
                                 {"type": "http.response.body", "body": event, "more_body": True}
                             )
                     tail = held
-                    final = shape.chunk(None, outcome.finish_reason)
+                    finish = outcome.finish_reason
+                    if shaper is not None:
+                        tail += _delta_events(shape, shaper.close(), include_usage)
+                        finish = shaper.finish_reason(finish)
+                    final = shape.chunk(None, finish)
                     tail.append(sse_data(shape.with_usage(final, include_usage)))
                     if include_usage:
                         final = shape.chunk(None)
@@ -352,6 +371,7 @@ class _Completions:
         shape: Shape,
         outcome: Outcome,
         prompt_tokens: int,
+        shaper: ChatShaper | None = None,
     ) -> None:
         """One JSON body; a client that disconnects meanwhile cancels the generation."""
         metrics = self.metrics
@@ -380,7 +400,26 @@ class _Completions:
                 return
             raise error
         _count(metrics, name, shape.endpoint, outcome, "200")
-        await JSONResponse(shape.full(text, outcome, prompt_tokens))(scope, receive, send)
+        response = shape.full(text, outcome, prompt_tokens)
+        if shaper is not None:  # reasoning and tool calls out of the text
+            choice = response["choices"][0]
+            choice["message"].update(shaper.message(text))
+            choice["finish_reason"] = shaper.finish_reason(choice["finish_reason"])
+        await JSONResponse(response)(scope, receive, send)
+
+
+_Prepared = tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job, ChatShaper | None]
+"""A request ready to run: its model, body, job and the shaper of its answer (if any)."""
+
+
+def _delta_events(shape: Shape, deltas: list[Delta], include_usage: bool) -> list[bytes]:
+    """SSE events of a chat answer's deltas (reasoning, content, tool calls)."""
+    events = []
+    for delta in deltas:
+        chunk = shape.chunk(None)
+        chunk["choices"][0]["delta"] = delta
+        events.append(sse_data(shape.with_usage(chunk, include_usage)))
+    return events
 
 
 def _count(

@@ -48,6 +48,7 @@ from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Token
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateChunk, GenerateRequest
 from dynamoctl.wire.records import Endpoint
+from dynamoctl.wire.structured import OutputSpec
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,8 @@ class Job:
     ignore_eos: bool = False
     seed: int | None = None
     temperature: float | None = None
+    output: OutputSpec | None = None
+    """Structured output and tools (:mod:`dynamoctl.structured`)."""
 
 
 @dataclass
@@ -178,7 +181,7 @@ class Generator:
             return None
         prompt = GenerateRequest(
             job.request_id, job.prompt_ids, job.max_tokens, stop_ids,
-            job.ignore_eos, job.seed, job.temperature,
+            job.ignore_eos, job.seed, job.temperature, output=job.output,
         )  # fmt: skip
         handoff = await self.prefiller.prefill(prompt, job.model, picker)
         if handoff is not None:
@@ -293,6 +296,7 @@ class _TokenStream:
             seed=job.seed,
             temperature=job.temperature,
             kv_transfer_params=handoff.params if handoff is not None else None,
+            output=job.output,
         )
 
     def push(self, chunk: GenerateChunk) -> str:

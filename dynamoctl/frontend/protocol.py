@@ -13,6 +13,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from dynamoctl.structured.request import StructuredOutputFields, ToolFields, ToolMessageFields
+
 MAX_TOKENS_LIMIT = 1 << 20
 """No context is longer than this; larger max_tokens values are a client bug (and would
 overflow engines' int32 fields)."""
@@ -78,7 +80,7 @@ class _Sampling(_Strict):
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 
 
-class ChatMessage(_Strict):
+class ChatMessage(_Strict, ToolMessageFields):  # tool fields: dynamoctl.structured
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     """Text, or OpenAI content parts of type ``text`` (other part types are refused)."""
@@ -101,7 +103,7 @@ class ChatMessage(_Strict):
         return self.content or ""
 
 
-class ChatCompletionRequest(_Sampling):
+class ChatCompletionRequest(_Sampling, StructuredOutputFields, ToolFields):  # dynamoctl.structured
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: Annotated[int, Field(ge=1, le=MAX_TOKENS_LIMIT)] | None = None
     """Newer name of ``max_tokens``; wins when both are given."""
@@ -110,7 +112,7 @@ class ChatCompletionRequest(_Sampling):
         return self.max_completion_tokens or self.max_tokens
 
 
-class CompletionRequest(_Sampling):
+class CompletionRequest(_Sampling, StructuredOutputFields):  # dynamoctl.structured
     prompt: str | list[int] = Field(min_length=1)
     """Text, or pre-tokenised ids. Lists of prompts (batches) are not supported."""
     echo: bool = False

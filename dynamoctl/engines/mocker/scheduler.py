@@ -85,6 +85,7 @@ class SeqState:
         "prompt_len",
         "remote_kv",
         "request_id",
+        "script",
         "seed",
         "status",
         "stop_ids",
@@ -116,6 +117,9 @@ class SeqState:
         """Keep the blocks held when finished (a prefill for a remote decode)."""
         self.remote_kv = remote_kv
         """The prompt's KV was pulled: admit it computed (until a preemption)."""
+        self.script: list[int] | None = None
+        """Output tokens decided up front (a structured answer, :mod:`.output`); sampled
+        tokens follow once it runs out."""
 
     @property
     def num_output(self) -> int:
@@ -337,7 +341,11 @@ class Scheduler:
             if seq.num_computed < len(tokens):
                 continue  # a prompt chunk: no token yet
             num_output = len(tokens) - seq.prompt_len
-            token = mock_token(seq.seed, num_output, vocab)
+            script = seq.script
+            if script is not None and num_output < len(script):
+                token = script[num_output]
+            else:
+                token = mock_token(seq.seed, num_output, vocab)
             tokens.append(token)
             num_output += 1
             if caching and len(tokens) % bs == 0:

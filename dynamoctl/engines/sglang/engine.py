@@ -41,6 +41,7 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import ChildWatch, RequestLoad, free_port, poll_death
 from dynamoctl.engines.sglang import args as sargs
+from dynamoctl.structured.engines import sglang_params
 
 
 class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
@@ -189,4 +190,6 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
             params["temperature"] = request.temperature
         if request.seed is not None:
             params["sampling_seed"] = request.seed
+        if request.output is not None and request.output.constraint is not None:
+            params.update(sglang_params(request.output.constraint))  # dynamoctl.structured
         return params

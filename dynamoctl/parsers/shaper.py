@@ -1,0 +1,208 @@
+"""A chat answer's text turned into OpenAI's message parts: ``reasoning_content``,
+``content`` and ``tool_calls``, streamed as deltas or whole.
+
+One state machine serves both (the whole answer is the stream's deltas merged), so a
+streamed and a non-streamed request never disagree. Text that might begin a tag (``</thi``)
+is held until the next delta says; everything held is released at the end. Tool calls go
+out as one delta each once the output has ended and they have parsed; a section that does
+not parse is content (docs/api.md).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from dynamoctl.parsers.reasoning import ReasoningParser
+from dynamoctl.parsers.tools import Llama3JsonParser, ToolCall, ToolParser, call_of, held_back
+
+Delta = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ForcedCall:
+    """``tool_choice`` ``required`` (``name`` None: a JSON array of ``{"name",
+    "parameters"}``) or a named function (the output is its arguments object): the
+    output was constrained to JSON (:mod:`dynamoctl.structured.plan`), not a format."""
+
+    name: str | None = None
+
+    def parse(self, text: str) -> list[ToolCall] | None:
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            return None
+        if self.name is not None:
+            if not isinstance(decoded, dict):
+                return None
+            return [ToolCall(self.name, json.dumps(decoded, ensure_ascii=False))]
+        if not isinstance(decoded, list):
+            return None
+        calls = [call_of(item, "parameters", "arguments") for item in decoded]
+        return None if not calls or None in calls else [c for c in calls if c is not None]
+
+
+class _Thinking:
+    """Splits the head of the output that is thinking from the answer."""
+
+    def __init__(self, parser: ReasoningParser) -> None:
+        self.parser = parser
+        self.state = "undecided"  # -> thinking -> after (newlines) -> answer
+        self.buf = ""
+
+    def push(self, text: str) -> tuple[str, str]:
+        """``(reasoning, answer)`` that ``text`` completes."""
+        p, self.buf = self.parser, self.buf + text
+        if self.state == "undecided":
+            body = self.buf.lstrip()
+            if body.startswith(p.START):
+                self.state, self.buf = "thinking", body[len(p.START) :]
+            elif p.START.startswith(body):
+                return "", ""
+            else:
+                self.state = "thinking" if p.STARTS_THINKING else "answer"
+        reasoning = ""
+        if self.state == "thinking":
+            thought, closed, rest = self.buf.partition(p.END)
+            if not closed:
+                keep = held_back(self.buf, p.END)
+                cut = len(self.buf) - keep
+                reasoning, self.buf = self.buf[:cut], self.buf[cut:]
+                return reasoning, ""
+            reasoning, self.state, self.buf = thought, "after", rest
+        if self.state == "after":
+            self.buf = self.buf.lstrip("\n")
+            if not self.buf:
+                return reasoning, ""
+            self.state = "answer"
+        answer, self.buf = self.buf, ""
+        return reasoning, answer
+
+    def close(self) -> tuple[str, str]:
+        held, self.buf = self.buf, ""
+        if self.state == "thinking" or (self.state == "undecided" and self.parser.STARTS_THINKING):
+            return held, ""
+        return "", "" if self.state == "after" else held
+
+
+class _Calls:
+    """Finds tool calls in the answer in a format (``tool_choice: auto``)."""
+
+    def __init__(self, parser: ToolParser) -> None:
+        self.parser = parser
+        self.buf = ""
+        self.section: str | None = None  # from the calls' start on, once found
+        self.possible = True  # False once calls can no longer start (Llama 3: not first)
+
+    def push(self, text: str) -> str:
+        """The content ``text`` completes."""
+        if self.section is not None:
+            self.section += text
+            return ""
+        if not self.possible:
+            return text
+        self.buf += text
+        at = self.parser.start(self.buf)
+        if at is not None:
+            content, self.section, self.buf = self.buf[:at], self.buf[at:], ""
+            return content
+        if isinstance(self.parser, Llama3JsonParser):  # a call is the whole answer
+            head = self.buf.lstrip()
+            if head and not Llama3JsonParser._TAG.startswith(head):
+                self.possible = False
+                content, self.buf = self.buf, ""
+                return content
+            return ""
+        keep = held_back(self.buf, self.parser.START)
+        content, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
+        return content
+
+    def close(self) -> tuple[str, list[ToolCall]]:
+        held, self.buf = self.buf, ""
+        if self.section is None:
+            return held, []
+        parsed = self.parser.parse(self.section)
+        if parsed is None:
+            return self.section, []  # not a call after all: the model's text, as it is
+        calls, rest = parsed
+        return rest, calls
+
+
+class ChatShaper:
+    """One chat answer's reasoning, content and tool calls."""
+
+    def __init__(
+        self,
+        reasoning: ReasoningParser | None = None,
+        tools: ToolParser | None = None,
+        forced: ForcedCall | None = None,
+        parallel_tool_calls: bool = True,
+    ) -> None:
+        self.thinking = _Thinking(reasoning) if reasoning is not None else None
+        self.calls = _Calls(tools) if tools is not None and forced is None else None
+        self.forced = forced
+        self.forced_text = ""
+        self.parallel = parallel_tool_calls
+        self.called = False
+        """Whether the answer holds tool calls (finish reason ``tool_calls``)."""
+
+    def push(self, text: str) -> list[Delta]:
+        """The deltas ``text`` completes (possibly none while a tag may be starting)."""
+        reasoning, answer = self.thinking.push(text) if self.thinking else ("", text)
+        return self._deltas(reasoning, self._content(answer))
+
+    def close(self) -> list[Delta]:
+        """What is left once the output has ended."""
+        reasoning, answer = self.thinking.close() if self.thinking else ("", "")
+        content = self._content(answer)
+        calls: list[ToolCall] = []
+        if self.forced is not None:
+            calls = self.forced.parse(self.forced_text) or []
+            content += "" if calls else self.forced_text
+        elif self.calls is not None:
+            rest, calls = self.calls.close()
+            content += rest
+        if not self.parallel:
+            calls = calls[:1]
+        self.called = bool(calls)
+        deltas = self._deltas(reasoning, content)
+        deltas += [{"tool_calls": [call.to_openai(i)]} for i, call in enumerate(calls)]
+        return deltas
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        return "tool_calls" if self.called and reason == "stop" else reason
+
+    def message(self, text: str) -> dict[str, Any]:
+        """The whole answer's message fields (``content``, ``reasoning_content``,
+        ``tool_calls``), from the same deltas a stream would send."""
+        parts: dict[str, Any] = {"content": "", "reasoning_content": "", "tool_calls": []}
+        for delta in [*self.push(text), *self.close()]:
+            for key, value in delta.items():
+                parts[key] += value
+        for call in parts["tool_calls"]:
+            call.pop("index")
+        content = parts["content"]
+        if parts["tool_calls"] and not content.strip():
+            content = None  # as OpenAI: a message that only calls tools has no content
+        message: dict[str, Any] = {"content": content}
+        if self.thinking is not None:
+            message["reasoning_content"] = parts["reasoning_content"] or None
+        if parts["tool_calls"]:
+            message["tool_calls"] = parts["tool_calls"]
+        return message
+
+    def _content(self, answer: str) -> str:
+        if self.forced is not None:
+            self.forced_text += answer
+            return ""
+        return self.calls.push(answer) if self.calls is not None else answer
+
+    @staticmethod
+    def _deltas(reasoning: str, content: str) -> list[Delta]:
+        deltas: list[Delta] = []
+        if reasoning:
+            deltas.append({"reasoning_content": reasoning})
+        if content:
+            deltas.append({"content": content})
+        return deltas
