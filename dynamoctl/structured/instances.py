@@ -10,23 +10,25 @@ invalid answer.
 
 from __future__ import annotations
 
+import importlib
 import json
 import random
 import re
 import string
+import sys
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import jsonschema
 
 from dynamoctl.wire.structured import OutputConstraint
 
-try:  # the regex parser and its opcodes: patterns are walked to build a match
-    import re._constants as sre
-    import re._parser as sre_parse
-except ImportError:  # Python 3.10
-    import sre_constants as sre  # type: ignore[no-redef]
-    import sre_parse  # type: ignore[no-redef]
+# The regex parser and its opcodes (a pattern is walked to build a match); private
+# modules since 3.11, whose old names warn.
+_NEW = sys.version_info >= (3, 11)
+sre: Any = importlib.import_module("re._constants" if _NEW else "sre_constants")
+sre_parse: Any = importlib.import_module("re._parser" if _NEW else "sre_parse")
 
 WORDS = [
     "alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india",
@@ -200,7 +202,8 @@ class _Generator:
 
     def _number(self, schema: dict[str, Any], depth: int) -> float | int:
         if "multipleOf" in schema:
-            return self._integer({**schema, "multipleOf": 1}, depth) * schema["multipleOf"]
+            step: float = schema["multipleOf"]
+            return self._integer({**schema, "multipleOf": 1}, depth) * step
         low, high = self._bounds(schema, 0.01)
         return round(self.rng.uniform(low, min(high, low + 1000)), 2)
 
@@ -222,7 +225,7 @@ class _Generator:
         return None
 
 
-FORMATS: dict[str, Any] = {
+FORMATS: dict[str, Callable[[random.Random], str]] = {
     "date-time": lambda r: f"2026-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}T12:00:00Z",
     "date": lambda r: f"2026-{r.randint(1, 12):02d}-{r.randint(1, 28):02d}",
     "time": lambda r: f"{r.randint(0, 23):02d}:{r.randint(0, 59):02d}:00Z",
@@ -312,7 +315,7 @@ class _Regex:
 
 def _has(op: Any, arg: Any, char: str) -> bool:
     if op is sre.LITERAL:
-        return ord(char) == arg
+        return bool(ord(char) == arg)
     if op is sre.RANGE:
         return bool(arg[0] <= ord(char) <= arg[1])
     if op is sre.CATEGORY:

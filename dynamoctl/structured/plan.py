@@ -99,7 +99,8 @@ def _spec(
 ) -> OutputSpec | None:
     """The engine's part; the tools and thinking only for an engine that simulates (a
     model after a tool's result answers in words: the mocker is offered no tools then)."""
-    simulates = traits.engine in ENFORCEMENT and ENFORCEMENT[traits.engine].simulates
+    engine = traits.engine
+    simulates = engine is not None and engine in ENFORCEMENT and ENFORCEMENT[engine].simulates
     if not simulates:
         return OutputSpec(constraint=constraint) if constraint is not None else None
     offers = [ToolOffer(t.function.name, t.function.parameters or NO_ARGUMENTS) for t in offered]
