@@ -157,8 +157,10 @@ class _Generator:
 
     def _array(self, schema: dict[str, Any], depth: int) -> list[Any]:
         prefix = schema.get("prefixItems", [])
-        low = max(schema.get("minItems", 0), len(prefix) if schema.get("items") is False else 0)
+        low = schema.get("minItems", 0)
         high = schema.get("maxItems", low + 3)
+        if schema.get("items") is False:  # no items past the prefix
+            high = min(high, len(prefix))
         count = low if depth >= MAX_DEPTH else self.rng.randint(low, max(low, min(high, low + 3)))
         items = schema.get("items", True)
         out: list[Any] = []
