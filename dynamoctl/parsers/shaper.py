@@ -4,8 +4,9 @@
 One state machine serves both (the whole answer is the stream's deltas merged), so a
 streamed and a non-streamed request never disagree. Text that might begin a tag (``</thi``)
 is held until the next delta says; everything held is released at the end. Tool calls go
-out as one delta each once the output has ended and they have parsed; a section that does
-not parse is content (docs/api.md).
+out as one delta each as soon as they have parsed (when they close, or when the answer
+ends for formats without a closing tag); a call that does not parse is content
+(docs/api.md).
 """
 
 from __future__ import annotations
@@ -86,20 +87,56 @@ class _Thinking:
         return "", "" if self.state == "after" else held
 
 
+Part = str | ToolCall
+"""A piece of the answer, in order: content, or a parsed call."""
+
+
 class _Calls:
-    """Finds tool calls in the answer in a format (``tool_choice: auto``)."""
+    """Finds tool calls in the answer in a format (``tool_choice: auto``). A format whose
+    calls close (Hermes' ``</tool_call>``) has each call parsed as soon as it closes;
+    the others' when the answer ends."""
 
     def __init__(self, parser: ToolParser) -> None:
         self.parser = parser
         self.buf = ""
-        self.section: str | None = None  # from the calls' start on, once found
+        self.section: str | None = None  # from a call's start on, once found
         self.possible = True  # False once calls can no longer start (Llama 3: not first)
 
-    def push(self, text: str) -> str:
-        """The content ``text`` completes."""
-        if self.section is not None:
+    def push(self, text: str) -> list[Part]:
+        """The content and calls ``text`` completes, in order."""
+        parts: list[Part] = []
+        while True:
+            if self.section is None:
+                parts.append(self._before_start(text))
+                text = ""
+                if self.section is None:
+                    return parts
             self.section += text
-            return ""
+            text = ""
+            closer = self.parser.END
+            at = -1 if closer is None else self.section.find(closer)
+            if closer is None or at < 0:
+                return parts
+            block, text = self.section[: at + len(closer)], self.section[at + len(closer) :]
+            self.section = None
+            parts += self._parsed(block)
+
+    def close(self) -> list[Part]:
+        held, self.buf = self.buf, ""
+        if self.section is None:
+            return [held]
+        section, self.section = self.section, None
+        return [held, *self._parsed(section)]
+
+    def _parsed(self, section: str) -> list[Part]:
+        parsed = self.parser.parse(section)
+        if parsed is None:
+            return [section]  # not a call after all: the model's text, as it is
+        calls, rest = parsed
+        return [*calls, rest]
+
+    def _before_start(self, text: str) -> str:
+        """The content before a call starts (sets :attr:`section` when one does)."""
         if not self.possible:
             return text
         self.buf += text
@@ -118,16 +155,6 @@ class _Calls:
         content, self.buf = self.buf[: len(self.buf) - keep], self.buf[len(self.buf) - keep :]
         return content
 
-    def close(self) -> tuple[str, list[ToolCall]]:
-        held, self.buf = self.buf, ""
-        if self.section is None:
-            return held, []
-        parsed = self.parser.parse(self.section)
-        if parsed is None:
-            return self.section, []  # not a call after all: the model's text, as it is
-        calls, rest = parsed
-        return rest, calls
-
 
 class ChatShaper:
     """One chat answer's reasoning, content and tool calls."""
@@ -144,31 +171,24 @@ class ChatShaper:
         self.forced = forced
         self.forced_text = ""
         self.parallel = parallel_tool_calls
-        self.called = False
-        """Whether the answer holds tool calls (finish reason ``tool_calls``)."""
+        self.called = 0
+        """Tool calls sent so far (finish reason ``tool_calls`` when any)."""
 
     def push(self, text: str) -> list[Delta]:
         """The deltas ``text`` completes (possibly none while a tag may be starting)."""
         reasoning, answer = self.thinking.push(text) if self.thinking else ("", text)
-        return self._deltas(reasoning, self._content(answer))
+        return self._deltas(reasoning, self._answer(answer))
 
     def close(self) -> list[Delta]:
         """What is left once the output has ended."""
         reasoning, answer = self.thinking.close() if self.thinking else ("", "")
-        content = self._content(answer)
-        calls: list[ToolCall] = []
+        parts = self._answer(answer)
         if self.forced is not None:
-            calls = self.forced.parse(self.forced_text) or []
-            content += "" if calls else self.forced_text
+            calls = self.forced.parse(self.forced_text)
+            parts += calls if calls is not None else [self.forced_text]
         elif self.calls is not None:
-            rest, calls = self.calls.close()
-            content += rest
-        if not self.parallel:
-            calls = calls[:1]
-        self.called = bool(calls)
-        deltas = self._deltas(reasoning, content)
-        deltas += [{"tool_calls": [call.to_openai(i)]} for i, call in enumerate(calls)]
-        return deltas
+            parts += self.calls.close()
+        return self._deltas(reasoning, parts)
 
     def finish_reason(self, reason: str | None) -> str | None:
         return "tool_calls" if self.called and reason == "stop" else reason
@@ -192,17 +212,19 @@ class ChatShaper:
             message["tool_calls"] = parts["tool_calls"]
         return message
 
-    def _content(self, answer: str) -> str:
+    def _answer(self, answer: str) -> list[Part]:
         if self.forced is not None:
             self.forced_text += answer
-            return ""
-        return self.calls.push(answer) if self.calls is not None else answer
+            return []
+        return self.calls.push(answer) if self.calls is not None else [answer]
 
-    @staticmethod
-    def _deltas(reasoning: str, content: str) -> list[Delta]:
-        deltas: list[Delta] = []
-        if reasoning:
-            deltas.append({"reasoning_content": reasoning})
-        if content:
-            deltas.append({"content": content})
+    def _deltas(self, reasoning: str, parts: list[Part]) -> list[Delta]:
+        deltas: list[Delta] = [{"reasoning_content": reasoning}] if reasoning else []
+        for part in parts:
+            if isinstance(part, ToolCall):
+                if self.parallel or not self.called:  # parallel_tool_calls: false keeps one
+                    deltas.append({"tool_calls": [part.to_openai(self.called)]})
+                    self.called += 1
+            elif part:
+                deltas.append({"content": part})
         return deltas

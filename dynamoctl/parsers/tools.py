@@ -62,6 +62,9 @@ class ToolParser:
 
     START: ClassVar[str]
     """The text that opens the calls (a stream holds back text that may begin it)."""
+    END: ClassVar[str | None] = None
+    """The text that closes one call, for formats that have one: each call is then parsed
+    as soon as it closes; without, the calls run to the end of the answer."""
 
     def start(self, text: str) -> int | None:
         """Index in ``text`` where the calls begin, or None."""
@@ -88,6 +91,7 @@ class HermesParser(ToolParser):
     block per call; a last block cut short by the end of output is still read."""
 
     START = "<tool_call>"
+    END = "</tool_call>"
     _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|$)", re.DOTALL)
 
     def parse(self, section: str) -> tuple[list[ToolCall], str] | None:

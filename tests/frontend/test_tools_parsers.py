@@ -24,11 +24,15 @@ CASES: list[tuple[dict[str, Any], str, dict[str, Any]]] = [
     ({"tools": "hermes"},
      'Checking.\n<tool_call>\n{"name": "f", "arguments": {"a": 1}}\n</tool_call>\n'
      '<tool_call>{"name": "g", "arguments": {}}</tool_call>',
-     {"content": "Checking.\n", "calls": [("f", {"a": 1}), ("g", {})]}),
+     {"content": "Checking.\n\n", "calls": [("f", {"a": 1}), ("g", {})]}),
     ({"tools": "hermes"}, '<tool_call>{"name": "f", "arguments": {"a": [1, 2]}}',  # cut short
      {"content": None, "calls": [("f", {"a": [1, 2]})]}),
     ({"tools": "hermes"}, '<tool_call>{"name": broken</tool_call>',
      {"content": '<tool_call>{"name": broken</tool_call>', "calls": []}),
+    ({"tools": "hermes"},  # one broken call among good ones: only it is content
+     '<tool_call>{"name": "f", "arguments": {}}</tool_call><tool_call>{bad</tool_call>'
+     '<tool_call>{"name": "g", "arguments": {"z": null}}</tool_call>',
+     {"content": "<tool_call>{bad</tool_call>", "calls": [("f", {}), ("g", {"z": None})]}),
     ({"tools": "hermes"}, "a < b and <tool_ is not a tag",
      {"content": "a < b and <tool_ is not a tag", "calls": []}),
     ({"tools": "llama3_json"},
@@ -138,3 +142,16 @@ def test_parser_names_are_checked() -> None:
         OutputParserSettings(tool_call_parser="hermez")
     with pytest.raises(ValueError, match="unknown reasoning parser 'r1'; valid: deepseek_r1"):
         OutputParserSettings(reasoning_parser="r1")
+
+
+def test_a_closed_call_streams_before_the_answer_ends() -> None:
+    sh = shaper({"tools": "hermes"})
+    assert sh.push("Let me look. <tool_") == [{"content": "Let me look. "}]
+    assert sh.push('call>{"name": "f", "arguments": {"a"') == []
+    delta, between = sh.push(": 1}}</tool_call>\n<tool_call>")
+    assert between == {"content": "\n"}
+    assert delta["tool_calls"][0]["index"] == 0
+    assert delta["tool_calls"][0]["function"] == {"name": "f", "arguments": '{"a": 1}'}
+    assert sh.push('{"name": "g", "arguments": {}}') == []  # not closed yet
+    (last,) = sh.close()  # the end of the answer closes it
+    assert last["tool_calls"][0]["index"] == 1 and sh.finish_reason("stop") == "tool_calls"
