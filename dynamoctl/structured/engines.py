@@ -12,9 +12,12 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
+
+import msgspec
 
 from dynamoctl.structured.instances import Unsupported, example_text
 from dynamoctl.util.registry import Registry
@@ -84,7 +87,32 @@ def refusal(engine: str | None, constraint: OutputConstraint) -> str | None:
         return "the model's workers do not say which engine serves it (an older dynamoctl)"
     if engine not in ENFORCEMENT:
         return f"dynamoctl does not know what engine '{engine}' can enforce"
-    return ENFORCEMENT[engine].refusal(constraint)
+    check = ENFORCEMENT[engine].refusal
+    encoded = msgspec.json.encode(constraint)
+    return cached(f"refusal/{engine}", lambda: check(constraint), encoded)
+
+
+CACHE_ENTRIES = 256
+CACHE_MAX_BYTES = 64 << 10
+"""Checks of schemas are cached by their JSON text (agents send the same tools every
+turn, and checking a schema costs milliseconds), up to this many entries of at most
+this size each, so that a client sending large distinct schemas cannot grow it."""
+_cache: OrderedDict[tuple[str, bytes], str | None] = OrderedDict()
+
+
+def cached(kind: str, check: Callable[[], str | None], encoded: bytes) -> str | None:
+    """``check()``'s answer about the value whose JSON is ``encoded``, remembered per
+    ``(kind, encoded)`` (least recently used out)."""
+    if len(encoded) > CACHE_MAX_BYTES:
+        return check()
+    key = (kind, encoded)
+    if key in _cache:
+        _cache.move_to_end(key)
+        return _cache[key]
+    result = _cache[key] = check()
+    if len(_cache) > CACHE_ENTRIES:
+        _cache.popitem(last=False)
+    return result
 
 
 def _keywords(schema: Any, where: str) -> Iterator[tuple[str, str]]:

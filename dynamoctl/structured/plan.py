@@ -13,11 +13,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
+import msgspec
 
 from dynamoctl.frontend.errors import bad_request
 from dynamoctl.parsers import REASONING_PARSERS, TOOL_PARSERS
 from dynamoctl.parsers.shaper import ChatShaper, ForcedCall
-from dynamoctl.structured.engines import ENFORCEMENT, refusal
+from dynamoctl.structured.engines import ENFORCEMENT, cached, refusal
 from dynamoctl.structured.request import NamedToolChoice, StructuredOutputFields, ToolFields
 from dynamoctl.wire.structured import OutputConstraint, OutputSpec, OutputTraits, ToolOffer
 
@@ -150,12 +151,19 @@ def _checked(param: str, constraint: OutputConstraint, engine: str | None) -> Ou
 
 
 def _check_schema(schema: dict[str, Any], param: str) -> None:
+    problem = cached("schema", lambda: _schema_problem(schema), msgspec.json.encode(schema))
+    if problem is not None:
+        raise bad_request(f"{param} is not a valid JSON Schema {problem}", param)
+
+
+def _schema_problem(schema: dict[str, Any]) -> str | None:
+    """What is wrong with ``schema``, or None."""
     try:
         jsonschema.validators.validator_for(schema).check_schema(schema)
     except jsonschema.SchemaError as exc:
         where = "/".join(map(str, exc.absolute_path)) or "the root"
-        raise bad_request(f"{param} is not a valid JSON Schema (at {where}): {exc.message}",
-                          param) from None  # fmt: skip
+        return f"(at {where}): {exc.message}"
+    return None
 
 
 def _choice_name(choice: Any) -> str:

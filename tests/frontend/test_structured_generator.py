@@ -139,3 +139,25 @@ def test_mocker_script_ends_with_eos_and_decodes_to_the_answer() -> None:
     assert 8188 not in (Scripts("builtin").script(ignore, seed=4) or [])
     assert json.loads(answer_text(OutputSpec(constraint=OutputConstraint(json_object=True)),
                                   random.Random(0))[0])  # fmt: skip
+
+
+def test_schema_checks_are_cached_within_bounds() -> None:
+    from dynamoctl.structured import engines
+
+    calls: list[bytes] = []
+
+    def check(encoded: bytes) -> str | None:
+        calls.append(encoded)
+        return f"seen {len(calls)}"
+
+    engines._cache.clear()
+    assert engines.cached("t", lambda: check(b"a"), b"a") == "seen 1"
+    assert engines.cached("t", lambda: check(b"a"), b"a") == "seen 1"  # remembered
+    assert engines.cached("u", lambda: check(b"a"), b"a") == "seen 2"  # another kind
+    big = b"x" * (engines.CACHE_MAX_BYTES + 1)
+    engines.cached("t", lambda: check(big), big)
+    engines.cached("t", lambda: check(big), big)
+    assert calls.count(big) == 2 and all(key[1] != big for key in engines._cache)
+    for i in range(engines.CACHE_ENTRIES + 10):
+        engines.cached("t", lambda: None, str(i).encode())
+    assert len(engines._cache) == engines.CACHE_ENTRIES
