@@ -53,7 +53,7 @@ from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.shape import Shape, sse_data, usage_of
-from dynamoctl.parsers.shaper import ChatShaper, Delta
+from dynamoctl.parsers.shaper import ChatShaper, MessageDelta
 from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
@@ -249,7 +249,7 @@ class _Completions:
         ids = await self._encode(model, prompt, False, "messages")
         job = job_of(model, body, ids, f"chatcmpl-{uuid.uuid4().hex}")
         job.output = plan.spec
-        return model, body, job, plan.shaper
+        return model, body, job, plan.new_shaper()
 
     async def _completion(self, raw: bytes) -> _Prepared:
         body = decode_body(raw, CompletionRequest)
@@ -412,7 +412,7 @@ _Prepared = tuple[ServedModel, ChatCompletionRequest | CompletionRequest, Job, C
 """A request ready to run: its model, body, job and the shaper of its answer (if any)."""
 
 
-def _delta_events(shape: Shape, deltas: list[Delta], include_usage: bool) -> list[bytes]:
+def _delta_events(shape: Shape, deltas: list[MessageDelta], include_usage: bool) -> list[bytes]:
     """SSE events of a chat answer's deltas (reasoning, content, tool calls)."""
     events = []
     for delta in deltas:

@@ -18,7 +18,9 @@ from typing import Any
 from dynamoctl.parsers.reasoning import ReasoningParser
 from dynamoctl.parsers.tools import Llama3JsonParser, ToolCall, ToolParser, call_of, held_back
 
-Delta = dict[str, Any]
+MessageDelta = dict[str, Any]
+"""One streamed ``delta`` of a chat choice: ``reasoning_content``, ``content`` or
+``tool_calls``."""
 
 
 @dataclass(frozen=True)
@@ -174,12 +176,12 @@ class ChatShaper:
         self.called = 0
         """Tool calls sent so far (finish reason ``tool_calls`` when any)."""
 
-    def push(self, text: str) -> list[Delta]:
+    def push(self, text: str) -> list[MessageDelta]:
         """The deltas ``text`` completes (possibly none while a tag may be starting)."""
         reasoning, answer = self.thinking.push(text) if self.thinking else ("", text)
         return self._deltas(reasoning, self._answer(answer))
 
-    def close(self) -> list[Delta]:
+    def close(self) -> list[MessageDelta]:
         """What is left once the output has ended."""
         reasoning, answer = self.thinking.close() if self.thinking else ("", "")
         parts = self._answer(answer)
@@ -218,8 +220,8 @@ class ChatShaper:
             return []
         return self.calls.push(answer) if self.calls is not None else [answer]
 
-    def _deltas(self, reasoning: str, parts: list[Part]) -> list[Delta]:
-        deltas: list[Delta] = [{"reasoning_content": reasoning}] if reasoning else []
+    def _deltas(self, reasoning: str, parts: list[Part]) -> list[MessageDelta]:
+        deltas: list[MessageDelta] = [{"reasoning_content": reasoning}] if reasoning else []
         for part in parts:
             if isinstance(part, ToolCall):
                 if self.parallel or not self.called:  # parallel_tool_calls: false keeps one

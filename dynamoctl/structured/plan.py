@@ -9,7 +9,7 @@ on a model whose recipe names no tool-call parser.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
@@ -33,8 +33,25 @@ class OutputPlan:
     """For the engine (:attr:`GenerateRequest.output`); None: free text."""
     template_tools: list[dict[str, Any]] | None = None
     """For the chat template's ``tools``."""
-    shaper: ChatShaper | None = field(default=None)
-    """Reads reasoning and tool calls out of a chat answer; None: the text is content."""
+    reasoning_parser: str | None = None
+    tool_parser: str | None = None
+    """With ``tool_choice: auto``."""
+    forced: ForcedCall | None = None
+    """With ``tool_choice: required`` or a named function."""
+    parallel_tool_calls: bool = True
+
+    def new_shaper(self) -> ChatShaper | None:
+        """A reader of one chat answer's reasoning and tool calls (one per choice); None:
+        the answer's text is its content."""
+        if self.reasoning_parser is None and self.tool_parser is None and self.forced is None:
+            return None
+        reasoning = self.reasoning_parser
+        return ChatShaper(
+            REASONING_PARSERS[reasoning]() if reasoning is not None else None,
+            TOOL_PARSERS[self.tool_parser]() if self.tool_parser is not None else None,
+            self.forced,
+            self.parallel_tool_calls,
+        )
 
 
 def plan_completion(body: StructuredOutputFields, traits: OutputTraits | None) -> OutputPlan:
@@ -70,29 +87,24 @@ def plan_chat(
         forced = ForcedCall(name)
         asked = ("tool_choice", OutputConstraint(json_schema=_forced_schema(body, name)))
     constraint = _checked(*asked, traits.engine) if asked is not None else None
-    tool_parser = None
-    if choice == "auto":
-        if traits.tool_call_parser is None:
-            raise bad_request(
-                "tool_choice 'auto' needs the model's tool-call parser, and this model has "
-                "none: set model.tool_call_parser in the recipe (docs/api.md), or use "
-                "tool_choice 'required' or a named function",
-                "tool_choice",
-            )
-        tool_parser = TOOL_PARSERS[traits.tool_call_parser]()
-    # Guided decoding applies from the first token: a constrained answer has no thinking.
-    reasoning = traits.reasoning_parser if constraint is None else None
-    shaper = None
-    if forced is not None or tool_parser is not None or reasoning is not None:
-        shaper = ChatShaper(
-            REASONING_PARSERS[reasoning]() if reasoning is not None else None,
-            tool_parser,
-            forced,
-            body.parallel_tool_calls is not False,
+    if choice == "auto" and traits.tool_call_parser is None:
+        raise bad_request(
+            "tool_choice 'auto' needs the model's tool-call parser, and this model has "
+            "none: set model.tool_call_parser in the recipe (docs/api.md), or use "
+            "tool_choice 'required' or a named function",
+            "tool_choice",
         )
     spec = _spec(traits, constraint, tools if choice == "auto" and last_role != "tool" else [])
     template_tools = [t.model_dump(exclude_none=True) for t in tools] if choice != "none" else None
-    return OutputPlan(spec, template_tools, shaper)
+    return OutputPlan(
+        spec,
+        template_tools,
+        # Guided decoding applies from the first token: a constrained answer has no thinking.
+        reasoning_parser=traits.reasoning_parser if constraint is None else None,
+        tool_parser=traits.tool_call_parser if choice == "auto" else None,
+        forced=forced,
+        parallel_tool_calls=body.parallel_tool_calls is not False,
+    )
 
 
 def _spec(
