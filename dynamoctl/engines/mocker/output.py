@@ -59,5 +59,5 @@ class Scripts:
             self._tokenizer = load_tokenizer(self.source)
         ids = self._tokenizer.encode(text, add_special_tokens=False)
         if complete and request.stop_token_ids and not request.ignore_eos:
-            ids.append(request.stop_token_ids[0])
+            ids.append(min(request.stop_token_ids))
         return ids
