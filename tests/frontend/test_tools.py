@@ -220,3 +220,21 @@ async def test_tool_requests_refused(oai: openai.AsyncOpenAI) -> None:
         response_format={"type": "json_object"},
     )  # fmt: skip
     assert "both constrain the output" in error.message
+
+
+async def test_a_json_answer_is_not_mistaken_for_a_call(oai: openai.AsyncOpenAI) -> None:
+    # Llama 3's calls are bare JSON objects; an answer constrained to a schema with a
+    # "name" is still the answer (a call needs its "parameters", and an offered name).
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    chat = await oai.chat.completions.create(
+        model=LLAMA, messages=ASK, tools=TOOLS, response_format=fmt, seed=4
+    )
+    message = chat.choices[0].message
+    assert message.tool_calls is None and chat.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(message.content or ""), schema)
