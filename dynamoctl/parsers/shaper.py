@@ -12,6 +12,7 @@ ends for formats without a closing tag); a call that does not parse is content
 from __future__ import annotations
 
 import json
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,10 +97,12 @@ Part = str | ToolCall
 class _Calls:
     """Finds tool calls in the answer in a format (``tool_choice: auto``). A format whose
     calls close (Hermes' ``</tool_call>``) has each call parsed as soon as it closes;
-    the others' when the answer ends."""
+    the others' when the answer ends. A call of a function that was not offered is not a
+    call: its text stays content."""
 
-    def __init__(self, parser: ToolParser) -> None:
+    def __init__(self, parser: ToolParser, offered: Collection[str]) -> None:
         self.parser = parser
+        self.offered = offered
         self.buf = ""
         self.section: str | None = None  # from a call's start on, once found
         self.possible = True  # False once calls can no longer start (Llama 3: not first)
@@ -135,6 +138,8 @@ class _Calls:
         if parsed is None:
             return [section]  # not a call after all: the model's text, as it is
         calls, rest = parsed
+        if any(call.name not in self.offered for call in calls):
+            return [section]
         return [*calls, rest]
 
     def _before_start(self, text: str) -> str:
@@ -167,9 +172,11 @@ class ChatShaper:
         tools: ToolParser | None = None,
         forced: ForcedCall | None = None,
         parallel_tool_calls: bool = True,
+        offered: Collection[str] = (),
     ) -> None:
+        """``offered``: the names of the request's functions (``tools``)."""
         self.thinking = _Thinking(reasoning) if reasoning is not None else None
-        self.calls = _Calls(tools) if tools is not None and forced is None else None
+        self.calls = _Calls(tools, offered) if tools is not None and forced is None else None
         self.forced = forced
         self.forced_text = ""
         self.parallel = parallel_tool_calls

@@ -39,7 +39,8 @@ class ToolCall:
 
 
 def call_of(obj: Any, *argument_keys: str) -> ToolCall | None:
-    """A call from a decoded ``{"name": ..., <argument key>: {...}}``, or None."""
+    """A call from a decoded ``{"name": ..., <argument key>: {...}}``, or None (an object
+    without its arguments is some other JSON, not a call)."""
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
         return None
     for key in argument_keys:
@@ -53,7 +54,7 @@ def call_of(obj: Any, *argument_keys: str) -> ToolCall | None:
             if not isinstance(args, dict):
                 return None
             return ToolCall(obj["name"], json.dumps(args, ensure_ascii=False))
-    return ToolCall(obj["name"], "{}")
+    return None
 
 
 class ToolParser:

@@ -39,6 +39,8 @@ class OutputPlan:
     forced: ForcedCall | None = None
     """With ``tool_choice: required`` or a named function."""
     parallel_tool_calls: bool = True
+    tool_names: tuple[str, ...] = ()
+    """The offered functions: a parsed call of any other is content."""
 
     def new_shaper(self) -> ChatShaper | None:
         """A reader of one chat answer's reasoning and tool calls (one per choice); None:
@@ -51,6 +53,7 @@ class OutputPlan:
             TOOL_PARSERS[self.tool_parser]() if self.tool_parser is not None else None,
             self.forced,
             self.parallel_tool_calls,
+            self.tool_names,
         )
 
 
@@ -104,6 +107,7 @@ def plan_chat(
         tool_parser=traits.tool_call_parser if choice == "auto" else None,
         forced=forced,
         parallel_tool_calls=body.parallel_tool_calls is not False,
+        tool_names=tuple(t.function.name for t in tools),
     )
 
 

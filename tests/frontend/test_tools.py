@@ -254,3 +254,21 @@ async def test_each_choice_is_read_apart(oai: openai.AsyncOpenAI) -> None:
     whole = await oai.chat.completions.create(model=HERMES, messages=ASK, tools=TOOLS, n=2, seed=11)
     assert [c.finish_reason for c in whole.choices] == ["tool_calls", "tool_calls"]
     assert all(c.message.tool_calls for c in whole.choices)
+
+
+async def test_a_json_answer_is_not_mistaken_for_a_call(oai: openai.AsyncOpenAI) -> None:
+    # Llama 3's calls are bare JSON objects; an answer constrained to a schema with a
+    # "name" is still the answer (a call needs its "parameters", and an offered name).
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "parameters": {"type": "object"}},
+        "required": ["name", "parameters"],
+        "additionalProperties": False,
+    }
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "p", "schema": schema}}
+    chat = await oai.chat.completions.create(
+        model=LLAMA, messages=ASK, tools=TOOLS, response_format=fmt, seed=4
+    )
+    message = chat.choices[0].message
+    assert message.tool_calls is None and chat.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(message.content or ""), schema)

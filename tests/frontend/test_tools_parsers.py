@@ -42,6 +42,11 @@ CASES: list[tuple[dict[str, Any], str, dict[str, Any]]] = [
      {"content": 'Sure: {"name": "f", "parameters": {}}', "calls": []}),
     ({"tools": "llama3_json"}, '{"name": "f", "parameters": ',
      {"content": '{"name": "f", "parameters": ', "calls": []}),
+    ({"tools": "hermes"}, '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>',
+     {"content": '<tool_call>{"name": "rm_rf", "arguments": {}}</tool_call>', "calls": []}),
+    # A JSON answer that is not a call (no arguments): content, as the model wrote it.
+    ({"tools": "llama3_json"}, '{"name": "f", "age": 3}',
+     {"content": '{"name": "f", "age": 3}', "calls": []}),
     ({"tools": "mistral"}, '[TOOL_CALLS][{"name": "f", "arguments": {"q": 1}}]',
      {"content": None, "calls": [("f", {"q": 1})]}),
     ({"reasoning": "deepseek_r1"}, "<think>\nhmm </thi\n</think>\n\nThe answer",
@@ -73,6 +78,7 @@ def shaper(args: dict[str, Any]) -> ChatShaper:
         TOOL_PARSERS[tools]() if tools else None,
         args.get("forced"),
         args.get("parallel_tool_calls", True),
+        offered=("f", "g"),
     )
 
 
