@@ -314,12 +314,10 @@ class _Completions:
                         frames = [None] * len(frames)
                     buffered = outcomes[0].probe.buffered if len(outcomes) == 1 else _never
                     async for index, text in deltas:
-                        if text is None:  # the choice has finished
-                            final = shape.chunk(None, outcomes[index].finish_reason, index=index,
-                                                logprobs=choices.new_logprobs(index))  # fmt: skip
-                            held.append(sse_data(shape.with_usage(final, include_usage)))
-                        elif not text:
-                            pass  # nothing to say, but the generator is about to wait: flush
+                        if not text:
+                            if text is None:  # the choice has finished
+                                held.append(_finish_event(shape, choices, index, include_usage))
+                            # "": nothing to say, but the generator is about to wait: flush
                         elif (frame := frames[index]) is not None:  # the per-token hot path
                             held.append(
                                 frame[0] + encode_basestring_ascii(text).encode() + frame[1]
@@ -426,6 +424,13 @@ class _Completions:
 
 def _never() -> bool:
     return False
+
+
+def _finish_event(shape: Shape, choices: Choices, index: int, include_usage: bool) -> bytes:
+    """A choice's last chunk: its finish reason and the log-probabilities not sent yet."""
+    reason = choices.outcomes[index].finish_reason
+    final = shape.chunk(None, reason, index=index, logprobs=choices.new_logprobs(index))
+    return sse_data(shape.with_usage(final, include_usage))
 
 
 def _count(
