@@ -29,7 +29,6 @@ from collections.abc import AsyncIterator
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
-import msgspec
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import generate_latest
@@ -49,14 +48,14 @@ from dynamoctl.frontend.errors import (
     model_not_found,
     model_unavailable,
 )
-from dynamoctl.frontend.generate import Generator, Job, Outcome
+from dynamoctl.frontend.generate import Generator, Outcome
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.shape import Shape, sse_data, usage_of
-from dynamoctl.parsers.shaper import MessageDelta
-from dynamoctl.structured.plan import OutputPlan, plan_chat, plan_completion
+from dynamoctl.frontend.shaping import delta_events, finish_events, planned, shape_messages
+from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
 
@@ -248,7 +247,7 @@ class _Completions:
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
         ids = await self._encode(model, prompt, False, "messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = _planned(jobs_of(model, body, [ids], rid, self._max_choices), plan)
+        jobs = planned(jobs_of(model, body, [ids], rid, self._max_choices), plan)
         logprobs = body.top_logprobs_count() is not None
         choices = Choices(rid, jobs, len(ids), logprobs=logprobs)
         shapers = [plan.new_shaper() for _ in jobs]
@@ -271,7 +270,7 @@ class _Completions:
                 batch.append(list(prompt))
                 texts.append(model.tokenizer.decode(prompt) if body.echo else "")
         rid = f"cmpl-{uuid.uuid4().hex}"
-        jobs = _planned(jobs_of(model, body, batch, rid, self._max_choices), plan)
+        jobs = planned(jobs_of(model, body, batch, rid, self._max_choices), plan)
         echo = [texts[job.index // body.choices()] for job in jobs] if body.echo else []
         logprobs = body.logprobs is not None
         return model, body, Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
@@ -326,21 +325,13 @@ class _Completions:
                         frames = [None] * len(frames)
                     buffered = outcomes[0].probe.buffered if len(outcomes) == 1 else _never
                     async for index, text in deltas:
-                        if text is None:  # the choice has finished
-                            finish = outcomes[index].finish_reason
-                            if shapers:
-                                held += _delta_events(
-                                    shape, choices, index, shapers[index].close(), include_usage
-                                )
-                                finish = shapers[index].finish_reason(finish)  # fmt: skip
-                            final = shape.chunk(None, finish, index=index,
-                                                logprobs=choices.new_logprobs(index))  # fmt: skip
-                            held.append(sse_data(shape.with_usage(final, include_usage)))
-                        elif not text:
-                            pass  # nothing to say, but the generator is about to wait: flush
-                        elif shapers:
-                            deltas_of = shapers[index].push(text)
-                            held += _delta_events(shape, choices, index, deltas_of, include_usage)
+                        if not text:
+                            if text is None:  # the choice has finished
+                                held += finish_events(shape, choices, index, include_usage)
+                            # "": nothing to say, but the generator is about to wait: flush
+                        elif shapers:  # reasoning and tool calls: deltas of their own
+                            pushed = shapers[index].push(text)
+                            held += delta_events(shape, choices, index, pushed, include_usage)
                         elif (frame := frames[index]) is not None:  # the per-token hot path
                             held.append(
                                 frame[0] + encode_basestring_ascii(text).encode() + frame[1]
@@ -442,37 +433,12 @@ class _Completions:
             for i, outcome in enumerate(choices.outcomes)
         ]
         whole = shape.full(parts, choices.prompt_tokens, choices.cached_tokens(n))
-        for i, shaper in enumerate(choices.shapers):  # reasoning, tool calls
-            choice = whole["choices"][i]
-            choice["message"].update(shaper.message(texts[i]))
-            choice["finish_reason"] = shaper.finish_reason(choice["finish_reason"])
+        shape_messages(whole, choices, texts)  # reasoning, tool calls
         await JSONResponse(whole)(scope, receive, send)
 
 
 def _never() -> bool:
     return False
-
-
-def _planned(jobs: list[Job], plan: OutputPlan) -> list[Job]:
-    """``jobs`` asking their engine for ``plan``'s structured output."""
-    if plan.spec is not None:
-        for job in jobs:
-            job.engine = msgspec.structs.replace(job.engine, output=plan.spec)
-    return jobs
-
-
-def _delta_events(
-    shape: Shape, choices: Choices, index: int, deltas: list[MessageDelta], include_usage: bool
-) -> list[bytes]:
-    """SSE events of a chat choice's deltas (reasoning, content, tool calls); the tokens'
-    log-probabilities go with the first, and wait while a tag is held back."""
-    events = []
-    for i, delta in enumerate(deltas):
-        logprobs = choices.new_logprobs(index) if i == 0 else None
-        chunk = shape.chunk(None, index=index, logprobs=logprobs)
-        chunk["choices"][0]["delta"] = delta
-        events.append(sse_data(shape.with_usage(chunk, include_usage)))
-    return events
 
 
 def _count(

@@ -57,7 +57,11 @@ class Choices:
         return sum(o.cached_tokens for o in self.outcomes[::n])
 
     def done(self) -> bool:
-        return all(o.finish_reason is not None for o in self.outcomes)
+        """Every choice has finished (called per token: one choice is the common case)."""
+        outcomes = self.outcomes
+        if len(outcomes) == 1:
+            return outcomes[0].finish_reason is not None
+        return all(o.finish_reason is not None for o in outcomes)
 
     def new_logprobs(self, index: int) -> Any:
         """Log-probabilities of the choice's tokens not written yet (None if not asked)."""

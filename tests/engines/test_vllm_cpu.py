@@ -212,10 +212,10 @@ def test_sampling_and_logprobs_reach_vllm(deployment: Deployment) -> None:
             assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob)  # greedy
             assert sum(2.718281828**t.logprob for t in entry.top_logprobs) <= 1.0001
     assert greedy.choices[0].message.content == greedy.choices[1].message.content
-    sampled = {
+    sampled: dict[str, Any] = {
         "model": MODEL, "prompt": "the ships", "max_tokens": 6, "temperature": 1.0,
-        "top_p": 0.9, "top_k": 50, "seed": 1234, "presence_penalty": 0.5,
-        "repetition_penalty": 1.1, "logprobs": 2, "min_tokens": 6,
+        "top_p": 0.9, "seed": 1234, "presence_penalty": 0.5, "logprobs": 2,
+        "extra_body": {"top_k": 50, "repetition_penalty": 1.1, "min_tokens": 6},
     }  # fmt: skip
     a, b = (client.completions.create(**sampled) for _ in range(2))  # type: ignore[call-overload]
     assert a.choices[0].text == b.choices[0].text  # the seed reached vLLM

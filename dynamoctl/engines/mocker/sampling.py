@@ -34,9 +34,9 @@ _LOGPROB_SALT: Final = 0x1060_9A0B
 
 EosDistribution = Literal["geometric", "uniform", "fixed", "none"]
 """How a request's output length (end-of-sequence included) is drawn, with mean
-``eos_mean_tokens``: ``geometric`` (each token ends the sequence with probability
-1/mean, as a model's EOS roughly does), ``uniform`` (1 .. 2*mean-1), ``fixed`` (always
-the mean), ``none`` (never: only ``max_tokens`` ends a request)."""
+``eos_mean_tokens``: ``geometric`` (after the first token, each ends the sequence with
+the same probability, as a model's EOS roughly does), ``uniform`` (2 .. 2*mean-2),
+``fixed`` (always the mean), ``none`` (never: only ``max_tokens`` ends a request)."""
 
 
 def mock_token(seed: int, index: int, vocab_size: int) -> int:
@@ -59,18 +59,21 @@ def request_seed(request: GenerateRequest) -> int:
 
 def output_length(seed: int, distribution: EosDistribution, mean: float) -> int | None:
     """Tokens a request seeded ``seed`` generates before it ends itself, its end-of-sequence
-    token included; None: it never does."""
+    token included; None: it never does. At least one token precedes the end of sequence
+    (when the mean allows): an empty answer is rare for a model, and clients such as
+    aiperf count one as a failed request."""
     if distribution == "none":
         return None
     if distribution == "fixed":
         return max(1, round(mean))
+    if mean < 2:
+        return 1 if mean < 1.5 else 2
     u = _unit(seed ^ _EOS_SALT, 0)
-    if distribution == "uniform":
-        return 1 + int(u * (2 * mean - 1) - 1e-12) if mean > 1 else 1
-    if mean <= 1:
-        return 1
-    # Geometric on {1, 2, ...} with mean ``mean``: inverse transform of u in (0, 1].
-    return 1 + int(math.log(u) / math.log1p(-1 / mean))
+    if distribution == "uniform":  # 2 .. 2 * mean - 2
+        return 2 + int(u * (2 * mean - 3) - 1e-12)
+    # 1 + geometric on {1, 2, ...} of mean ``mean - 1``: inverse transform of u in (0, 1].
+    rest = mean - 1
+    return 2 + int(math.log(u) / math.log1p(-1 / rest)) if rest > 1 else 2
 
 
 class MockSampler:
