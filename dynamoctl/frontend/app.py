@@ -54,7 +54,13 @@ from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.shape import Shape, sse_data, usage_of
-from dynamoctl.frontend.shaping import delta_events, finish_events, planned, shape_messages
+from dynamoctl.frontend.shaping import (
+    delta_events,
+    finish_events,
+    planned,
+    shape_messages,
+    text_frames,
+)
 from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
@@ -319,10 +325,8 @@ class _Completions:
             try:
                 try:
                     held += self._openings(shape, choices, include_usage)
-                    frames = [shape.text_frame(include_usage, i) for i in range(len(outcomes))]
+                    frames = text_frames(shape, choices, include_usage)
                     shapers = choices.shapers  # reasoning and tool calls: not just text
-                    if choices.logprobs or shapers:
-                        frames = [None] * len(frames)
                     buffered = outcomes[0].probe.buffered if len(outcomes) == 1 else _never
                     async for index, text in deltas:
                         if not text:

@@ -1,7 +1,8 @@
 """A request's choices beyond plain text (:mod:`dynamoctl.structured`,
 :mod:`dynamoctl.parsers`): the structured output each job asks of its engine, and each
 chat choice's shaper turning its text into reasoning, content and tool-call deltas
-(streamed) or message fields (whole), with the finish reason a tool call implies."""
+(streamed) or message fields (whole), with the finish reason a tool call implies; and
+which choices can stream plain text through the pre-split frame instead."""
 
 from __future__ import annotations
 
@@ -22,6 +23,16 @@ def planned(jobs: list[Job], plan: OutputPlan) -> list[Job]:
         for job in jobs:
             job.engine = msgspec.structs.replace(job.engine, output=plan.spec)
     return jobs
+
+
+def text_frames(
+    shape: Shape, choices: Choices, include_usage: bool
+) -> list[tuple[bytes, bytes] | None]:
+    """Per choice, the pre-split SSE frame of a plain text delta (the per-token hot path);
+    None where a delta needs more: log-probabilities, a shaper's reasoning and tool calls."""
+    if choices.logprobs or choices.shapers:
+        return [None] * len(choices.jobs)
+    return [shape.text_frame(include_usage, i) for i in range(len(choices.jobs))]
 
 
 def delta_events(
