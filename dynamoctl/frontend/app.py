@@ -54,6 +54,14 @@ from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.shape import Shape, sse_data, usage_of
+from dynamoctl.frontend.shaping import (
+    delta_events,
+    finish_events,
+    planned,
+    shape_messages,
+    text_frames,
+)
+from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
 
@@ -235,20 +243,28 @@ class _Completions:
     async def _chat(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, ChatCompletionRequest)
         model = _model(self.registry, body.model)
+        # Structured outputs, tools, reasoning (dynamoctl.structured): 400s before any work.
+        plan = plan_chat(body, body.output_constraint(), model.card.traits, body.messages[-1].role)
         messages = [m.for_template() for m in body.messages]
         try:
-            prompt = model.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            prompt = model.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=True, tools=plan.template_tools
+            )
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
         ids = await self._encode(model, prompt, False, "messages")
         rid = f"chatcmpl-{uuid.uuid4().hex}"
-        jobs = jobs_of(model, body, [ids], rid, self._max_choices)
+        jobs = planned(jobs_of(model, body, [ids], rid, self._max_choices), plan)
         logprobs = body.top_logprobs_count() is not None
-        return model, body, Choices(rid, jobs, len(ids), logprobs=logprobs)
+        choices = Choices(rid, jobs, len(ids), logprobs=logprobs)
+        shapers = [plan.new_shaper() for _ in jobs]
+        choices.shapers = [s for s in shapers if s is not None]
+        return model, body, choices
 
     async def _completion(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, CompletionRequest)
         model = _model(self.registry, body.model)
+        plan = plan_completion(body, model.card.traits)
         prompts = body.prompts()
         check_choices(body, len(prompts), self._max_choices)  # before tokenising them all
         batch: list[list[int]] = []
@@ -261,7 +277,7 @@ class _Completions:
                 batch.append(list(prompt))
                 texts.append(model.tokenizer.decode(prompt) if body.echo else "")
         rid = f"cmpl-{uuid.uuid4().hex}"
-        jobs = jobs_of(model, body, batch, rid, self._max_choices)
+        jobs = planned(jobs_of(model, body, batch, rid, self._max_choices), plan)
         echo = [texts[job.index // body.choices()] for job in jobs] if body.echo else []
         logprobs = body.logprobs is not None
         return model, body, Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
@@ -310,17 +326,17 @@ class _Completions:
             try:
                 try:
                     held += self._openings(shape, choices, include_usage)
-                    frames = [shape.text_frame(include_usage, i) for i in range(len(outcomes))]
-                    if choices.logprobs:
-                        frames = [None] * len(frames)
+                    frames = text_frames(shape, choices, include_usage)
+                    shapers = choices.shapers  # reasoning and tool calls: not just text
                     buffered = outcomes[0].probe.buffered if len(outcomes) == 1 else _never
                     async for index, text in deltas:
-                        if text is None:  # the choice has finished
-                            final = shape.chunk(None, outcomes[index].finish_reason, index=index,
-                                                logprobs=choices.new_logprobs(index))  # fmt: skip
-                            held.append(sse_data(shape.with_usage(final, include_usage)))
-                        elif not text:
-                            pass  # nothing to say, but the generator is about to wait: flush
+                        if not text:
+                            if text is None:  # the choice has finished
+                                held += finish_events(shape, choices, index, include_usage)
+                            # "": nothing to say, but the generator is about to wait: flush
+                        elif shapers:  # reasoning and tool calls: deltas of their own
+                            pushed = shapers[index].push(text)
+                            held += delta_events(shape, choices, index, pushed, include_usage)
                         elif (frame := frames[index]) is not None:  # the per-token hot path
                             held.append(
                                 frame[0] + encode_basestring_ascii(text).encode() + frame[1]
@@ -422,6 +438,7 @@ class _Completions:
             for i, outcome in enumerate(choices.outcomes)
         ]
         whole = shape.full(parts, choices.prompt_tokens, choices.cached_tokens(n))
+        shape_messages(whole, choices, texts)  # reasoning, tool calls
         await JSONResponse(whole)(scope, receive, send)
 
 

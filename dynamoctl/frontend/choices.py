@@ -17,6 +17,7 @@ from typing import Any
 from dynamoctl.frontend.generate import Generator, Job, Outcome
 from dynamoctl.frontend.logprobs import LogprobsRenderer
 from dynamoctl.frontend.models import ServedModel
+from dynamoctl.parsers.shaper import ChatShaper
 
 Delta = tuple[int, str | None]
 """A choice's index and its next text; None: the choice has finished."""
@@ -35,6 +36,9 @@ class Choices:
     """Per choice, the prompt text that precedes its completion (``echo``); empty: none."""
     logprobs: bool = False
     """The client asked for log-probabilities."""
+    shapers: list[ChatShaper] = field(default_factory=list)
+    """Per choice, the reader of its reasoning and tool calls (:mod:`dynamoctl.structured`);
+    empty: a choice's text is its content."""
     outcomes: list[Outcome] = field(init=False)
     renderers: list[LogprobsRenderer] = field(init=False, default_factory=list)
 

@@ -23,6 +23,7 @@ from pydantic import (
 
 from dynamoctl.frontend import compat
 from dynamoctl.frontend.compat import Endpoint
+from dynamoctl.structured.request import StructuredOutputFields, ToolFields, ToolMessageFields
 
 MAX_TOKENS_LIMIT = 1 << 20
 """No context is longer than this; larger max_tokens values are a client bug (and would
@@ -142,7 +143,7 @@ class _Request(_Strict):
         raise NotImplementedError
 
 
-class ChatMessage(_Strict):
+class ChatMessage(_Strict, ToolMessageFields):  # tool fields: dynamoctl.structured
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
     """Text, or OpenAI content parts of type ``text`` (other part types are refused)."""
@@ -170,10 +171,10 @@ class ChatMessage(_Strict):
         message: dict[str, Any] = {"role": self.role, "content": self.text()}
         if self.name is not None:
             message["name"] = self.name
-        return message
+        return {**message, **self.tool_template_fields()}  # dynamoctl.structured
 
 
-class ChatCompletionRequest(_Request):
+class ChatCompletionRequest(_Request, StructuredOutputFields, ToolFields):  # dynamoctl.structured
     ENDPOINT: ClassVar[Endpoint] = "chat"
 
     messages: list[ChatMessage] = Field(min_length=1)
@@ -195,7 +196,7 @@ class ChatCompletionRequest(_Request):
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
-class CompletionRequest(_Request):
+class CompletionRequest(_Request, StructuredOutputFields):  # dynamoctl.structured
     ENDPOINT: ClassVar[Endpoint] = "completions"
 
     prompt: str | Annotated[list[int | str | list[int]], Field(min_length=1)] = Field(min_length=1)

@@ -31,6 +31,7 @@ from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSetting
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
 from dynamoctl.settings.frontend import ApiKeySettings
 from dynamoctl.settings.http import HttpLimitSettings
+from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.util.net import is_loopback
 
 SCHEMA_VERSION = 1
@@ -167,8 +168,10 @@ Discovery = Annotated[EmbeddedDiscovery | EtcdDiscovery, Field(discriminator="ba
 # --- model, frontend, workers ---------------------------------------------------------------
 
 
-class ModelSpec(RecipeModel):
-    """The model every worker serves."""
+class ModelSpec(RecipeModel, OutputParserSettings):
+    """The model every worker serves. Its output formats (``tool_call_parser``,
+    ``reasoning_parser``) are the workers' options, declared once in
+    :mod:`dynamoctl.settings.parsers`."""
 
     name: NonEmptyStr
     """Model name clients pass in OpenAI requests (``"model": ...``)."""

@@ -11,6 +11,7 @@ from dynamoctl.settings.frontend import (
     FrontendOptions,
 )
 from dynamoctl.settings.http import HttpLimitSettings
+from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.settings.routing import (
     ROUTER_MODES,
     ReplicaSettings,
@@ -28,6 +29,7 @@ __all__ = [
     "FrontendOptions",
     "HttpLimitSettings",
     "Options",
+    "OutputParserSettings",
     "ReplicaSettings",
     "Role",
     "RouterMode",

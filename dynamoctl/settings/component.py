@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from pydantic import Field
 
 from dynamoctl.settings.base import Options
+from dynamoctl.settings.parsers import OutputParserSettings
 
 if TYPE_CHECKING:
     from dynamoctl.discovery import Discovery
@@ -52,5 +53,7 @@ class WorkerOptions(ComponentSettings):
     """Instances in this process (each its own engine and registration)."""
     http_port: int = Field(default=0, ge=0, le=65535)
     """Port of ``/metrics`` and ``/health``; 0 picks a free one (logged)."""
+    parsers: OutputParserSettings = Field(default_factory=OutputParserSettings)
+    """How the model writes tool calls and thinking (put on the model card)."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Engine arguments (the command line's other ``--options``), passed untouched."""

@@ -16,6 +16,7 @@ from dynamoctl.settings import (
     FrontendOptions,
     HttpLimitSettings,
     Options,
+    OutputParserSettings,
     RouterOptions,
     RouterSettings,
     WorkerOptions,
@@ -59,6 +60,7 @@ def worker_argv(recipe: Recipe, role: Role, label: str, address: str, url: str) 
         drain_grace=drain_grace(recipe),
         engine=pool.engine,
         role=role,
+        parsers=_part(OutputParserSettings, recipe.model),
     )
     return ["worker", *to_argv(options, explicit=True)]
 

@@ -7,6 +7,8 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
+from dynamoctl.wire.structured import OutputSpec, OutputTraits
+
 FinishReason: TypeAlias = Literal["stop", "length", "abort"]
 """``stop``: a stop token; ``length``: ``max_tokens`` reached; ``abort``: cancelled."""
 
@@ -55,6 +57,9 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     logprobs: int | None = None
     """Return each output token's log-probability and this many most likely
     alternatives (0: the sampled token's only); None: no log-probabilities."""
+    # -- structured outputs and tools (dynamoctl.structured; docs/api.md) --
+    output: OutputSpec | None = None
+    """Guided decoding and what a simulator needs to shape its output; None: free text."""
 
 
 class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -104,6 +109,9 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Token budget of one engine step."""
     context_length: int
     """Longest prompt + output, in tokens."""
+    # -- structured outputs and tools (dynamoctl.structured; docs/api.md) --
+    traits: OutputTraits | None = None
+    """The engine and the model's output parsers; set by the worker (its options)."""
 
 
 class LoadMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -56,6 +56,7 @@ from dynamoctl.planes.request import NotAccepting, RequestServer
 from dynamoctl.settings import Role
 from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
 from dynamoctl.wire.records import Component, Endpoint
+from dynamoctl.wire.structured import OutputTraits
 from dynamoctl.worker.kv_state import KvCacheState
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,7 @@ class WorkerInstance:
         label: str = "",
         load_interval: float = 0.05,
         load_heartbeat: float = 1.0,
+        traits: OutputTraits | None = None,
     ) -> None:
         self.engine = engine
         self.discovery = discovery
@@ -103,6 +105,8 @@ class WorkerInstance:
         """Seconds between checks for changed load (published when it changed)."""
         self.load_heartbeat = load_heartbeat
         """Seconds after which load is published even if unchanged."""
+        self.traits = traits
+        """The engine's name and the model's output parsers, for the model card."""
         self.kv_state = KvCacheState()
         self.server = RequestServer(f"tcp://{host}:0")
         self.kv_events = EventPublisher(
@@ -186,6 +190,8 @@ class WorkerInstance:
             peers.set_peer_address(self.server.address)
         self._load_task = asyncio.create_task(self._publish_load(), name="worker-load")
         card = engine.model_card
+        if self.traits is not None:
+            card = msgspec.structs.replace(card, traits=self.traits)
         await self.discovery.register(
             self.events_key,
             wire.encode_json(

@@ -16,6 +16,7 @@ from dynamoctl.engines.registry import create_engine
 from dynamoctl.settings import WorkerOptions
 from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component
+from dynamoctl.wire.structured import OutputTraits
 from dynamoctl.worker.http import build_app
 from dynamoctl.worker.instance import WorkerInstance
 
@@ -50,6 +51,7 @@ async def run_worker(opts: WorkerOptions) -> None:
             metrics_url=runtime.metrics_url,
             health_url=runtime.health_url,
             label=opts.label,
+            traits=OutputTraits(engine=opts.engine, **opts.parsers.model_dump()),
         )
         for i in range(opts.num_workers)
     ]

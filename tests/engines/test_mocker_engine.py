@@ -15,6 +15,7 @@ from dynamoctl.engines.api import (
     RequestRejected,
 )
 from dynamoctl.engines.mocker import MockerConfig, MockerEngine, RealClock
+from dynamoctl.engines.mocker.sampling import output_length
 from dynamoctl.engines.mocker.scheduler import Scheduler, mock_token
 from dynamoctl.kv import hashing
 from dynamoctl.wire.kv_events import BlockRemoved, BlockStored
@@ -116,11 +117,20 @@ async def test_max_tokens_stop_tokens_and_ignore_eos(make_mocker: Any) -> None:
     full = await m.run("a", PROMPT[:10], 12, seed=7)
     assert (len(full.tokens), full.finish) == (12, "length")
     assert full.tokens == [mock_token(7, i, MockerConfig().vocab_size) for i in range(12)]
+    # The client's stop id ends the request where it is sampled, even with ignore_eos.
     stop = full.tokens[5]
     cut = full.tokens.index(stop) + 1
-    stopped = await m.run("b", PROMPT[:10], 12, seed=7, stop_token_ids=[stop])
-    assert (stopped.tokens, stopped.finish) == (full.tokens[:cut], "stop")
-    ignored = await m.run("c", PROMPT[:10], 12, seed=7, stop_token_ids=[stop], ignore_eos=True)
+    for ignore_eos in (False, True):
+        stopped = await m.run("b", PROMPT[:10], 12, seed=7, user_stop_token_ids=[stop],
+                              ignore_eos=ignore_eos)  # fmt: skip
+        assert (stopped.tokens, stopped.finish) == (full.tokens[:cut], "stop")
+    # End of sequence comes after the drawn length (docs/mocker.md), unless ignored.
+    eos_id = MockerConfig().vocab_size - 1
+    length = output_length(7, "geometric", MockerConfig().eos_mean_tokens)
+    assert length is not None and length < 12
+    ended = await m.run("e", PROMPT[:10], 12, seed=7, stop_token_ids=[eos_id])
+    assert (ended.tokens, ended.finish) == ([*full.tokens[: length - 1], eos_id], "stop")
+    ignored = await m.run("c", PROMPT[:10], 12, seed=7, stop_token_ids=[eos_id], ignore_eos=True)
     assert (ignored.tokens, ignored.finish) == (full.tokens, "length")
     other = await m.run("d", PROMPT[:10], 12)
     assert other.tokens != full.tokens  # seeded by request id

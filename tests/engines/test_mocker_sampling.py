@@ -62,6 +62,34 @@ def test_min_tokens_holds_back_eos_and_stop_ids() -> None:
     assert late.token(2) == (stop_id, True)  # even with ignore_eos, as vLLM
 
 
+def test_a_scripted_answer_ends_where_its_script_ends() -> None:
+    """A structured answer (docs/mocker.md) is not cut by the drawn length: it ends with its
+    script's end-of-sequence; thinking alone is followed by sampled text with a drawn end."""
+    seed = next(s for s in range(500) if output_length(s, "geometric", 32.0) == 2)
+    answer = sampler(stop_token_ids=[EOS], seed=seed)
+    answer.script = [100 + i for i in range(20)] + [EOS]
+    tokens = [answer.token(i) for i in range(21)]
+    assert tokens == [(100 + i, False) for i in range(20)] + [(EOS, True)]
+    thinking = sampler(stop_token_ids=[EOS], seed=seed)
+    thinking.script = [100, 101, 102]
+    assert [thinking.token(i) for i in range(3)] == [(100, False), (101, False), (102, False)]
+    assert thinking.token(3) == (mock_token(seed, 0, VOCAB), False)
+    assert thinking.token(4) == (EOS, True)  # the drawn length, counted after the script
+
+
+async def test_max_tokens_bounds_a_scripted_answer(make_mocker: Any) -> None:
+    from dynamoctl.wire.structured import OutputConstraint, OutputSpec
+
+    m = await make_mocker(block_size=16, num_gpu_blocks=200, eos_mean_tokens=2.0)
+    schema = {"type": "object", "required": ["name", "tags"], "properties": {
+        "name": {"type": "string"}, "tags": {"type": "array", "minItems": 3}}}  # fmt: skip
+    spec = OutputSpec(constraint=OutputConstraint(json_schema=schema))
+    cut = await m.run("cut", [1, 2, 3], 3, stop_token_ids=[EOS], output=spec)
+    assert cut.finish == "length" and len(cut.tokens) == 3 and EOS not in cut.tokens
+    whole = await m.run("whole", [1, 2, 3], 500, stop_token_ids=[EOS], output=spec)
+    assert whole.finish == "stop" and whole.tokens[-1] == EOS and len(whole.tokens) > 8
+
+
 def test_logprobs_are_plausible() -> None:
     s = sampler(seed=3, logprobs=5)
     for i in range(50):

@@ -101,7 +101,8 @@ def recipe(model_dir: Path, port: int) -> str:
     return f"""\
 schema: 1
 name: {NAME}
-model: {{name: {MODEL}, path: {model_dir}, block_size: {BLOCK}, context_length: 4096}}
+model: {{name: {MODEL}, path: {model_dir}, block_size: {BLOCK}, context_length: 4096,
+         tool_call_parser: hermes}}
 frontend: {{port: {port}}}
 workers:
   agg:
@@ -220,6 +221,45 @@ def test_sampling_and_logprobs_reach_vllm(deployment: Deployment) -> None:
     assert a.choices[0].text == b.choices[0].text  # the seed reached vLLM
     logprobs = a.choices[0].logprobs
     assert logprobs is not None and len(logprobs.token_logprobs or []) == 6
+
+
+ANSWER = {  # bounded, so that random weights under guided decoding finish it
+    "type": "object",
+    "properties": {
+        "answer": {"enum": ["yes", "no"]},
+        "count": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["answer", "count"],
+    "additionalProperties": False,
+}
+
+
+def test_guided_decoding_json_schema_and_forced_tool_calls(deployment: Deployment) -> None:
+    """Random weights write valid JSON only under guided decoding: the constraint reached
+    vLLM's StructuredOutputsParams (docs/api.md, "Structured outputs, tools and reasoning")."""
+    import jsonschema
+
+    client = deployment.client()
+    ask: Any = [{"role": "user", "content": "Is it raining? Answer in JSON."}]
+    fmt: Any = {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER}}
+    chat = client.chat.completions.create(
+        model=MODEL, messages=ask, response_format=fmt, max_tokens=200, seed=1
+    )
+    jsonschema.validate(json.loads(chat.choices[0].message.content or ""), ANSWER)
+    tools: Any = [{"type": "function", "function": {"name": "report", "parameters": ANSWER}}]
+    for choice in ("required", {"type": "function", "function": {"name": "report"}}):
+        called = client.chat.completions.create(
+            model=MODEL, messages=ask, tools=tools, tool_choice=choice, max_tokens=200,  # type: ignore[arg-type]
+            parallel_tool_calls=False, seed=2,
+        )  # fmt: skip
+        calls = called.choices[0].message.tool_calls
+        assert called.choices[0].finish_reason == "tool_calls", called
+        assert calls is not None and [c.function.name for c in calls] == ["report"]  # type: ignore[union-attr]
+        jsonschema.validate(json.loads(calls[0].function.arguments), ANSWER)  # type: ignore[union-attr]
+    text = client.completions.create(
+        model=MODEL, prompt="Colour:", max_tokens=20, extra_body={"guided_choice": ["red", "blue"]}
+    )
+    assert text.choices[0].text in ("red", "blue")
 
 
 def test_router_follows_vllms_own_kv_events(deployment: Deployment) -> None:

@@ -120,8 +120,8 @@ def test_every_sampling_parameter_reaches_the_engine_request() -> None:
         ("completions", {"prompt": [[1], []]}, "prompt"),
         ("completions", {"stop_token_ids": [-1]}, "stop_token_ids"),
         ("chat", {"repetition_penalty": 0}, "repetition_penalty"),
-        ("chat", {"messages": [{"role": "user", "content": "x", "tool_call_id": "1"}]},
-         "messages.0.tool_call_id"),
+        ("chat", {"messages": [{"role": "assistant", "tool_calls": [{"id": 1}]}]},
+         "messages.0.tool_calls.0.id"),
     ],
 )  # fmt: skip
 def test_bad_values_of_supported_parameters_name_the_parameter(

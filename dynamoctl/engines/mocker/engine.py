@@ -54,7 +54,8 @@ from dynamoctl.engines.mocker.aic_timing import StepTiming, timing_for
 from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.gang import GangLeader
-from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput
+from dynamoctl.engines.mocker.output import Scripts
+from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput, request_seed
 from dynamoctl.engines.mocker.transfer import KvTransfers
 from dynamoctl.kv.tiers import TierStats
 from dynamoctl.wire.engine import TokenLogprobs
@@ -192,6 +193,8 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
         self.transfers = KvTransfers(self.config, self._scheduler, self.clock)
         """Pinned prefills and KV pulls (disaggregation)."""
         self._pulling: dict[str, asyncio.Task[None]] = {}
+        self._scripts = Scripts(self.config.tokenizer)
+        """Structured answers (structured outputs, tool calls, thinking)."""
         cfg = self.config
         self._card = ModelCard(
             model=cfg.model,
@@ -277,8 +280,9 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
                 )
             if rid in self._pulling:
                 raise RequestRejected(f"request id {rid!r} is already in use")
+            script = self._scripts.script(request, request_seed(request))
             if handoff is None:
-                self._scheduler.add(request, pin=pin)
+                self._scheduler.add(request, pin=pin).sampler.script = script
             else:
                 self._scheduler.check(request)
         except (RequestRejected, ValueError) as exc:
@@ -326,7 +330,8 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
             await self.transfers.pull(handoff, request.token_ids)
             if self._task is None:
                 raise EngineStopped("mocker engine stopped during a KV pull")
-            self._scheduler.add(request, remote_kv=True)
+            seq = self._scheduler.add(request, remote_kv=True)
+            seq.sampler.script = self._scripts.script(request, request_seed(request))
         except Exception as exc:  # anything, so the stream never waits on a dead pull
             if not isinstance(exc, EngineError):
                 logger.exception("[mocker] KV pull for %s failed unexpectedly", rid)

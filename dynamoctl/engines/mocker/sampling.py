@@ -79,7 +79,9 @@ def output_length(seed: int, distribution: EosDistribution, mean: float) -> int 
 class MockSampler:
     """One request's token source and stopping rule (see the module docstring)."""
 
-    __slots__ = ("eos_at", "eos_id", "logprobs", "min_tokens", "seed", "stops", "vocab_size")
+    __slots__ = (
+        "eos_at", "eos_id", "logprobs", "min_tokens", "script", "seed", "stops", "vocab_size",
+    )  # fmt: skip
 
     def __init__(
         self,
@@ -98,9 +100,18 @@ class MockSampler:
         self.eos_id = min(eos) if eos else -1
         self.eos_at = -1 if length is None else max(length, self.min_tokens + 1) - 1
         """Output index of the end-of-sequence token; -1: none."""
+        self.script: list[int] | None = None
+        """Output tokens decided up front (a structured answer, :mod:`.output`): they come
+        first, ending with end-of-sequence when the answer is complete; sampled tokens
+        follow (their own end drawn from where the script ends)."""
 
     def token(self, index: int) -> tuple[int, bool]:
         """Output token ``index`` and whether it ends the request (``stop``)."""
+        if self.script is not None:
+            if index < len(self.script):
+                token = self.script[index]
+                return token, token == self.eos_id
+            index -= len(self.script)
         if index == self.eos_at:
             return self.eos_id, True
         token = mock_token(self.seed, index, self.vocab_size)

@@ -9,6 +9,7 @@ from typing import Any, Final
 
 from dynamoctl.engines.api import EngineError, FinishReason, GenerateRequest, ModelCard
 from dynamoctl.engines.common import translate
+from dynamoctl.structured.engines import sglang_params
 from dynamoctl.wire.engine import TokenLogprobs
 
 ALIASES: Final[Mapping[str, str]] = {
@@ -140,6 +141,8 @@ def sampling_params(request: GenerateRequest) -> dict[str, Any]:
         params["min_new_tokens"] = request.min_tokens
     if request.logit_bias:
         params["logit_bias"] = {str(k): v for k, v in request.logit_bias.items()}
+    if request.output is not None and request.output.constraint is not None:
+        params.update(sglang_params(request.output.constraint))  # dynamoctl.structured
     return params
 
 

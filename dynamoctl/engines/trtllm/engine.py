@@ -21,6 +21,7 @@ from typing import Any
 
 from tensorrt_llm import LLM, SamplingParams
 from tensorrt_llm.llmapi import DisaggregatedParams, KvCacheConfig
+from tensorrt_llm.sampling_params import GuidedDecodingParams
 
 from dynamoctl.engines.api import (
     Engine,
@@ -34,6 +35,7 @@ from dynamoctl.engines.api import (
 from dynamoctl.engines.common import RequestLoad
 from dynamoctl.engines.trtllm import args as targs
 from dynamoctl.engines.trtllm.events import convert_events
+from dynamoctl.structured.engines import trtllm_fields
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +117,10 @@ class TrtllmEngine(Engine):
         if llm is None:
             raise EngineStopped("TensorRT-LLM engine is not running")
         rid = request.request_id
-        sampling = SamplingParams(**targs.sampling_kwargs(request))
+        sampling = SamplingParams(
+            **targs.sampling_kwargs(request),
+            guided_decoding=guided_decoding(request),  # dynamoctl.structured
+        )
         disagg = None
         if request.kv_transfer_params is not None:
             disagg = DisaggregatedParams(**targs.disagg_to_params(request.kv_transfer_params))
@@ -171,3 +176,11 @@ def _cached_tokens(completion: Any, block_size: int) -> int:
     metrics = getattr(completion, "request_perf_metrics", None)
     kv = getattr(metrics, "kv_cache_metrics", None)
     return int(getattr(kv, "num_reused_blocks", 0) or 0) * block_size
+
+
+def guided_decoding(request: GenerateRequest) -> GuidedDecodingParams | None:
+    """The request's output constraint (:mod:`dynamoctl.structured`); the LLM must have
+    been built with a ``guided_decoding_backend`` (docs/engines.md)."""
+    if request.output is None or request.output.constraint is None:
+        return None
+    return GuidedDecodingParams(**trtllm_fields(request.output.constraint))

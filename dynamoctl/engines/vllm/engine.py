@@ -52,13 +52,14 @@ from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
 from dynamoctl.engines.vllm import gang, lmcache
 from dynamoctl.engines.vllm.load import LoadTracker
+from dynamoctl.structured.engines import vllm_fields
 
 try:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.exceptions import VLLMClientError
     from vllm.inputs import TokensPrompt
-    from vllm.sampling_params import RequestOutputKind
+    from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.engine.async_llm import AsyncLLM
     from vllm.v1.engine.exceptions import EngineDeadError
@@ -256,10 +257,12 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
             raise EngineStopped("vLLM engine is not running")
         rid = request.request_id
         try:
-            params = SamplingParams(
-                **vargs.sampling_kwargs(request, self._defaults),
-                output_kind=RequestOutputKind.DELTA,
-            )
+            kwargs = vargs.sampling_kwargs(request, self._defaults)
+            if request.output is not None and request.output.constraint is not None:
+                kwargs["structured_outputs"] = StructuredOutputsParams(
+                    **vllm_fields(request.output.constraint)
+                )  # guided decoding: dynamoctl.structured
+            params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
         except (ValueError, VLLMClientError) as exc:
             raise RequestRejected(str(exc)) from exc
         prompt = TokensPrompt(prompt_token_ids=request.token_ids)
