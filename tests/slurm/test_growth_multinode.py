@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -21,24 +20,6 @@ from tests.slurm.conftest import wait_job_state
 from tests.slurm.test_multinode_up import Login, _tail, _wait_gone
 
 pytestmark = [pytest.mark.multinode, pytest.mark.timeout(420)]
-
-# A client on the login host: each prompt its own (no shared prefix pins the KV router to
-# one worker), until the stop file appears (bounded in time).
-LOAD = """\
-import json, os, random, sys, time, openai
-client = openai.OpenAI(base_url=sys.argv[1], api_key="none", max_retries=0, timeout=60)
-done, errors, deadline = 0, [], time.monotonic() + 240
-while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
-    prompt = " ".join(f"w{random.randrange(10**6)}" for _ in range(24))
-    try:
-        out = client.completions.create(model="mock-llama", prompt=prompt, max_tokens=16,
-                                        extra_body={"ignore_eos": True})
-        assert out.usage.completion_tokens == 16
-        done += 1
-    except Exception as exc:
-        errors.append(repr(exc))
-print(json.dumps({"done": done, "errors": errors}))
-"""
 
 
 def _recipe(tmp: Path, name: str, cluster: MultiNodeCluster, port: int, growth: str = "") -> Path:
@@ -98,10 +79,7 @@ def test_scale_past_the_allocation_grows_by_a_job_and_releases_it_drained(
         rows = {r["name"]: r for r in login.status(name)["instances"]}
         allocation = {rows["agg-0"]["host"], rows["agg-1"]["host"]}
         assert len(allocation) == 2 and _growth(login, name) == []  # both nodes full
-        load = subprocess.Popen(
-            cluster.login([sys.executable, "-c", LOAD, endpoint, str(stop_file)]),
-            env=login.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+        load = login.start_load(endpoint, stop_file, seconds=240)
 
         started = time.monotonic()
         grown = login.cli("scale", "agg=3", "--name", name, timeout=200)

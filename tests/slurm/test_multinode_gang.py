@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,21 +21,6 @@ from tests.infra.slurm_cluster import MultiNodeCluster, multinode_cluster
 from tests.slurm.test_multinode_up import Login, _netns, _tail, _wait_gone
 
 pytestmark = [pytest.mark.multinode, pytest.mark.gang, pytest.mark.timeout(420)]
-
-LOAD = """\
-import json, os, sys, time, openai
-client = openai.OpenAI(base_url=sys.argv[1], api_key="none", max_retries=0, timeout=60)
-done, errors, deadline = 0, [], time.monotonic() + 180
-while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
-    try:
-        out = client.completions.create(model="mock-llama", prompt="hello " * 30, max_tokens=16,
-                                    extra_body={"ignore_eos": True})
-        assert out.usage.completion_tokens == 16
-        done += 1
-    except Exception as exc:
-        errors.append(repr(exc))
-print(json.dumps({"done": done, "errors": errors}))
-"""
 
 
 @pytest.fixture(scope="module")
@@ -115,13 +99,7 @@ def test_a_killed_follower_restarts_its_gang_once_with_no_failed_request(
         squeue = login.run("squeue", "-s", "-h", "-o", "%j %N")
         assert f"dynamoctl:agg-0.1 {rows['agg-0.1']['host']}" in squeue.stdout, squeue.stdout
 
-        load = subprocess.Popen(
-            login.cluster.login([sys.executable, "-c", LOAD, endpoint, str(stop_file)]),
-            env=login.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
+        load = login.start_load(endpoint, stop_file, seconds=180)
         time.sleep(2.0)
         victim = _follower("agg-0.1")
         assert _netns(victim.pid) != _netns(_follower("agg-1.1").pid)

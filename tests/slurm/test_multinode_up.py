@@ -53,6 +53,26 @@ supervision: {{probe_interval: 0.3, backoff_base: 0.2, drain_timeout: 10}}
     return path
 
 
+# A client on the login host: 16-token completions until the stop file appears (bounded in
+# time), each prompt its own (no shared prefix pins the KV router to one worker); prints
+# how many succeeded and each failure.
+CLIENT_LOAD = """\
+import json, os, random, sys, time, openai
+client = openai.OpenAI(base_url=sys.argv[1], api_key="none", max_retries=0, timeout=60)
+done, errors, deadline = 0, [], time.monotonic() + float(sys.argv[3])
+while not os.path.exists(sys.argv[2]) and time.monotonic() < deadline:
+    prompt = " ".join(f"w{random.randrange(10**6)}" for _ in range(24))
+    try:
+        out = client.completions.create(model="mock-llama", prompt=prompt, max_tokens=16,
+                                        extra_body={"ignore_eos": True})
+        assert out.usage.completion_tokens == 16
+        done += 1
+    except Exception as exc:
+        errors.append(repr(exc))
+print(json.dumps({"done": done, "errors": errors}))
+"""
+
+
 class Login:
     """Commands run on the login host, as its user would run them."""
 
@@ -72,6 +92,14 @@ class Login:
 
     def cli(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         return self.run(sys.executable, "-m", "dynamoctl", *args, timeout=timeout)
+
+    def start_load(self, endpoint: str, stop_file: Path, seconds: float) -> subprocess.Popen[str]:
+        """:data:`CLIENT_LOAD` in the background; it ends when ``stop_file`` appears."""
+        argv = [sys.executable, "-c", CLIENT_LOAD, endpoint, str(stop_file), str(seconds)]
+        return subprocess.Popen(
+            self.cluster.login(argv), env=self.env, stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
 
     def status(self, name: str) -> dict[str, Any]:
         done = self.cli("status", name, "--json")
