@@ -94,7 +94,7 @@ def _in_slurm(run_dir: RunDir) -> bool:
 
 def _job_state(job: str) -> JobState | Literal[""] | None:
     """The job's Slurm state, ``""`` once Slurm forgot it, None if squeue cannot tell."""
-    from dynamoctl.launch.slurm import job_state
+    from dynamoctl.launch.slurm_jobs import job_state
     from dynamoctl.util import aio
 
     try:

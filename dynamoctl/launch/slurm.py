@@ -12,8 +12,8 @@ instance stops when its supervisor dies even if the job goes on; when the job en
 ends its steps. Components stay children of their step (no ``--setsid``): with
 no-cgroup process tracking a detached process escapes ``scancel``.
 
-The login-node path (``submit``, ``job_state``, ``cancel``) wraps ``sbatch``, ``squeue`` and
-``scancel``.
+Jobs as a whole (``sbatch``, ``squeue``, ``scancel`` of a job, the login-node path) are
+:mod:`dynamoctl.launch.slurm_jobs`.
 """
 
 from __future__ import annotations
@@ -21,12 +21,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import math
 import os
 import shutil
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +40,7 @@ from dynamoctl.launch.api import (
 )
 from dynamoctl.launch.gpus import check_gpus
 from dynamoctl.launch.local import keeper_argv
-from dynamoctl.launch.slurm_state import JobState
+from dynamoctl.launch.slurm_jobs import client_output, job_nodes, run_client
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmContainer, SlurmTarget
 
@@ -66,7 +65,6 @@ _STRIPPED = """
     SRUN_CONTAINER SLURM_TASK_PROLOG SLURM_TASK_EPILOG SLURM_SPREAD_JOB SLURM_USE_MIN_NODES
 """
 STRIPPED_ENV = frozenset(_STRIPPED.split())
-CLIENT_TIMEOUT_S = 30.0
 KILL_FALLBACK_S = 10.0
 """After ``scancel --signal=KILL``, srun gets this long to notice before it is killed."""
 
@@ -84,39 +82,10 @@ def instance_env(spec: InstanceSpec) -> dict[str, str]:
     return env
 
 
-async def _run(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str, str]:
-    """Run a Slurm client command; (returncode, stdout, stderr). Bounded."""
-    try:
-        proc = await asyncio.create_subprocess_exec(
-            *argv,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            env=dict(env),
-        )
-    except OSError as exc:
-        raise LaunchError(f"cannot run {argv[0]!r}: {exc}") from exc
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), CLIENT_TIMEOUT_S)
-    except asyncio.TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise LaunchError(f"{' '.join(argv)}: no answer in {CLIENT_TIMEOUT_S:.0f} s") from None
-    return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
-
-
-async def _checked(argv: Sequence[str], env: Mapping[str, str], gone_ok: bool = False) -> str:
-    """stdout, or LaunchError; with ``gone_ok``, a job Slurm no longer knows gives ``""``."""
-    code, out, err = await _run(argv, env)
-    if code != 0 and not (gone_ok and "Invalid job id" in err):
-        raise LaunchError(f"{' '.join(argv)} failed ({code}): {err.strip()}")
-    return out
-
-
 async def list_steps(job_id: str, env: Mapping[str, str]) -> dict[str, str]:
     """The job's live steps: ``{"JOBID.STEPID": name}`` (empty once the job is gone)."""
     argv = ["squeue", "--steps", f"--jobs={job_id}", "-h", "-o", "%i %j"]
-    out = await _checked(argv, env, gone_ok=True)
+    out = await client_output(argv, env, gone_ok=True)
     steps = {}
     for line in out.splitlines():
         step, _, name = line.strip().partition(" ")
@@ -128,7 +97,7 @@ async def list_steps(job_id: str, env: Mapping[str, str]) -> dict[str, str]:
 async def scancel_step(step: str, sig: int, env: Mapping[str, str]) -> bool:
     """Send ``sig`` to every process of the step; False if it failed (or the step is gone)."""
     name = signal.Signals(sig).name.removeprefix("SIG")
-    code, _, _ = await _run(["scancel", f"--signal={name}", step], env)
+    code, _, _ = await run_client(["scancel", f"--signal={name}", step], env)
     return code == 0
 
 
@@ -269,7 +238,7 @@ class SlurmLauncher:
             json.dumps(ports),
             json.dumps(paths),
         ]
-        code, out, err = await _run(argv, self._env)
+        code, out, err = await run_client(argv, self._env)
         results = hostcheck.parse(out)
         if {r["host"] for r in results} != set(nodes):
             raise LaunchError(
@@ -291,7 +260,7 @@ class SlurmLauncher:
             *self._container_args(),
             "true",
         ]
-        code, _, err = await _run(argv, self._env)
+        code, _, err = await run_client(argv, self._env)
         if code != 0:
             why = err.strip().splitlines()[0] if err.strip() else f"exit {code}"
             raise LaunchError(
@@ -409,16 +378,6 @@ class SlurmLauncher:
         """Nothing held: srun's stdin pipes close with this process, and keepers act."""
 
 
-async def job_nodes(job: str, env: Mapping[str, str]) -> list[str]:
-    """Host names of a running job's nodes; LaunchError if it is not running."""
-    out = await _checked(["squeue", f"--jobs={job}", "-h", "-o", "%T %N"], env, gone_ok=True)
-    state, _, nodelist = out.strip().partition(" ")
-    if not state or JobState(state) is not JobState.RUNNING or not nodelist:
-        raise LaunchError(f"Slurm job {job} is not running (state: {state or 'gone'})")
-    hosts = await _checked(["scontrol", "show", "hostnames", nodelist], env)
-    return hosts.split()
-
-
 def _step_shape(spec: InstanceSpec, mpi: str) -> list[str]:
     """srun's node and task options: one task on ``host``; an MPI world (a TensorRT-LLM
     gang), ``mpi_tasks_per_node`` ranks on each of ``mpi_nodes``, wired by ``mpi``. One
@@ -439,100 +398,3 @@ def from_recipe(recipe: Recipe) -> SlurmLauncher:
     """The launcher for a Slurm recipe, inside its allocation (``$SLURM_JOB_ID``)."""
     assert isinstance(recipe.target, SlurmTarget)
     return SlurmLauncher(container=recipe.target.container, mpi=recipe.target.mpi)
-
-
-# --- the login-node path -------------------------------------------------------------------
-
-
-def sbatch_resources(target: SlurmTarget) -> list[str]:
-    """The ``sbatch`` options that give an allocation the shape the recipe needs."""
-    args = [f"--nodes={target.nodes}"]
-    if target.gpus_per_node > 0:
-        args.append(f"--gpus-per-node={target.gpus_per_node}")
-    return [*args, f"--partition={target.partition}"]
-
-
-BATCH_SCRIPT = Path(__file__).with_name("slurm_batch.sh")
-"""The batch script that runs ``dynamoctl up`` in the allocation (``slurm/launch.sh``)."""
-DRAIN_SIGNAL_MARGIN_S = 60
-"""Seconds the drain signal leaves beyond ``drain_timeout``: routers, frontend, etcd stop
-after the workers."""
-
-
-def drain_signal(drain_timeout: float) -> str:
-    """``--signal=B:TERM@N``: SIGTERM to the batch script (the supervisor, which drains)
-    ``N`` seconds before the time limit; at least the batch script's own 120 s."""
-    lead = max(120, math.ceil(drain_timeout) + DRAIN_SIGNAL_MARGIN_S)
-    return f"--signal=B:TERM@{lead}"
-
-
-def sbatch_args(
-    target: SlurmTarget, *, job_name: str, output: Path, drain_timeout: float
-) -> list[str]:
-    """``sbatch`` options for a recipe's Slurm target (``extra_sbatch_args`` last, verbatim)."""
-    args = [f"--job-name={job_name}", f"--output={output}", *sbatch_resources(target)]
-    args.append(drain_signal(drain_timeout))
-    if target.account:
-        args.append(f"--account={target.account}")
-    if target.time_limit:
-        args.append(f"--time={target.time_limit}")
-    return args + list(target.extra_sbatch_args)
-
-
-async def submit(
-    target: SlurmTarget,
-    script: Path,
-    args: Sequence[str] = (),
-    *,
-    job_name: str,
-    output: Path,
-    drain_timeout: float,
-    env: Mapping[str, str] | None = None,
-) -> str:
-    """Submit ``script args`` as a batch job shaped by ``target``; its job id."""
-    options = sbatch_args(target, job_name=job_name, output=output, drain_timeout=drain_timeout)
-    argv = ["sbatch", "--parsable", *options, str(script), *args]
-    out = await _checked(argv, os.environ if env is None else env)
-    job_id = out.strip().split(";")[0]  # "JOBID" or "JOBID;CLUSTER"
-    if not job_id.isdigit():
-        raise LaunchError(f"sbatch printed no job id: {out.strip()!r}")
-    return job_id
-
-
-async def submit_recipe(
-    recipe: Recipe, recipe_path: Path, *, output: Path, env: Mapping[str, str] | None = None
-) -> str:
-    """Submit :data:`BATCH_SCRIPT` for ``recipe`` (what ``sbatch slurm/launch.sh RECIPE``
-    does, with the recipe's options); its job id. The job runs ``dynamoctl up`` with this
-    interpreter (``DYNAMOCTL_PYTHON``)."""
-    assert isinstance(recipe.target, SlurmTarget)
-    return await submit(
-        recipe.target,
-        BATCH_SCRIPT,
-        [str(recipe_path)],
-        job_name=f"dynamoctl-{recipe.name}",
-        output=output,
-        drain_timeout=recipe.supervision.drain_timeout,
-        env={**(os.environ if env is None else env), "DYNAMOCTL_PYTHON": sys.executable},
-    )
-
-
-async def job_state(job_id: str, env: Mapping[str, str] | None = None) -> JobState | None:
-    """The job's state; None once Slurm forgot it."""
-    argv = ["squeue", f"--jobs={job_id}", "--states=all", "-h", "-o", "%T"]
-    out = await _checked(argv, os.environ if env is None else env, gone_ok=True)
-    return JobState(out.strip()) if out.strip() else None
-
-
-async def signal_batch(job_id: str, sig: int, env: Mapping[str, str] | None = None) -> bool:
-    """Send ``sig`` to the job's batch script only (there, the supervisor); False if the
-    job is gone."""
-    name = signal.Signals(sig).name.removeprefix("SIG")
-    argv = ["scancel", "--batch", f"--signal={name}", job_id]
-    code, _, _ = await _run(argv, os.environ if env is None else env)
-    return code == 0
-
-
-async def cancel(job_id: str, env: Mapping[str, str] | None = None) -> None:
-    """Cancel the job and every step in it (no error if it has already ended)."""
-    await _checked(["scancel", job_id], os.environ if env is None else env, gone_ok=True)

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from dynamoctl.launch.slurm import submit
+from dynamoctl.launch.slurm_jobs import submit
 from dynamoctl.recipe.targets import SlurmTarget
 
 HOLDER_SCRIPT = Path(__file__).with_name("slurm_growth.sh")

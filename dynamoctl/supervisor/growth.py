@@ -22,8 +22,9 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dynamoctl.launch.api import LaunchError
-from dynamoctl.launch.slurm import SlurmLauncher, cancel, job_nodes, job_state, step_env
+from dynamoctl.launch.slurm import SlurmLauncher, step_env
 from dynamoctl.launch.slurm_growth import submit_extra_job
+from dynamoctl.launch.slurm_jobs import cancel, job_nodes, job_state
 from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.models import Role
 from dynamoctl.recipe.targets import SlurmGrowth, SlurmTarget

@@ -24,7 +24,7 @@ import msgspec
 from dynamoctl.discovery.registry import etcd_url
 from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
-from dynamoctl.launch.slurm import sbatch_resources
+from dynamoctl.launch.slurm_jobs import sbatch_resources
 from dynamoctl.recipe.kv_offload import OffloadArgs, offload_args
 from dynamoctl.recipe.models import (
     EmbeddedDiscovery,

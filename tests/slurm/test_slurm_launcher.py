@@ -22,16 +22,8 @@ import psutil
 import pytest
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, stop
-from dynamoctl.launch.slurm import (
-    BATCH_SCRIPT,
-    STEP_PREFIX,
-    SlurmLauncher,
-    cancel,
-    job_state,
-    list_steps,
-    sbatch_args,
-    submit,
-)
+from dynamoctl.launch.slurm import STEP_PREFIX, SlurmLauncher, list_steps
+from dynamoctl.launch.slurm_jobs import BATCH_SCRIPT, cancel, job_state, sbatch_args, submit
 from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.targets import SlurmTarget
 from tests.infra.slurm_cluster import SlurmCluster
