@@ -115,7 +115,7 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
     async def scale(body: ScaleRequest) -> ScaleReply:
         if body.replicas < 0:
             raise ValueError("replicas must be >= 0")
-        return await get_supervisor().scale(body.pool, body.replicas)
+        return await get_supervisor().scaling.scale(body.pool, body.replicas)
 
     async def down(body: DownRequest) -> ControlReply:
         get_supervisor().request_down(now=body.now)

@@ -188,7 +188,7 @@ class Growth:
         self._set(job, GrowthState.RUNNING, f"nodes {', '.join(job.nodes)}")
         for index in job.waiting:
             try:
-                job.placed.append(self.sup.add_replica(job.role, index))
+                job.placed.append(self.sup.scaling.add_replica(job.role, index))
             except PlanError as exc:
                 job.message = str(exc)
                 log.error("extra Slurm job %s: %s", job.job, exc)

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
-from dynamoctl.recipe.models import Recipe, Role, Supervision
+from dynamoctl.recipe.models import Recipe, Supervision
 from dynamoctl.supervisor.gang import Gangs
 from dynamoctl.supervisor.growth import Growth
-from dynamoctl.supervisor.instance import Instance, InstanceName, free_indices
+from dynamoctl.supervisor.instance import Instance
 from dynamoctl.supervisor.metrics import RestartKey, TransitionKey
-from dynamoctl.supervisor.plan import GpuMap, Plan, PlanError, place_replica
+from dynamoctl.supervisor.plan import GpuMap, Plan
 from dynamoctl.supervisor.probes import DeploymentProber, Prober
 from dynamoctl.supervisor.report import (
     register_control,
@@ -42,6 +42,7 @@ from dynamoctl.supervisor.report import (
     status_report,
 )
 from dynamoctl.supervisor.rundir import RunDir
+from dynamoctl.supervisor.scaling import Scaling
 from dynamoctl.supervisor.states import (
     PHASE_TRANSITIONS,
     STATE_TRANSITIONS,
@@ -54,7 +55,7 @@ from dynamoctl.supervisor.states import (
 )
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
 from dynamoctl.util.backoff import Backoff
-from dynamoctl.wire.control import ScaleReply, StatusReport
+from dynamoctl.wire.control import StatusReport
 
 log = logging.getLogger(__name__)
 
@@ -117,11 +118,13 @@ class Supervisor:
             self.settings.probe_interval / 2,
             api_key=keys[0] if keys else None,
         )
-        self.instances = {spec.name: self._new(spec) for spec in plan.instances}
+        self.instances = {spec.name: self.new_instance(spec) for spec in plan.instances}
         self.gangs = Gangs(self)
         """Multi-node replicas: followers live, fail and stop with their leader."""
         self.growth = Growth(self)
         """Extra Slurm jobs beyond the allocation (recipe ``target.growth``)."""
+        self.scaling = Scaling(self)
+        """``scale``: replicas added where the plan places them, or drained."""
         for name, proc in (adopted or {}).items():  # their lives begin at watching
             self.instances[name].adopted = proc
         self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
@@ -140,7 +143,7 @@ class Supervisor:
         """Instance state changes since this supervisor started, for ``/metrics``."""
         self._discovery: Discovery | None = None
 
-    def _new(self, spec: InstanceSpec) -> Instance:
+    def new_instance(self, spec: InstanceSpec) -> Instance:
         return Instance(spec, Backoff(self.settings.backoff_base, self.settings.backoff_cap))
 
     # -- the whole deployment ------------------------------------------------------------
@@ -196,7 +199,7 @@ class Supervisor:
 
     async def _start_group(self, group: list[Instance]) -> None:
         for inst in group:
-            inst.task = asyncio.create_task(self._life(inst), name=f"life-{inst.spec.name}")
+            inst.task = asyncio.create_task(self.life(inst), name=f"life-{inst.spec.name}")
         waits = [asyncio.create_task(self._until_ready(inst)) for inst in group]
         try:
             await asyncio.gather(*waits)
@@ -273,7 +276,7 @@ class Supervisor:
 
     # -- one instance ---------------------------------------------------------------------
 
-    async def _life(self, inst: Instance) -> None:
+    async def life(self, inst: Instance) -> None:
         """Run ``inst`` until it is stopped on purpose, or fails for good."""
         try:
             while inst.wanted:
@@ -441,56 +444,6 @@ class Supervisor:
             task.add_done_callback(self._background.discard)
         await asyncio.sleep(0)
         return [i.spec.name for i in chosen]
-
-    async def scale(self, pool: str, replicas: int) -> ScaleReply:
-        """Drain the highest-numbered replicas of ``pool``, or add replicas at the lowest
-        free indices, placed (GPUs included) as the plan places them; past the allocation,
-        in an extra Slurm job when the recipe allows it (``growth.py``)."""
-        pools = self.recipe.workers.pools()
-        role = next((r for r in pools if r == pool), None)
-        if role is None:
-            raise KeyError(f"no worker pool {pool!r} (pools: {', '.join(pools)})")
-        active = sorted(  # leaders: a gang counts once
-            (
-                i
-                for i in self.instances.values()
-                if i.spec.pool == pool and i.wanted and not i.spec.rank
-            ),
-            key=lambda i: i.name,
-        )
-        waiting = self.growth.waiting(role)  # replicas whose extra job is queued
-        if replicas < len(active) + len(waiting):
-            gone = self.growth.withdraw(role, len(active) + len(waiting) - replicas)
-            drained: list[str] = []
-            for inst in active[replicas:]:
-                drained += await self.drain(inst.spec.name, "scale-down")
-            withdrawn = [str(InstanceName(pool, index)) for index in gone]
-            return ScaleReply(drained=drained, withdrawn=withdrawn)
-        reply = ScaleReply()
-        taken = [*(i.name.index for i in active), *waiting]
-        for index in free_indices(taken, replicas - len(taken)):
-            old = self.instances.get(str(InstanceName(pool, index)))
-            if old is not None and old.task is not None and not old.task.done():
-                raise PlanError(f"{old.spec.name} is still stopping; try again when it is STOPPED")
-            try:
-                reply.started.append(self.add_replica(role, index))
-            except PlanError as exc:  # the plan's words name the recipe field
-                job = await self.growth.defer(role, index, exc)  # or raises, saying why
-                reply.started.append(str(InstanceName(pool, index)))
-                reply.submitted += [job] if job else []
-        self.save()
-        return reply
-
-    def add_replica(self, role: Role, index: int) -> str:
-        """Place replica ``index`` of ``role`` on what the GPU map has left and start its
-        life; its name. PlanError when there is no room."""
-        url, run_dir = self.plan.discovery_url, self.run_dir.path
-        specs = place_replica(self.recipe, role, index, self.gpu_map, url, run_dir)
-        for spec in specs:
-            self.instances[spec.name] = self._new(spec)
-        inst, spec = self.instances[specs[0].name], specs[0]
-        inst.task = asyncio.create_task(self._life(inst), name=f"life-{spec.name}")
-        return spec.name
 
     # -- reporting ------------------------------------------------------------------------
 

@@ -164,20 +164,20 @@ async def test_scale_up_down_up_gives_gpus_back(tmp_path: Path) -> None:
         sup = h.sup
         assert sup.instances["agg-1"].spec.gpus == [1]
         with pytest.raises(PlanError, match="no free GPUs left for another agg replica"):
-            await sup.scale("agg", 3)
+            await sup.scaling.scale("agg", 3)
         assert "agg-2" not in sup.instances
 
-        assert (await sup.scale("agg", 1)).drained == ["agg-1"]
+        assert (await sup.scaling.scale("agg", 1)).drained == ["agg-1"]
         await h.until_state("agg-1", State.STOPPED)
         assert sup.gpu_map.used["localhost"] == {0}
 
-        assert (await sup.scale("agg", 2)).started == ["agg-1"]
+        assert (await sup.scaling.scale("agg", 2)).started == ["agg-1"]
         assert sup.instances["agg-1"].spec.gpus == [1]
         await h.until_state("agg-1", State.READY)
         assert sup.gpu_map.used["localhost"] == {0, 1}
         assert sup.restart_counts == {} and sup.instances["agg-1"].restarts == 0
         with pytest.raises(PlanError, match="no free GPUs"):
-            await sup.scale("agg", 3)
+            await sup.scaling.scale("agg", 3)
     assert sup.gpu_map.used["localhost"] == set()  # down gave everything back
 
 
