@@ -208,12 +208,29 @@ class Growth:
             except LaunchError:
                 continue  # squeue failed this time: ask again
             if job.state is GrowthState.RUNNING and (state is None or state.ended):
-                self._leave(job)
-                self._set(job, GrowthState.FAILED, f"ended by itself ({state or 'gone'})")
-                log.error("extra Slurm job %s ended by itself: stopping its replicas", job.job)
-                for inst in self.sup.gangs.leaders(self.sup.instances.values()):
-                    if inst.wanted and inst.spec.host in job.nodes:
-                        await self.sup.drain(inst.spec.name, f"extra job {job.job} ended")
+                await self._ended(job, state)
+
+    async def check_host(self, host: str) -> None:
+        """An instance on ``host`` failed: when ``host`` is a node of an extra job that has
+        ended, act now rather than at the next watch, so its replicas are stopped instead
+        of restarted into a job that is gone (their steps died with it)."""
+        for job in self.jobs:
+            if job.state is GrowthState.RUNNING and host in job.nodes:
+                try:
+                    state = await job_state(job.job)
+                except LaunchError:
+                    return  # squeue failed: the watch asks again
+                if job.state is GrowthState.RUNNING and (state is None or state.ended):
+                    await self._ended(job, state)
+                return
+
+    async def _ended(self, job: ExtraJob, state: JobState | None) -> None:
+        self._leave(job)
+        self._set(job, GrowthState.FAILED, f"ended by itself ({state or 'gone'})")
+        log.error("extra Slurm job %s ended by itself: stopping its replicas", job.job)
+        for inst in self.sup.gangs.leaders(self.sup.instances.values()):
+            if inst.wanted and inst.spec.host in job.nodes:
+                await self.sup.drain(inst.spec.name, f"extra job {job.job} ended")
 
     def _join(self, job: ExtraJob) -> None:
         """The job's nodes become the deployment's: in the GPU map, reached through it."""

@@ -372,7 +372,10 @@ class Supervisor:
         while inst.failures and inst.failures[0] < now - s.budget_window:
             inst.failures.popleft()
         inst.reason, inst.message = failure
-        spent = not self._starting and len(inst.failures) > s.restart_budget
+        if not self._starting:  # on a node of an extra job that ended: stopped, not restarted
+            await self.growth.check_host(inst.spec.host)
+        asked = inst.stop_asked.is_set()  # stopped meanwhile: no budget to spend
+        spent = not self._starting and not asked and len(inst.failures) > s.restart_budget
         if spent:
             inst.message += (
                 f"; restart budget spent ({s.restart_budget} restarts in "
