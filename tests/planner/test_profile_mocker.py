@@ -5,7 +5,6 @@ measures what it says it measures; and what it refuses."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -25,17 +24,6 @@ PREFILL_OVERHEAD = 0.025
 """A TTFT is the model's prefill plus the request's way through the frontend (parsing a
 few thousand token ids, routing, the first chunk back): up to this much on a loaded
 2-core machine, measured 2 to 17 ms. Never less than the model's prefill."""
-
-
-@pytest.fixture
-def cli(tmp_path: Path) -> Iterator[Cli]:
-    cli = Cli(home=tmp_path / "home", tmp=tmp_path)
-    try:
-        yield cli
-    finally:
-        runs = cli.home / "runs"
-        for run in runs.iterdir() if runs.is_dir() else []:
-            cli("down", run.name, "--now", timeout=60)
 
 
 def _recipe(cli: Cli) -> Path:
