@@ -15,30 +15,29 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.supervisor.conftest import Cli, completions_until, free_port, live_in_group, states
+from tests.supervisor.conftest import (
+    Cli,
+    completions_until,
+    free_port,
+    live_in_group,
+    mocker_recipe,
+    states,
+)
 
 pytestmark = pytest.mark.gang
 
 
 def gang_recipe(name: str, port: int, replicas: int = 2) -> str:
-    return f"""\
-schema: 1
-name: {name}
-model: {{name: mock-llama, path: mock-llama, block_size: 16}}
-frontend: {{port: {port}}}
-workers:
-  agg:
-    engine: mocker
-    replicas: {replicas}
-    nodes_per_replica: 2
-    gpus_per_replica: 0
-    engine_args: {{num-gpu-blocks: 1024, speedup-ratio: 10, collective-timeout: 60}}
-supervision:
-  probe_interval: 0.3
-  backoff_base: 0.2
-  hang_timeout: 4
-  drain_timeout: 20
-"""
+    """:func:`mocker_recipe`'s deployment with each replica a gang of two members, which
+    answer every simulated step within the collective timeout."""
+    text = mocker_recipe(name, port, replicas)
+    for old, new in (
+        ("    gpus_per_replica: 0\n", "    nodes_per_replica: 2\n    gpus_per_replica: 0\n"),
+        ("speedup-ratio: 10}", "speedup-ratio: 10, collective-timeout: 60}"),
+    ):
+        assert old in text, old
+        text = text.replace(old, new)
+    return text
 
 
 def _row(report: dict[str, Any], name: str) -> dict[str, Any]:
