@@ -32,8 +32,6 @@ import json
 import os
 import platform
 import random
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +42,7 @@ from typing import Any
 
 import httpx
 import msgspec
+from chaos import dynamoctl, free_port
 from probes import MODEL, latency_ms
 
 from dynamoctl.bench.client import RequestRecord, Sender
@@ -138,20 +137,6 @@ workers:
                    speedup-ratio: {SPEEDUP}}}
 supervision: {{probe_interval: 0.5, drain_timeout: 60}}
 {PLANNER.replace("PROFILE", str(profile)) if name == "planner" else ""}"""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def dynamoctl(home: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "DYNAMOCTL_HOME": str(home)}
-    return subprocess.run(
-        [sys.executable, "-m", "dynamoctl", *args],
-        env=env, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
 
 
 def bursty(seed: int) -> Iterator[Session]:
