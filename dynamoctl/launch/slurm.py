@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -65,6 +66,7 @@ _STRIPPED = """
     SRUN_CONTAINER SLURM_TASK_PROLOG SLURM_TASK_EPILOG SLURM_SPREAD_JOB SLURM_USE_MIN_NODES
 """
 STRIPPED_ENV = frozenset(_STRIPPED.split())
+log = logging.getLogger(__name__)
 KILL_FALLBACK_S = 10.0
 """After ``scancel --signal=KILL``, srun gets this long to notice before it is killed."""
 
@@ -101,6 +103,16 @@ async def scancel_step(step: str, sig: int, env: Mapping[str, str]) -> bool:
     return code == 0
 
 
+async def kill_strays(job: str, name: str, before: set[str], env: Mapping[str, str]) -> None:
+    """SIGKILL every live step of ``job`` named ``name`` that is not in ``before``: steps
+    whose srun is gone. Slurm keeps such a step's tasks running (the keeper's stdin, which
+    slurmstepd relays from srun, never closes), holding the GPUs and ports a restart needs."""
+    for step, step_name in (await list_steps(job, env)).items():
+        if step_name == name and step not in before:
+            log.warning("step %s (%s) outlived its srun: killing it", step, name)
+            await scancel_step(step, signal.SIGKILL, env)
+
+
 class SlurmStep:
     """A running ``srun`` (local, own session) and the job step it made (remote)."""
 
@@ -110,13 +122,28 @@ class SlurmStep:
         self._proc = proc
         self._env = env
         self.record = record
+        self._step_ended: asyncio.Future[None] | None = None
 
     @property
     def returncode(self) -> int | None:
         return self._proc.returncode
 
     async def wait(self) -> int:
-        return await self._proc.wait()
+        """srun's status, once srun has ended and its step with it (killed if srun was
+        killed alone: an OOM kill, a stray SIGKILL)."""
+        code = await self._proc.wait()
+        if self._step_ended is None:
+            self._step_ended = asyncio.ensure_future(self._kill_step_left())
+        await asyncio.shield(self._step_ended)
+        return code
+
+    async def _kill_step_left(self) -> None:
+        step = self.record.step
+        if step is None or step not in await list_steps(step.partition(".")[0], self._env):
+            return
+        code = self._proc.returncode
+        log.warning("step %s outlived its srun (status %s): killing it", step, code)
+        await scancel_step(step, signal.SIGKILL, self._env)
 
     async def signal(self, sig: int) -> None:
         if self._proc.returncode is not None:
@@ -347,6 +374,8 @@ class SlurmLauncher:
                 if proc.returncode is None:
                     os.killpg(proc.pid, sig)
                     await asyncio.wait_for(proc.wait(), 5)
+        # srun may have made the step before it died, or been SIGKILLed above.
+        await kill_strays(job, name, before, self._env)
         raise LaunchError(
             f"{spec.name}: no job step on {spec.host} after {self.step_timeout:.0f} s "
             f"(srun still waiting for resources?); see {log}"

@@ -22,7 +22,7 @@ import psutil
 import pytest
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, stop
-from dynamoctl.launch.slurm import STEP_PREFIX, SlurmLauncher, list_steps
+from dynamoctl.launch.slurm import STEP_PREFIX, SlurmLauncher, kill_strays, list_steps
 from dynamoctl.launch.slurm_jobs import BATCH_SCRIPT, cancel, job_state, sbatch_args, submit
 from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.targets import SlurmTarget
@@ -190,6 +190,54 @@ async def test_start_that_times_out_leaves_nothing(
     await _steps_end(
         slurm, allocation, [s for s in await _steps(slurm, allocation) if not s.endswith(".batch")]
     )
+
+
+async def test_a_step_whose_srun_is_killed_alone_is_killed_too(
+    slurm: SlurmCluster, allocation: str, tmp_path: Path, marker: str
+) -> None:
+    """SIGKILL to srun alone (the OOM killer) leaves its step's tasks running, with the
+    keeper's stdin never closing; the instance's end must take the step with it, or its
+    restart finds the GPUs and ports still held."""
+    launcher = SlurmLauncher(job_id=allocation, env=slurm.env)
+    proc = await launcher.start(_spec("lone", slurm.node, SLEEPER, marker), tmp_path / "l.log")
+    await _until(lambda: "up lone" in _text(tmp_path / "l.log"), what="lone is up")
+    os.killpg(proc.record.pgid, signal.SIGKILL)
+    assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGKILL
+    await _steps_end(slurm, allocation, [proc.record.step])
+    await _until(lambda: not _marked(marker), what=f"no process left with {marker}")
+
+
+async def test_kill_strays_ends_a_step_that_lost_its_srun(
+    slurm: SlurmCluster, allocation: str, tmp_path: Path, marker: str
+) -> None:
+    """What a timed-out start does once srun is gone: the steps of that name it made die."""
+    launcher = SlurmLauncher(job_id=allocation, env=slurm.env)
+    name = f"{STEP_PREFIX}stray"
+    before = set(await _steps(slurm, allocation))
+    with (tmp_path / "s.log").open("wb") as out:
+        srun = await asyncio.create_subprocess_exec(
+            *launcher.describe(_spec("stray", slurm.node, SLEEPER, marker)),
+            stdin=asyncio.subprocess.PIPE,
+            stdout=out,
+            stderr=asyncio.subprocess.STDOUT,
+            env=slurm.env,
+            start_new_session=True,
+        )
+    try:
+        await _until(lambda: "up stray" in _text(tmp_path / "s.log"), what="stray is up")
+        os.killpg(srun.pid, signal.SIGKILL)
+        await asyncio.wait_for(srun.wait(), 10)
+        await kill_strays(allocation, f"{STEP_PREFIX}other", before, slurm.env)  # not its name
+        assert _marked(marker, "stray")
+        await kill_strays(allocation, name, before, slurm.env)
+        await _until(lambda: not _marked(marker), what=f"no process left with {marker}")
+        named: list[str | None] = [
+            s for s, n in (await _steps(slurm, allocation)).items() if n == name
+        ]
+        await _steps_end(slurm, allocation, named)
+    finally:
+        if srun.returncode is None:
+            srun.kill()
 
 
 async def test_preflight_names_a_host_outside_the_allocation(
