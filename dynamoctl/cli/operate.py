@@ -113,6 +113,9 @@ def scale(
         True, help="Wait until added replicas are READY and removed ones STOPPED."
     ),
     timeout: float = typer.Option(600.0, help="Seconds to wait."),
+    force: bool = typer.Option(
+        False, help="Scale a pool the recipe's planner sizes (it may change it again)."
+    ),
 ) -> None:
     """Change a worker pool's replica count (scale-downs drain the highest-numbered)."""
     pool, eq, count = assignment.partition("=")
@@ -121,7 +124,9 @@ def scale(
     run_dir = find_deployment(name)
     client = _client(run_dir)
     try:
-        reply = client.scale(pool, int(count))
+        reply = client.scale(pool, int(count), force=force)
+        if reply.note:
+            typer.echo(f"{pool}={count}: note: {reply.note}", err=True)
         if not reply.started and not reply.drained and not reply.withdrawn:
             typer.echo(f"{pool}={count}: nothing to change")
             return

@@ -106,7 +106,7 @@ class SupervisorLink:
                 client = await self._find()
                 if client is None:
                     raise ControlError("no supervisor control endpoint in discovery")
-                reply = await asyncio.to_thread(client.scale, role, replicas)
+                reply = await asyncio.to_thread(client.scale, role, replicas, by_planner=True)
             except (ControlError, DiscoveryError, OSError) as exc:
                 self.failures[role] += 1
                 delay = backoff.next()

@@ -115,7 +115,20 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
     async def scale(body: ScaleRequest) -> ScaleReply:
         if body.replicas < 0:
             raise ValueError("replicas must be >= 0")
-        return await get_supervisor().scaling.scale(body.pool, body.replicas)
+        scaling = get_supervisor().scaling
+        bounds = None if body.by_planner else scaling.planned(body.pool)
+        if bounds is not None and not body.force:
+            # Accepted, it would be undone at the planner's next decision: silently lost.
+            raise PlanError(
+                f"pool {body.pool!r} is sized by the planner (recipe `planner:`, "
+                f"{bounds[0]} to {bounds[1]} replicas), which would undo this at its next "
+                f"decision: change its bounds in the recipe, or `dynamoctl scale "
+                f"{body.pool}={body.replicas} --force` to scale it now anyway"
+            )
+        reply = await scaling.scale(body.pool, body.replicas)
+        if bounds is not None:
+            reply.note = f"the planner sizes {body.pool} and may change it at its next decision"
+        return reply
 
     async def down(body: DownRequest) -> ControlReply:
         get_supervisor().request_down(now=body.now)
@@ -162,8 +175,11 @@ class ControlClient:
     def drain(self, target: str) -> ControlReply:
         return self._call("POST", "/drain", DrainRequest(target=target), ControlReply)
 
-    def scale(self, pool: str, replicas: int) -> ScaleReply:
-        return self._call("POST", "/scale", ScaleRequest(pool=pool, replicas=replicas), ScaleReply)
+    def scale(
+        self, pool: str, replicas: int, *, by_planner: bool = False, force: bool = False
+    ) -> ScaleReply:
+        body = ScaleRequest(pool=pool, replicas=replicas, by_planner=by_planner, force=force)
+        return self._call("POST", "/scale", body, ScaleReply)
 
     def down(self, now: bool) -> ControlReply:
         return self._call("POST", "/down", DownRequest(now=now), ControlReply)

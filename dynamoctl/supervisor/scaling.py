@@ -20,6 +20,16 @@ class Scaling:
     def __init__(self, sup: Supervisor) -> None:
         self.sup = sup
 
+    def planned(self, pool: str) -> tuple[int, int] | None:
+        """The planner's (fewest, most) replicas of ``pool``; None if no planner sizes it
+        (none in the recipe, or ``drain planner-0`` stopped it)."""
+        planner = self.sup.recipe.planner
+        role = next((r for r in self.sup.recipe.workers.pools() if r == pool), None)
+        running = any(
+            i.spec.component == "planner" and i.wanted for i in self.sup.instances.values()
+        )
+        return planner.bounds(role) if planner and role and running else None
+
     async def scale(self, pool: str, replicas: int) -> ScaleReply:
         """Drain the highest-numbered replicas of ``pool``, or add replicas at the lowest
         free indices; what was drained, withdrawn (queued in an extra job), started and

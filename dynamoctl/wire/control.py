@@ -90,6 +90,12 @@ class DrainRequest(msgspec.Struct, kw_only=True):
 class ScaleRequest(msgspec.Struct, kw_only=True):
     pool: str
     replicas: int
+    by_planner: bool = False
+    """Sent by the planner, the one caller that sizes the pools of a recipe with a
+    ``planner:`` section without ``force``."""
+    force: bool = False
+    """Scale a pool the planner sizes anyway (``dynamoctl scale --force``): it may change
+    it again at its next decision. Without it such a request is refused (409)."""
 
 
 class ScaleReply(msgspec.Struct, kw_only=True):
@@ -102,6 +108,8 @@ class ScaleReply(msgspec.Struct, kw_only=True):
     submitted: list[str] = []
     """Extra Slurm jobs submitted for some of ``started`` (the allocation was full): those
     replicas appear in ``status`` once their job runs."""
+    note: str = ""
+    """For the operator: a forced scale of a pool the planner sizes says it may not last."""
 
 
 class DownRequest(msgspec.Struct, kw_only=True):

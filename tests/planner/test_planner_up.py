@@ -167,5 +167,20 @@ def test_load_step_scales_up_and_load_drop_drains_back(cli: Cli) -> None:
         30,
         "the planner restarted",
     )
+    # An operator's scale of a planned pool would be undone: refused unless forced.
+    refused = cli("scale", "agg=2", timeout=30)
+    assert refused.returncode == 1
+    assert (
+        f"pool 'agg' is sized by the planner (recipe `planner:`, 1 to {BUDGET + 1}"
+        in refused.stderr
+    )
+    assert "`dynamoctl scale agg=2 --force`" in refused.stderr
+    forced = cli("scale", "agg=1", "--force", timeout=30)
+    assert forced.returncode == 0, forced.stderr
+    assert "nothing to change" in forced.stdout and "may change it" in forced.stderr
+    # With the planner drained, nothing undoes a scale: accepted as on any pool.
+    assert cli("drain", "planner-0", timeout=60).returncode == 0
+    unplanned = cli("scale", "agg=1", timeout=30)
+    assert unplanned.returncode == 0 and "note" not in unplanned.stderr, unplanned.stderr
     down = cli("down", "planned", timeout=90)
     assert down.returncode == 0, down.stderr
