@@ -22,11 +22,8 @@ Limits on headers and slow clients are the HTTP server's (:mod:`dynamoctl.util.h
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator
-from json.encoder import encode_basestring_ascii
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -37,10 +34,10 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dynamoctl import __version__
-from dynamoctl.frontend.asgi import ASGIApp, Disconnect, Message, Receive, Scope, Send, read_body
+from dynamoctl.frontend.asgi import ASGIApp, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
-from dynamoctl.frontend.choices import Choices, Delta
+from dynamoctl.frontend.choices import Choices
 from dynamoctl.frontend.errors import (
     OpenAIError,
     bad_request,
@@ -48,19 +45,14 @@ from dynamoctl.frontend.errors import (
     model_not_found,
     model_unavailable,
 )
-from dynamoctl.frontend.generate import Generator, Outcome
+from dynamoctl.frontend.generate import Generator
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
-from dynamoctl.frontend.shape import Shape, sse_data, usage_of
-from dynamoctl.frontend.shaping import (
-    delta_events,
-    finish_events,
-    planned,
-    shape_messages,
-    text_frames,
-)
+from dynamoctl.frontend.respond import stream, whole
+from dynamoctl.frontend.shape import Shape
+from dynamoctl.frontend.shaping import planned
 from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
@@ -176,17 +168,6 @@ class _Raw(Response):
         await self.handler(scope, receive, send)
 
 
-_SSE_START: Message = {
-    "type": "http.response.start",
-    "status": 200,
-    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
-}
-
-
-def _part(data: bytes) -> Message:
-    return {"type": "http.response.body", "body": data, "more_body": True}
-
-
 class _Completions:
     """``POST /v1/completions`` and ``/v1/chat/completions`` as raw ASGI handlers."""
 
@@ -235,10 +216,10 @@ class _Completions:
         shape = Shape(endpoint, choices.request_id, model.name)
         if body.stream:
             include_usage = bool(body.stream_options and body.stream_options.include_usage)
-            await self._stream(receive, send, deltas, shape, choices, body.choices(),
-                               include_usage)  # fmt: skip
+            await stream(self.metrics, receive, send, deltas, shape, choices, body.choices(),
+                         include_usage)  # fmt: skip
         else:
-            await self._whole(scope, receive, send, deltas, shape, choices, body.choices())
+            await whole(self.metrics, scope, receive, send, deltas, shape, choices, body.choices())
 
     async def _chat(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, ChatCompletionRequest)
@@ -296,163 +277,6 @@ class _Completions:
         if isinstance(ids, int):
             raise too_long(context, ids, param)
         return ids
-
-    async def _stream(
-        self,
-        receive: Receive,
-        send: Send,
-        deltas: AsyncIterator[Delta],
-        shape: Shape,
-        choices: Choices,
-        n: int,
-        include_usage: bool,
-    ) -> None:
-        """SSE: headers at once, an event per text delta, errors in-band, then ``[DONE]``.
-
-        An event is written as soon as it is made unless the worker's next chunk is already
-        buffered (``outcome.probe``, one choice) or every choice has finished: then it waits
-        for the events behind it and they go out in one write, so a frontend that falls
-        behind under load makes fewer, larger writes instead of one syscall per token. The
-        events after the last delta (finish, usage, ``[DONE]``) go out in one write with the
-        end of the body."""
-        metrics = self.metrics
-        name = shape.model
-        await send(_SSE_START)
-        watch = Disconnect(receive)
-        held: list[bytes] = []  # events not written yet: the worker's next chunk is here
-        outcomes = choices.outcomes
-        try:
-            metrics.inflight.labels(name).inc()
-            try:
-                try:
-                    held += self._openings(shape, choices, include_usage)
-                    frames = text_frames(shape, choices, include_usage)
-                    shapers = choices.shapers  # reasoning and tool calls: not just text
-                    buffered = outcomes[0].probe.buffered if len(outcomes) == 1 else _never
-                    async for index, text in deltas:
-                        if not text:
-                            if text is None:  # the choice has finished
-                                held += finish_events(shape, choices, index, include_usage)
-                            # "": nothing to say, but the generator is about to wait: flush
-                        elif shapers:  # reasoning and tool calls: deltas of their own
-                            pushed = shapers[index].push(text)
-                            held += delta_events(shape, choices, index, pushed, include_usage)
-                        elif (frame := frames[index]) is not None:  # the per-token hot path
-                            held.append(
-                                frame[0] + encode_basestring_ascii(text).encode() + frame[1]
-                            )
-                        else:
-                            chunk = shape.chunk(text, index=index,
-                                                logprobs=choices.new_logprobs(index))  # fmt: skip
-                            held.append(sse_data(shape.with_usage(chunk, include_usage)))
-                        # Hold while more is already here (or the end is): one write for all.
-                        if held and not buffered() and not choices.done():
-                            event = held[0] if len(held) == 1 else b"".join(held)
-                            held.clear()
-                            await send(
-                                {"type": "http.response.body", "body": event, "more_body": True}
-                            )
-                    tail = held
-                    if include_usage:
-                        final = shape.chunk(None)
-                        final["choices"] = []
-                        final["usage"] = usage_of(
-                            outcomes, choices.prompt_tokens, choices.cached_tokens(n)
-                        )
-                        tail.append(sse_data(final))
-                except OpenAIError as exc:  # headers are sent: report in-band, as OpenAI does
-                    tail = [*held, sse_data(exc.body())]
-                except Exception:  # a bug: the stream still ends well-formed
-                    log.exception("stream of %s failed", shape.id)
-                    tail = [*held, sse_data(internal_error().body())]
-                tail.append(b"data: [DONE]\n\n")
-            except asyncio.CancelledError:  # client went away: the worker stream is cancelled
-                metrics.cancellations.labels(name).inc()
-                raise
-            finally:
-                metrics.inflight.labels(name).dec()
-                status = "200" if choices.done() else "error"
-                _count(metrics, name, shape.endpoint, outcomes, status)
-            watch.stop()
-            await send({"type": "http.response.body", "body": b"".join(tail), "more_body": False})
-        except asyncio.CancelledError:
-            if not watch.gone:
-                raise
-            watch.absorb()
-        finally:
-            watch.stop()
-
-    @staticmethod
-    def _openings(shape: Shape, choices: Choices, include_usage: bool) -> list[bytes]:
-        """Events before any token: chat's role, completions' echoed prompt."""
-        events = []
-        for i in range(len(choices.jobs)):
-            if shape.chat:
-                events.append(shape.chunk("", first=True, index=i))
-            elif choices.echo and choices.echo[i]:
-                events.append(shape.chunk(choices.echo[i], index=i))
-        return [sse_data(shape.with_usage(e, include_usage)) for e in events]
-
-    async def _whole(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        deltas: AsyncIterator[Delta],
-        shape: Shape,
-        choices: Choices,
-        n: int,
-    ) -> None:
-        """One JSON body; a client that disconnects meanwhile cancels the generation."""
-        metrics = self.metrics
-        name = shape.model
-        watch = Disconnect(receive)
-        metrics.inflight.labels(name).inc()
-        error: BaseException | None = None
-        texts = list(choices.echo) if choices.echo else [""] * len(choices.jobs)
-        try:
-            async for index, text in deltas:
-                if text:
-                    texts[index] += text
-        except BaseException as exc:
-            error = exc
-        finally:
-            watch.stop()
-            metrics.inflight.labels(name).dec()
-        if error is not None:
-            if isinstance(error, asyncio.CancelledError) and watch.gone:
-                metrics.cancellations.labels(name).inc()
-                watch.absorb()
-                return
-            if isinstance(error, OpenAIError):
-                await error.response()(scope, receive, send)
-                return
-            if isinstance(error, Exception):
-                log.error("request %s failed", shape.id, exc_info=error)
-                await internal_error().response()(scope, receive, send)
-                return
-            raise error
-        _count(metrics, name, shape.endpoint, choices.outcomes, "200")
-        parts = [
-            (texts[i], outcome, choices.all_logprobs(i))
-            for i, outcome in enumerate(choices.outcomes)
-        ]
-        whole = shape.full(parts, choices.prompt_tokens, choices.cached_tokens(n))
-        shape_messages(whole, choices, texts)  # reasoning, tool calls
-        await JSONResponse(whole)(scope, receive, send)
-
-
-def _never() -> bool:
-    return False
-
-
-def _count(
-    metrics: FrontendMetrics, model: str, endpoint: str, outcomes: list[Outcome], status: str
-) -> None:
-    """One request, whatever its number of choices; the tokens of all of them."""
-    metrics.requests.labels(model, endpoint, status).inc()
-    metrics.output_tokens.labels(model).inc(sum(o.completion_tokens for o in outcomes))
-    metrics.cached_tokens.labels(model).inc(sum(o.cached_tokens for o in outcomes))
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:
