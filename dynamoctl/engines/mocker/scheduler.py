@@ -236,13 +236,18 @@ class Scheduler:
 
     def schedule(self) -> StepPlan:
         """Pick the step's work and allocate its blocks (see the module docstring)."""
-        cfg, pool, tiers = self.config, self.pool, self.tiers
-        bs = cfg.block_size
         plan = StepPlan()
-        budget = cfg.max_num_batched_tokens
-        running = self.running
         self._stepping = True
+        budget = self._continue_running(plan, self.config.max_num_batched_tokens)
+        if not plan.num_preempted:
+            self._admit_waiting(plan, budget)
+        plan.kv_usage = self.pool.num_active / self.config.num_gpu_blocks
+        return plan
 
+    def _continue_running(self, plan: StepPlan, budget: int) -> int:
+        """Schedule the running sequences in order, preempting from the back when blocks
+        run out; the token budget left."""
+        pool, bs, running = self.pool, self.config.block_size, self.running
         i = 0
         while i < len(running) and budget > 0:
             seq = running[i]
@@ -268,13 +273,13 @@ class Scheduler:
             else:
                 plan.prefill_tokens += n
             i += 1
+        return budget
 
-        while (
-            not plan.num_preempted
-            and self.waiting
-            and budget > 0
-            and len(running) < cfg.max_num_seqs
-        ):
+    def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
+        """Admit waiting sequences, in order, while budget, sequence slots and blocks last."""
+        cfg, pool, tiers = self.config, self.pool, self.tiers
+        bs, running = cfg.block_size, self.running
+        while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
             seq = self.waiting[0]
             hits = (
                 pool.match_prefix(seq.hashes, (len(seq.tokens) - 1) // bs) if self._caching else []
@@ -312,9 +317,6 @@ class Scheduler:
             else:
                 plan.prefill_tokens += n
             budget -= n
-
-        plan.kv_usage = pool.num_active / cfg.num_gpu_blocks
-        return plan
 
     def finish_step(self, plan: StepPlan) -> list[StepOutput]:
         """The step's compute is done: record progress, sample tokens, finish requests."""
