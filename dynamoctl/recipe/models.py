@@ -323,10 +323,13 @@ class Supervision(RecipeModel):
     "Restarting the supervisor")."""
     control_host: NonEmptyStr | None = None
     """IPv4 address or host name the supervisor's control endpoint (``status``, ``drain``,
-    ``scale``, ``down``, ``/metrics``) listens on; ``state.json`` records its URL with this
-    host, or this machine's host name for ``0.0.0.0``. Default: ``127.0.0.1`` for a local
-    target; ``0.0.0.0`` for ssh and slurm, so that commands on a login node that shares the
-    run directory reach it. Every route but ``/metrics`` needs the token in ``state.json``."""
+    ``scale``, ``down``, ``/metrics``) listens on; ``state.json`` and discovery record its
+    URL with this host. For ``0.0.0.0`` they record this machine's host name if it resolves
+    to the address this machine reaches the head host from, else that address (a name
+    mapped to 127.0.1.1 would send the planner on the head host to itself). Default:
+    ``127.0.0.1`` for a local target; ``0.0.0.0`` for ssh and slurm, so that commands on a
+    login node that shares the run directory reach it. Every route but ``/metrics`` needs
+    the token in ``state.json``."""
 
 
 class Recipe(RecipeModel):

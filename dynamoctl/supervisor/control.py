@@ -30,6 +30,7 @@ from dynamoctl.recipe.targets import LocalTarget
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.supervisor import Supervisor
+from dynamoctl.util.net import resolve, source_address
 from dynamoctl.wire.control import (
     ControlReply,
     DownRequest,
@@ -54,16 +55,26 @@ class Unreachable(ControlError):
     """No answer from the control endpoint (nothing listens, or the host is unreachable)."""
 
 
-def control_address(recipe: Recipe) -> tuple[str, str]:
-    """(address to listen on, host to put in the recorded URL) for ``recipe``'s supervisor.
+def control_address(recipe: Recipe, head: str | None = None) -> tuple[str, str]:
+    """(address to listen on, host to put in the recorded URL) for ``recipe``'s supervisor;
+    ``head``: the address of the deployment's head host, where the planner runs.
 
     Listening on every interface rather than on the resolved host name: Debian maps a
-    machine's own name to 127.0.1.1 in /etc/hosts, which other hosts cannot reach.
+    machine's own name to 127.0.1.1 in /etc/hosts, which other hosts cannot reach. For the
+    same reason the URL names this machine only where its name resolves to the address it
+    reaches the head host from; elsewhere (a loopback name, a name on another network) it
+    carries that address.
     """
     host = recipe.supervision.control_host
     if host is None:
         host = "127.0.0.1" if isinstance(recipe.target, LocalTarget) else "0.0.0.0"
-    return host, socket.gethostname() if host in ANY_ADDRESS else host
+    if host not in ANY_ADDRESS:
+        return host, host
+    name = socket.gethostname()
+    toward_head = source_address(head) if head is not None else None
+    if toward_head is None or resolve(name) == toward_head:
+        return host, name
+    return host, toward_head
 
 
 def _json(payload: msgspec.Struct, status: int = 200) -> Response:

@@ -75,7 +75,7 @@ async def serve(
         if adopted:
             log.info("took back %s from the previous supervisor", ", ".join(sorted(adopted)))
         token = credentials.control_token(run_dir.path)
-        bind, shown = control_address(recipe)
+        bind, shown = control_address(recipe, plan.hosts[0].address)
         made: list[Supervisor] = []  # the routes act on it once it exists (below)
         try:
             control = BoundServer(build_app(lambda: made[0], token), bind, 0)

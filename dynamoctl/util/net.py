@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
+import socket
 
 
 def is_loopback(host: str) -> bool:
@@ -13,3 +15,21 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return False
+
+
+def resolve(name: str) -> str | None:
+    """``name``'s IPv4 address here; None if it does not resolve."""
+    try:
+        return socket.gethostbyname(name)
+    except OSError:
+        return None
+
+
+def source_address(peer: str) -> str | None:
+    """The local address this machine sends from to reach ``peer`` (a UDP ``connect``:
+    the kernel picks the route, no packet is sent); None without a route."""
+    with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
+        udp.connect((peer, 9))
+        address: str = udp.getsockname()[0]
+        return address
+    return None

@@ -100,6 +100,14 @@ async def _steps_end(slurm: SlurmCluster, job: str, steps: list[str | None]) -> 
     raise AssertionError(f"steps {left} of job {job} still listed")
 
 
+async def _nothing_left(
+    slurm: SlurmCluster, job: str, steps: list[str | None], marker: str
+) -> None:
+    """``steps`` ended and no process carries ``marker`` any more."""
+    await _steps_end(slurm, job, steps)
+    await _until(lambda: not _marked(marker), what=f"no process left with {marker}")
+
+
 async def test_steps_logs_and_stopping_one_leaves_the_other(
     slurm: SlurmCluster, allocation: str, tmp_path: Path, marker: str
 ) -> None:
@@ -129,8 +137,7 @@ async def test_steps_logs_and_stopping_one_leaves_the_other(
         assert _marked(marker, "b")
     finally:
         await stop(b, grace=15)
-    await _steps_end(slurm, allocation, [b.record.step])
-    await _until(lambda: not _marked(marker), what=f"no process left with {marker}")
+    await _nothing_left(slurm, allocation, [b.record.step], marker)
 
 
 async def test_exit_status_reaches_returncode(
@@ -160,8 +167,7 @@ async def test_stop_kills_an_instance_that_ignores_sigterm(
     code = await asyncio.wait_for(stop(proc, grace=2), 60)
     assert code == 128 + signal.SIGKILL, _text(tmp_path / "deaf.log")
     assert time.monotonic() - started >= 2  # SIGTERM alone did not end it
-    await _steps_end(slurm, allocation, [proc.record.step])
-    await _until(lambda: not _marked(marker), what=f"no process left with {marker}")
+    await _nothing_left(slurm, allocation, [proc.record.step], marker)
 
 
 async def test_reap_from_a_record_alone(
@@ -203,8 +209,7 @@ async def test_a_step_whose_srun_is_killed_alone_is_killed_too(
     await _until(lambda: "up lone" in _text(tmp_path / "l.log"), what="lone is up")
     os.killpg(proc.record.pgid, signal.SIGKILL)
     assert await asyncio.wait_for(proc.wait(), 30) == -signal.SIGKILL
-    await _steps_end(slurm, allocation, [proc.record.step])
-    await _until(lambda: not _marked(marker), what=f"no process left with {marker}")
+    await _nothing_left(slurm, allocation, [proc.record.step], marker)
 
 
 async def test_kill_strays_ends_a_step_that_lost_its_srun(
@@ -230,11 +235,10 @@ async def test_kill_strays_ends_a_step_that_lost_its_srun(
         await kill_strays(allocation, f"{STEP_PREFIX}other", before, slurm.env)  # not its name
         assert _marked(marker, "stray")
         await kill_strays(allocation, name, before, slurm.env)
-        await _until(lambda: not _marked(marker), what=f"no process left with {marker}")
         named: list[str | None] = [
             s for s, n in (await _steps(slurm, allocation)).items() if n == name
         ]
-        await _steps_end(slurm, allocation, named)
+        await _nothing_left(slurm, allocation, named, marker)
     finally:
         if srun.returncode is None:
             srun.kill()
