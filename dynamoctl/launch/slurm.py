@@ -139,7 +139,11 @@ class SlurmStep:
 
     async def _kill_step_left(self) -> None:
         step = self.record.step
-        if step is None or step not in await list_steps(step.partition(".")[0], self._env):
+        try:
+            if step is None or step not in await list_steps(step.partition(".")[0], self._env):
+                return
+        except LaunchError as exc:  # squeue failed: the job's end ends the step anyway
+            log.warning("cannot tell whether step %s outlived its srun: %s", step, exc)
             return
         code = self._proc.returncode
         log.warning("step %s outlived its srun (status %s): killing it", step, code)

@@ -26,8 +26,13 @@ def resolve(name: str) -> str | None:
 
 
 def source_address(peer: str) -> str | None:
-    """The local address this machine sends from to reach ``peer`` (a UDP ``connect``:
-    the kernel picks the route, no packet is sent); None without a route."""
+    """The local address this machine sends from to reach the IPv4 address ``peer`` (a UDP
+    ``connect``: the kernel picks the route, no packet is sent); None without a route or
+    for anything but an IPv4 address (no name lookup, which may wait on DNS)."""
+    try:
+        ipaddress.IPv4Address(peer)
+    except ValueError:
+        return None
     with contextlib.suppress(OSError), socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as udp:
         udp.connect((peer, 9))
         address: str = udp.getsockname()[0]
