@@ -6,7 +6,6 @@ load step and drains it back when the load drops, with no client request failing
 from __future__ import annotations
 
 import json
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,8 +13,8 @@ import pytest
 
 from tests.infra.ssh_hosts import SshHosts
 from tests.launch.test_ssh_up import _cli, _status, _until
-from tests.planner.test_planner_up import prompt
-from tests.supervisor.conftest import completions_until, free_port
+from tests.planner.load import StepLoad
+from tests.supervisor.conftest import free_port
 
 pytestmark = pytest.mark.planner
 
@@ -65,36 +64,14 @@ def test_the_planner_scales_across_ssh_hosts_and_drains_back(
         assert placed["planner-0"] == head and placed["agg-0"] == head, placed
         _until(lambda: (_status(cli).get("planner") or {}).get("phase") == "planning", "planning")
 
-        base = f"http://{head}:{port}/v1"
-        stop_heavy, stop_light = threading.Event(), threading.Event()
-        errors: list[str] = []
-        done: list[int] = []
-        kwargs = {"most": 100_000, "timeout": 60.0, "prompt": prompt}
-        light = [threading.Thread(target=completions_until,
-                                  args=(base, stop_light, errors, done), kwargs=kwargs)]  # fmt: skip
-        heavy = [
-            threading.Thread(
-                target=completions_until, args=(base, stop_heavy, errors, done), kwargs=kwargs
-            )
-            for _ in range(12)
-        ]
-        for thread in [*light, *heavy]:
-            thread.start()
-        try:
+        with StepLoad(f"http://{head}:{port}/v1") as load:
             _until(lambda: _agg(_status(cli)).get("agg-1") == (second, "READY"), "agg-1 on the "
                    "second host", timeout=60)  # fmt: skip
-            stop_heavy.set()
-            for thread in heavy:
-                thread.join(90)
+            load.drop()
             _until(lambda: _agg(_status(cli)).get("agg-1", ("", ""))[1] == "STOPPED",
                    "agg-1 drained", timeout=90)  # fmt: skip
-        finally:
-            stop_heavy.set()
-            stop_light.set()
-            for thread in [*heavy, *light]:
-                thread.join(90)
-        assert errors == [], errors[:3]
-        assert len(done) > 20
+        assert load.errors == [], load.errors[:3]
+        assert len(load.done) > 20
         report = _status(cli)
         assert _agg(report)["agg-0"] == (head, "READY")
         planner = report["planner"]

@@ -7,21 +7,19 @@ status seen along the way; and the supervisor restarts a killed planner."""
 from __future__ import annotations
 
 import os
-import random
 import signal
-import threading
 import time
 from typing import Any
 
 import psutil
 import pytest
 
-from tests.supervisor.conftest import Cli, completions_until, free_port
+from tests.planner.load import StepLoad
+from tests.supervisor.conftest import Cli, free_port
 
 pytestmark = pytest.mark.planner
 
 BUDGET = 2
-WORDS = ["alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel", "india"]
 GONE = ("STOPPED", "FAILED")
 
 
@@ -53,10 +51,6 @@ planner:
   cooldown: 1.5
   stable_intervals: 2
 """
-
-
-def prompt() -> str:
-    return " ".join(random.choice(WORDS) for _ in range(1000))
 
 
 def agg_rows(report: dict[str, Any]) -> list[dict[str, Any]]:
@@ -98,24 +92,7 @@ def test_load_step_scales_up_and_load_drop_drains_back(cli: Cli) -> None:
     watch = Watch(cli)
     watch.until(lambda r: (r.get("planner") or {}).get("phase") == "planning", 30, "planning")
 
-    base = f"http://127.0.0.1:{port}/v1"
-    stop_heavy, stop_light = threading.Event(), threading.Event()
-    errors: list[str] = []
-    done: list[int] = []
-
-    def clients(n: int, stop: threading.Event) -> list[threading.Thread]:
-        args = (base, stop, errors, done)
-        kwargs = {"most": 100_000, "timeout": 60.0, "prompt": prompt}
-        threads = [
-            threading.Thread(target=completions_until, args=args, kwargs=kwargs) for _ in range(n)
-        ]
-        for thread in threads:
-            thread.start()
-        return threads
-
-    light = clients(1, stop_light)
-    heavy = clients(12, stop_heavy)
-    try:
+    with StepLoad(f"http://127.0.0.1:{port}/v1") as load:
         stepped = time.monotonic()
         report = watch.until(lambda r: desired(r) >= 2, 30, "a scale-up")
         reacted = time.monotonic() - stepped
@@ -124,9 +101,7 @@ def test_load_step_scales_up_and_load_drop_drains_back(cli: Cli) -> None:
         bound = watch.until(
             lambda r: (r.get("planner") or {}).get("budget_bound", False), 30, "budget-bound"
         )
-        stop_heavy.set()
-        for thread in heavy:
-            thread.join(90)
+        load.drop()
         # The one client left keeps requests flowing while the planner drains.
         report = watch.until(
             lambda r: (
@@ -136,17 +111,12 @@ def test_load_step_scales_up_and_load_drop_drains_back(cli: Cli) -> None:
             60,
             "the drain back to one replica",
         )
-    finally:
-        stop_heavy.set()
-        stop_light.set()
-        for thread in [*heavy, *light]:
-            thread.join(90)
 
-    assert errors == [], errors[:3]
+    assert load.errors == [], load.errors[:3]
     pool = bound["planner"]["pools"][0]
     assert pool["budget_bound"] and pool["desired"] == BUDGET, bound["planner"]
     assert "budget-bound: gpu_budget 2 is spent" in pool["reason"]
-    assert len(done) > 20
+    assert len(load.done) > 20
     assert reacted < 15.0, f"took {reacted:.1f} s to add a replica"
     stopped = [row for row in agg_rows(report) if row["name"] != "agg-0"]
     assert stopped and all(row["state"] == "STOPPED" and row["restarts"] == 0 for row in stopped)
