@@ -298,39 +298,48 @@ def worker_spec(
     )
 
 
+def _component_spec(
+    recipe: Recipe,
+    name: InstanceName,
+    host: Host,
+    argv: list[str],
+    run_dir: Path,
+    *,
+    address: str = "",
+    ports: Mapping[str, int] = {},
+    secrets: Mapping[str, SecretRef] = {},
+) -> InstanceSpec:
+    """A router, frontend or planner instance: ``python -m dynamoctl ARGV`` on ``host``
+    (bound to ``address``, by default the host's), with the components' common environment
+    and secrets plus ``secrets``."""
+    env, common = _component_env(recipe, run_dir)
+    return InstanceSpec(
+        name=str(name),
+        pool=name.pool,
+        component=name.pool,
+        host=host.name,
+        address=address or host.address,
+        ports=dict(ports),
+        argv=[python_for(recipe), "-m", "dynamoctl", *argv],
+        env=env,
+        secrets={**common, **secrets},
+    )
+
+
 def _router_spec(recipe: Recipe, index: int, host: Host, url: str, run_dir: Path) -> InstanceSpec:
     """A standalone router replica (``frontend.router.replicas > 0``)."""
-    name = str(InstanceName("router", index))
-    argv = [python_for(recipe), "-m", "dynamoctl", *router_argv(recipe, name, host.address, url)]
-    env, secrets = _component_env(recipe, run_dir)
-    return InstanceSpec(
-        name=name,
-        pool="router",
-        component="router",
-        host=host.name,
-        address=host.address,
-        argv=argv,
-        env=env,
-        secrets=secrets,
-    )
+    name = InstanceName("router", index)
+    argv = router_argv(recipe, str(name), host.address, url)
+    return _component_spec(recipe, name, host, argv, run_dir)
 
 
 def _planner_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> InstanceSpec:
     """The SLA planner (a ``planner:`` section), on the head host beside the frontend; it
     alone gets the control endpoint's token (its ``scale`` requests)."""
-    name = str(InstanceName("planner", 0))
-    argv = [python_for(recipe), "-m", "dynamoctl", *planner_argv(recipe, name, head.address, url)]
-    env, secrets = _component_env(recipe, run_dir)
-    return InstanceSpec(
-        name=name,
-        pool="planner",
-        component="planner",
-        host=head.name,
-        address=head.address,
-        argv=argv,
-        env=env,
-        secrets={**secrets, **credentials.planner_secrets(run_dir)},
-    )
+    name = InstanceName("planner", 0)
+    argv = planner_argv(recipe, str(name), head.address, url)
+    token = credentials.planner_secrets(run_dir)
+    return _component_spec(recipe, name, head, argv, run_dir, secrets=token)
 
 
 WILDCARDS = ("0.0.0.0", "::")
@@ -340,20 +349,11 @@ def _frontend_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> Insta
     """The frontend listens on ``frontend.host``, by default the head's address (loopback on
     a local target); ``address`` is where the supervisor reaches it."""
     listen = recipe.frontend.host or head.address
-    name = str(InstanceName("frontend", 0))
-    argv = [python_for(recipe), "-m", "dynamoctl", *frontend_argv(recipe, name, listen, url)]
-    env, secrets = _component_env(recipe, run_dir)
-    return InstanceSpec(
-        name=name,
-        pool="frontend",
-        component="frontend",
-        host=head.name,
-        address=head.address if listen in WILDCARDS else listen,
-        ports={"http": recipe.frontend.port},
-        argv=argv,
-        env=env,
-        secrets=secrets,
-    )
+    name = InstanceName("frontend", 0)
+    argv = frontend_argv(recipe, str(name), listen, url)
+    address = head.address if listen in WILDCARDS else listen
+    ports = {"http": recipe.frontend.port}
+    return _component_spec(recipe, name, head, argv, run_dir, address=address, ports=ports)
 
 
 def client_endpoint(recipe: Recipe) -> str:
