@@ -12,7 +12,7 @@ prefix shared. In the aggregated deployment every long prompt's prefill chunks s
 steps with the generations' decodes, stretching their inter-token latency; disaggregated,
 long prompts are prefilled on the prefill worker and the decode workers only decode
 (the short generation prompts stay local: below the threshold). Reported per deployment:
-TTFT and ITL p50/p99, throughput, and the frontend's remote/local prefill counts.
+TTFT, ITL and end-to-end p50/p99, throughput, and the frontend's remote/local prefill counts.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import random
 import re
 from collections.abc import Iterator
@@ -30,6 +29,7 @@ from typing import Any
 import httpx
 import msgspec
 from cluster import MODEL, cluster
+from machine import machine
 
 from dynamoctl.bench.client import Sender
 from dynamoctl.bench.clock import LoopClock
@@ -105,7 +105,7 @@ def main() -> None:
         print(name, json.dumps(counts))
     print(summary_table([s for s, _ in runs]))
     result = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": machine(),
         "deployments": {k: v["roles"] for k, v in DEPLOYMENTS.items()},
         "worker_args": WORKER_ARGS,
         "workload": WORKLOAD,
@@ -119,6 +119,7 @@ def main() -> None:
                 "output_token_throughput": s.output_token_throughput,
                 "ttft_ms": msgspec.to_builtins(s.ttft_ms),
                 "itl_ms": msgspec.to_builtins(s.itl_ms),
+                "e2e_ms": msgspec.to_builtins(s.e2e_ms),
                 "goodput_fraction": s.goodput_fraction,
                 "frontend_counters": counts,
             }

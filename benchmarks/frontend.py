@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import datetime
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
 from cluster import MODEL, cluster, cpu_seconds
+from machine import machine
 
 from dynamoctl import __version__
 from dynamoctl.bench.client import Sender
@@ -73,8 +74,11 @@ async def run(levels: list[int], seconds: float) -> tuple[list[dict[str, Any]], 
 def plot(runs: list[RunResult], out: Path) -> None:
     from dynamoctl.bench.plots import latency_cdfs, throughput
 
-    bench = BenchResult(version=__version__, started_at="", endpoint="local", model=MODEL,
-                        api="completions", workload={}, runs=runs)  # fmt: skip
+    # Levels are bounded by time only, so the caption gives the seconds each one ran.
+    workload = {"isl": 4, "osl": 16, "ignore_eos": True}
+    started = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    bench = BenchResult(version=__version__, started_at=started, endpoint="local", model=MODEL,
+                        api="completions", workload=workload, runs=runs)  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     print("wrote", throughput(bench, out / "frontend_throughput.png"),
           latency_cdfs(bench, out / "frontend_latency_cdf.png"))  # fmt: skip
@@ -92,7 +96,7 @@ def main() -> None:
     if args.plots:
         plot(runs, Path(args.plots))
     result = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": machine(),
         "workload": "streamed completions, 4 prompt tokens, 16 output tokens (ignore_eos), "
         "4 mocker workers at speedup 1000; dynamoctl.bench closed loop",
         "rows": rows,

@@ -16,11 +16,16 @@ loops: the throughput loop every 10 s from a profile computed from the mocker's 
 model (the replicas' floor), the load loop every 2 s above it. A mocker replica counts as
 one GPU. Reported per deployment: the fraction of requests meeting both the TTFT and the
 ITL target (a failed or unfinished request meets neither), TTFT p50/p99, failed requests,
-GPU-seconds (replicas holding a GPU, sampled from ``status`` every 0.5 s), scale events,
+GPU-seconds over the load window (replicas holding a GPU, sampled from ``status`` every
+0.5 s, integrated from the start of the load to the end of its schedule; the tail while
+open requests end and the planner drains is only in ``gpu_seconds_whole_run``), scale events,
 and for the planner the seconds from the spike to its first scale-up and to that
 replica's READY. The mockers run at ``speedup-ratio`` 0.1 (a simulated second lasts ten):
 what a replica can carry fits the request rates one shared machine generates and serves.
 Bounded: the load lasts ``sum(phases)`` seconds, open requests get 60 s, then ``down``.
+
+``--recompute`` rewrites the cost figures of an existing result file (``--out``) from the
+replica counts it stores, without running anything.
 """
 
 from __future__ import annotations
@@ -29,8 +34,7 @@ import argparse
 import asyncio
 import itertools
 import json
-import os
-import platform
+import math
 import random
 import sys
 import tempfile
@@ -43,6 +47,7 @@ from typing import Any
 import httpx
 import msgspec
 from chaos import dynamoctl, free_port
+from machine import machine
 from probes import MODEL, latency_ms
 
 from dynamoctl.bench.client import RequestRecord, Sender
@@ -68,6 +73,7 @@ TRACE_RATE = ((0.0, 0.8), (20.0, 0.8), (50.0, 7.0), (70.0, 7.0), (100.0, 0.8), (
 """(seconds, requests per second) corners of the trace's rate, linear in between: a rise
 over 30 s, a plateau, a fall over 30 s."""
 MAX_REPLICAS = 4
+CLIENT_TIMEOUT_S = 180.0
 GONE = ("STOPPED", "FAILED", "PENDING")
 DEPLOYMENTS = {"static-small": 1, "static-medium": 2, "static-large": MAX_REPLICAS, "planner": 1}
 """Name → replicas at start."""
@@ -232,10 +238,6 @@ class Replicas:
             await asyncio.sleep(0.5)
         await self.http.aclose()
 
-    def gpu_seconds(self) -> float:
-        pairs = zip(self.samples, self.samples[1:], strict=False)
-        return sum((b[0] - a[0]) * a[1] for a, b in pairs)
-
     def scale_events(self) -> int:
         return sum(a[1] != b[1] for a, b in zip(self.samples, self.samples[1:], strict=False))
 
@@ -247,6 +249,35 @@ class Replicas:
         )
         first = next(later, None)
         return None if first is None else round(first - t, 1)
+
+
+def gpu_seconds(samples: list[tuple[float, int, int]], start: float, end: float) -> float:
+    """Replicas holding a GPU (column 1 of the samples, a step function) integrated over
+    ``[start, end]`` seconds since the load started."""
+    pairs = itertools.pairwise(samples)
+    return sum(max(0.0, min(b[0], end) - max(a[0], start)) * a[1] for a, b in pairs)
+
+
+def costs(found: dict[str, Any], window: float) -> dict[str, Any]:
+    """Each deployment's GPU-seconds over the load window ``[0, window]`` and over the whole
+    run (into ``found``), and the planner's against each static deployment."""
+    for row in found.values():
+        samples = row["replicas_over_time"]
+        row["gpu_seconds"] = round(gpu_seconds(samples, 0.0, window), 1)
+        row["gpu_seconds_whole_run"] = round(gpu_seconds(samples, 0.0, math.inf), 1)
+        row["replicas_min_max"] = [min(s[1] for s in samples), max(s[1] for s in samples)]
+    planner = found["planner"]
+    return {
+        name: {
+            "gpu_seconds_pct": round(100 * (planner["gpu_seconds"] / row["gpu_seconds"] - 1), 1),
+            "gpu_seconds_whole_run_pct": round(
+                100 * (planner["gpu_seconds_whole_run"] / row["gpu_seconds_whole_run"] - 1), 1
+            ),
+            "breaches": [planner["sla_breaches"], row["sla_breaches"]],
+        }
+        for name, row in found.items()
+        if name != "planner"
+    }
 
 
 def sla_met(record: RequestRecord) -> bool:
@@ -267,7 +298,7 @@ async def load_all(
     seconds = workload.seconds
 
     async def one(name: str) -> Any:
-        sender = Sender(endpoints[name], MODEL, clock, timeout=180)
+        sender = Sender(endpoints[name], MODEL, clock, timeout=CLIENT_TIMEOUT_S)
         return await drive(workload.sessions(), sender.send, clock=clock,
                            limits=Limits(10**9, seconds, 60, max_inflight=4096))  # fmt: skip
 
@@ -291,7 +322,6 @@ async def load_all(
             "sla_breaches": sent - met,
             "ttft_ms": latency_ms([r.ttft for r in ok if r.ttft is not None]),
             "itl_ms": latency_ms([r.tpot for r in ok if r.tpot is not None]),
-            "gpu_seconds": round(watch.gpu_seconds(), 1),
             "scale_events": watch.scale_events(),
             "react_s": {
                 "first_scale_up": watch.first_after(spike, 1),
@@ -334,16 +364,9 @@ def plot(workload: Workload, found: dict[str, Any], path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="bursty")
-    parser.add_argument("--out", help="default: benchmarks/results/planner[_WORKLOAD].json")
-    parser.add_argument("--plot", help="default: docs/img/planner[_WORKLOAD].png")
-    args = parser.parse_args()
-    suffix = "" if args.workload == "bursty" else f"_{args.workload}"
-    args.out = args.out or f"benchmarks/results/planner{suffix}.json"
-    args.plot = args.plot or f"docs/img/planner{suffix}.png"
-    workload = WORKLOADS[args.workload]
+def deploy_and_load(workload: Workload) -> dict[str, Any]:
+    """Bring the deployments up in one private home, load them all at once, bring them
+    down; what each got, with the planner's logged decisions."""
     with tempfile.TemporaryDirectory(prefix="dynamoctl-planner-") as tmp:
         home = Path(tmp) / "home"
         urls, access = {}, {}
@@ -358,13 +381,8 @@ def main() -> None:
                 if up.returncode != 0:
                     sys.exit(f"up {name} failed:\n{up.stderr}")
                 state = json.loads((home / "runs" / name / "state.json").read_text())
-                urls[name], access[name] = (
-                    f"http://127.0.0.1:{port}",
-                    (
-                        state["control"],
-                        state["token"],
-                    ),
-                )
+                urls[name] = f"http://127.0.0.1:{port}"
+                access[name] = (state["control"], state["token"])
                 print(f"{name} up", flush=True)
             began = time.monotonic()
             found = asyncio.run(load_all(workload, urls, access))
@@ -376,34 +394,55 @@ def main() -> None:
         finally:
             for name in DEPLOYMENTS:
                 dynamoctl(home, "down", name)
-    result = {
-        "machine": {
-            "platform": platform.platform(),
-            "python": platform.python_version(),
-            "cpus": os.cpu_count(),
-        },
-        "targets": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
-        "workload": args.workload,
-        "load": workload.title,
-        "deployments": {
-            "static-small": "1 mocker replica",
-            "static-medium": "2 mocker replicas (about the planner's GPU-seconds)",
-            "static-large": f"{MAX_REPLICAS} mocker replicas",
-            "planner": f"1 replica at start, planner mode both (throughput loop every 10 s, "
-            f"constant predictor, profile from the mocker's timing model; load loop every 2 s, "
-            f"cooldown 5 s), at most {MAX_REPLICAS}, gpu_budget {MAX_REPLICAS}",
-        },
-        **found,
+    return found
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="bursty")
+    parser.add_argument("--out", help="default: benchmarks/results/planner[_WORKLOAD].json")
+    parser.add_argument("--plot", help="default: docs/img/planner[_WORKLOAD].png")
+    parser.add_argument(
+        "--recompute", action="store_true", help="rewrite --out's costs from its replica counts"
+    )
+    args = parser.parse_args()
+    suffix = "" if args.workload == "bursty" else f"_{args.workload}"
+    args.out = args.out or f"benchmarks/results/planner{suffix}.json"
+    args.plot = args.plot or f"docs/img/planner{suffix}.png"
+    workload = WORKLOADS[args.workload]
+    if args.recompute:
+        result = json.loads(Path(args.out).read_text())
+        found = {name: result[name] for name in DEPLOYMENTS}
+    else:
+        found = deploy_and_load(workload)
+        result = {
+            "machine": machine(),
+            "targets": {"ttft_ms": TTFT_MS, "itl_ms": ITL_MS},
+            "workload": args.workload,
+            "load": workload.title,
+        }
+    result["deployments"] = {
+        "static-small": "1 mocker replica",
+        "static-medium": "2 mocker replicas",
+        "static-large": f"{MAX_REPLICAS} mocker replicas",
+        "planner": f"1 replica at start, planner mode both (throughput loop every 10 s, "
+        f"constant predictor, profile from the mocker's timing model; load loop every 2 s, "
+        f"cooldown 5 s), at most {MAX_REPLICAS}, gpu_budget {MAX_REPLICAS}",
     }
+    result["load_window_s"] = [0.0, workload.seconds]
+    result["client_timeout_s"] = CLIENT_TIMEOUT_S
+    result["planner_vs"] = costs(found, workload.seconds)
+    result.update(found)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    plot(workload, found, Path(args.plot))
+    if not args.recompute:
+        plot(workload, found, Path(args.plot))
     brief = {
         name: {k: v for k, v in row.items() if not k.endswith("over_time")}
         for name, row in found.items()
     }
-    print(json.dumps(brief, indent=1))
-    print(f"wrote {args.out} and {args.plot}")
+    print(json.dumps({"planner_vs": result["planner_vs"], **brief}, indent=1))
+    print(f"wrote {args.out}" + ("" if args.recompute else f" and {args.plot}"))
 
 
 if __name__ == "__main__":

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import random
 import statistics
-import sys
 import time
 from pathlib import Path
+
+import psutil
+from machine import machine
 
 from dynamoctl.kv.hashing import sequence_hashes
 from dynamoctl.router import KvRouter
@@ -67,6 +68,7 @@ def measure(workers: int, blocks: int, isl: int, block_size: int, rounds: int) -
     rng = random.Random(0)
     prompt = [rng.randrange(VOCAB) for _ in range(isl)]
     router, ingest = populated(rng, workers, blocks, block_size, prompt)
+    rss = psutil.Process().memory_info().rss  # the process holding this case's router
     hashes = sequence_hashes(prompt, block_size)
     hash_t, match_t, pick_t = [], [], []
     for i in range(rounds):
@@ -93,6 +95,7 @@ def measure(workers: int, blocks: int, isl: int, block_size: int, rounds: int) -
         "find_matches_us_p99": round(pct(match_t, 0.99) * us, 1),
         "pick_us_p50": round(statistics.median(pick_t) * us, 1),
         "pick_us_p99": round(pct(pick_t, 0.99) * us, 1),
+        "process_rss_gib": round(rss / 2**30, 2),
     }
 
 
@@ -109,10 +112,8 @@ def main() -> None:
     )
     args = parser.parse_args()
     cases = [tuple(int(n) for n in case.split("x")) for case in args.cases.split(",")]
-    results = {
-        "machine": {"platform": platform.platform(), "python": sys.version.split()[0]},
-        "cases": [measure(*case, rounds=args.rounds) for case in cases],
-    }
+    measured = [measure(*case, rounds=args.rounds) for case in cases]
+    results = {"machine": machine(), "cases": measured}
     print(
         f"{'workers':>7} {'blocks':>6} {'isl':>5} {'B':>3} {'ingest/s':>9} {'hash':>7} "
         f"{'match p50/p99':>14} {'pick p50/p99':>14}"

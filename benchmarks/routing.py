@@ -21,11 +21,11 @@ import argparse
 import asyncio
 import datetime
 import json
-import platform
 from pathlib import Path
 from typing import Any
 
 from cluster import MODEL, cluster, cpu_seconds
+from machine import machine
 
 from dynamoctl import __version__
 from dynamoctl.bench.client import Sender
@@ -78,7 +78,7 @@ def main() -> None:
     summaries = [run.summary for run in runs]
     print(summary_table(summaries))
     result: dict[str, Any] = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
+        "machine": machine(),
         "deployment": f"1 worker process x {WORKERS} mocker instances ({' '.join(WORKER_ARGS)}, "
         "block 16), 1 frontend per mode",
         "workload": WORKLOAD,
@@ -93,7 +93,11 @@ def main() -> None:
         bench = BenchResult(
             version=__version__,
             started_at=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            endpoint="local", model=MODEL, api="completions", workload=WORKLOAD, runs=runs,
+            endpoint="local", model=MODEL, api="completions", runs=runs,
+            workload={**WORKLOAD, "limits": {"max_requests": args.requests,
+                                             "max_seconds": args.seconds},
+                      "slo": {"ttft_ms": WORKLOAD["ttft_slo_ms"],
+                              "itl_ms": WORKLOAD["itl_slo_ms"]}},
         )  # fmt: skip
         Path(args.plots).mkdir(parents=True, exist_ok=True)
         print("wrote", latency_cdfs(bench, Path(args.plots) / "routing_latency_cdf.png"),

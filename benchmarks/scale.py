@@ -1,13 +1,15 @@
 """128 simulated workers behind one frontend: start-up, routing and streaming at that scale.
 
-    python benchmarks/scale.py [--processes 4] [--per-process 32] [--concurrency 32,128]
+    python benchmarks/scale.py [--deployments 4x32,1x8] [--concurrency 32,128]
                                [--requests 1000] [--out FILE]
 
-Starts ``--processes`` worker processes of ``--per-process`` mocker instances each
-(``dynamoctl worker --num-workers``; speedup 100, 2048 blocks of 16 tokens each) and one
-frontend with the ``kv`` router, which subscribes to the KV events and load of every
-instance. The load is ``dynamoctl bench``'s closed loop: 2-turn conversations (256 new
-tokens a turn, 32 output tokens) after one of 64 shared 512-token system prompts.
+For each of ``--deployments`` (PROCESSESxPER_PROCESS, one after the other in one run, so
+the 8-worker baseline is measured beside the 128 workers on the same machine state):
+starts that many worker processes of that many mocker instances each (``dynamoctl worker
+--num-workers``; speedup 100, 2048 blocks of 16 tokens each) and one frontend with the
+``kv`` router, which subscribes to the KV events and load of every instance. The load is
+``dynamoctl bench``'s closed loop: 2-turn conversations (256 new tokens a turn, 32 output
+tokens) after one of 64 shared 512-token system prompts.
 """
 
 from __future__ import annotations
@@ -15,13 +17,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import time
 from pathlib import Path
 from typing import Any
 
 import psutil
 from cluster import MODEL, cluster, cpu_seconds
+from machine import machine
 
 from dynamoctl.bench.client import Sender
 from dynamoctl.bench.clock import LoopClock
@@ -66,7 +68,8 @@ async def run(processes: int, per: int, levels: list[int], requests: int) -> dic
                 f"load generator {client:.2f} cores"
             )
         print(summary_table(summaries))
-        return {"workers": processes * per, "ready_after_s": round(ready_s, 1), "rows": rows}
+        return {"processes": processes, "per_process": per, "workers": processes * per,
+                "ready_after_s": round(ready_s, 1), "rows": rows}  # fmt: skip
 
 
 def _json(obj: Any) -> str:
@@ -77,21 +80,21 @@ def _json(obj: Any) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--processes", type=int, default=4)
-    parser.add_argument("--per-process", type=int, default=32)
+    parser.add_argument("--deployments", default="4x32,1x8", help="PROCESSESxPER_PROCESS,...")
     parser.add_argument("--concurrency", default="32,128")
     parser.add_argument("--requests", type=int, default=1000)
     parser.add_argument("--out", default="benchmarks/results/scale.json")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
-    found = asyncio.run(run(args.processes, args.per_process, levels, args.requests))
+    shapes = [tuple(int(n) for n in d.split("x")) for d in args.deployments.split(",")]
+    runs = [asyncio.run(run(procs, per, levels, args.requests)) for procs, per in shapes]
     result = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "deployment": f"{args.processes} worker processes x {args.per_process} mocker instances "
+        "machine": machine(),
+        "deployment": "PROCESSES worker processes x PER_PROCESS mocker instances "
         f"({' '.join(WORKER_ARGS)}, block 16), 1 frontend (kv router)",
         "workload": "closed loop; 2 turns of 256 new tokens + 32 output tokens after one of 64 "
         "shared 512-token prefixes",
-        **found,
+        "runs": runs,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
