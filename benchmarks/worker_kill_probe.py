@@ -36,7 +36,6 @@ from chaos import dynamoctl as run_dynamoctl
 from chaos import free_port, scrape
 from probes import MODEL, mocker_recipe, stream_summary
 
-import dynamoctl as package
 from dynamoctl.bench.client import Sender
 from dynamoctl.bench.clock import LoopClock
 from dynamoctl.bench.http import Endpoint
@@ -52,9 +51,12 @@ class Killer:
     """SIGKILLs one READY worker process every ``every`` seconds, in turn."""
 
     def __init__(self, control: str, token: str, clock: LoopClock) -> None:
+        # A new connection per call: kills come every 5 s, uvicorn closes a connection
+        # idle for 5 s, and a reused one can be closed under the request.
         self.http = httpx.AsyncClient(
             base_url=control, trust_env=False, timeout=10,
             headers={"authorization": f"Bearer {token}"},
+            limits=httpx.Limits(max_keepalive_connections=0),
         )  # fmt: skip
         self.clock = clock
         self.kills: list[dict[str, Any]] = []
@@ -159,6 +161,7 @@ def main() -> None:
     parser.add_argument("--osl", type=int, default=128)
     parser.add_argument("--speedup", type=float, default=2.0)
     parser.add_argument("--label", default="", help="what code ran (e.g. before/after)")
+    parser.add_argument("--code", default="", help="the commit that ran (recorded as given)")
     parser.add_argument("--out", default="benchmarks/results/worker_kill_probe.json")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="dynamoctl-killprobe-") as tmp:
@@ -180,7 +183,7 @@ def main() -> None:
                 print(down.stderr, file=sys.stderr)
     result = {
         "label": args.label,
-        "code": str(Path(package.__file__).resolve().parent.parent),
+        "code": args.code or "not given (--code)",
         "machine": {
             "platform": platform.platform(),
             "python": platform.python_version(),
