@@ -215,7 +215,10 @@ class _Completions:
         deltas = choices.run(self.generator, model)
         shape = Shape(endpoint, choices.request_id, model.name)
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            options = body.stream_options
+            include_usage = bool(options and options.include_usage)
+            if options is not None and options.usage_every_chunk():
+                shape.running_usage = choices.running_usage
             await stream(self.metrics, receive, send, deltas, shape, choices, body.choices(),
                          include_usage)  # fmt: skip
         else:

@@ -11,6 +11,9 @@ request models, in step).
   a 400 naming the parameter.
 * **refused**: not implemented and nothing to be neutral about; only null is accepted.
 
+A row named ``object.key`` is a key of an object parameter (``stream_options.include_usage``),
+checked in that object by the same pass.
+
 :func:`check_unsupported` applies the table to a raw request object before the model
 sees it. Another module that implements a parameter (structured outputs, tools) flips its
 row to ``SUPPORTED`` and adds the field to the request model.
@@ -65,7 +68,31 @@ POLICY: tuple[Param, ...] = (
     Param("seed", BOTH, S, "OpenAI", "passed to the engine; choice i of `n` uses seed + i"),
     Param("stop", BOTH, S, "OpenAI", "up to 4 strings, matched by the frontend on the text"),
     Param("stream", BOTH, S, "OpenAI", "server-sent events"),
-    Param("stream_options", BOTH, S, "OpenAI", "`include_usage` adds a final usage chunk"),
+    Param(
+        "stream_options",
+        BOTH,
+        S,
+        "OpenAI",
+        "with `stream: true`; its keys: the `stream_options.` rows",
+    ),
+    Param(
+        "stream_options.include_usage", BOTH, S, "OpenAI", "a final chunk with the request's usage"
+    ),
+    Param(
+        "stream_options.include_obfuscation",
+        BOTH,
+        N,
+        "OpenAI",
+        "no obfuscation padding is added to chunks",
+        (False,),
+    ),
+    Param(
+        "stream_options.continuous_usage_stats",
+        BOTH,
+        S,
+        "vLLM",
+        "with `include_usage`: every chunk carries its choice's usage so far (as vLLM)",
+    ),
     Param(
         "n",
         BOTH,
@@ -238,9 +265,27 @@ def params(endpoint: Endpoint, support: Support | None = None) -> dict[str, Para
     }
 
 
-_UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {
-    e: {n: p for n, p in params(e).items() if p.support is not S} for e in BOTH
+def _unsupported(endpoint: Endpoint, within: str) -> dict[str, Param]:
+    """Rows not implemented of the top level (``within`` empty) or of an object
+    parameter's keys, by key."""
+    prefix = f"{within}." if within else ""
+    rows = {}
+    for p in params(endpoint).values():
+        key = p.name[len(prefix) :]
+        if p.support is not S and p.name.startswith(prefix) and "." not in key:
+            rows[key] = p
+    return rows
+
+
+_UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {e: _unsupported(e, "") for e in BOTH}
+_OBJECTS: dict[Endpoint, dict[str, dict[str, Param]]] = {
+    e: {
+        obj: _unsupported(e, obj)
+        for obj in sorted({p.name.partition(".")[0] for p in params(e).values() if "." in p.name})
+    }
+    for e in BOTH
 }
+"""Per endpoint, each object parameter's keys not implemented (``stream_options``)."""
 
 
 def is_neutral(value: Any, param: Param) -> bool:
@@ -258,23 +303,34 @@ def _same(a: Any, b: Any) -> bool:
 
 def check_unsupported(data: Any, endpoint: Endpoint) -> Any:
     """``data`` without the parameters this endpoint does not implement, once each was
-    found neutral; else a validation error that names the parameter (``unsupported``)."""
+    found neutral (keys of object parameters too); else a validation error that names
+    the parameter (``unsupported``)."""
     if not isinstance(data, Mapping):
         return data
-    rows = _UNSUPPORTED[endpoint]
-    found = [name for name in data if name in rows]
+    data = _checked(data, _UNSUPPORTED[endpoint], "")
+    for within, rows in _OBJECTS[endpoint].items():
+        value = data.get(within)
+        if isinstance(value, Mapping):
+            checked = _checked(value, rows, within)
+            if checked is not value:
+                data = {**data, within: checked}
+    return data
+
+
+def _checked(data: Mapping[str, Any], rows: dict[str, Param], within: str) -> Mapping[str, Any]:
+    found = [key for key in data if key in rows]
     if not found:
         return data
-    for name in found:
-        param = rows[name]
-        if not is_neutral(data[name], param):
+    for key in found:
+        param = rows[key]
+        if not is_neutral(data[key], param):
             accepted = ", ".join(["null", *(_json(v) for v in param.neutral)])
             raise PydanticCustomError(
                 "unsupported",
                 "'{param}' is not supported ({why}); accepted: {accepted}",
-                {"param": name, "why": param.why, "accepted": accepted},
+                {"param": param.name, "why": param.why, "accepted": accepted},
             )
-    return {k: v for k, v in data.items() if k not in rows}
+    return {k: v for k, v in data.items() if k not in found}
 
 
 def _json(value: Any) -> str:
