@@ -38,13 +38,7 @@ from dynamoctl.frontend.asgi import ASGIApp, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
 from dynamoctl.frontend.choices import Choices
-from dynamoctl.frontend.errors import (
-    OpenAIError,
-    bad_request,
-    internal_error,
-    model_not_found,
-    model_unavailable,
-)
+from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
 from dynamoctl.frontend.generate import Generator
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
@@ -54,6 +48,7 @@ from dynamoctl.frontend.refusals import Refusals
 from dynamoctl.frontend.respond import stream, whole
 from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
+from dynamoctl.frontend.tokenization import Tokenization
 from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
@@ -125,6 +120,12 @@ def build_app(
     @app.get("/metrics")
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+
+    # vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer).
+    tokens = Tokenization(registry, metrics, hot.long_text, max_body_bytes)
+    app.post("/tokenize")(tokens.tokenize)
+    app.post("/detokenize")(tokens.detokenize)
+    app.get("/tokenizer_info")(tokens.tokenizer_info)
 
     # FrontendApp answers these two before FastAPI sees them; declared here for the OpenAPI
     # schema, and served by the same handler should a request reach FastAPI anyway.
@@ -286,6 +287,11 @@ class _Completions:
         return model, body, Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
 
     @property
+    def long_text(self) -> LongTextEncoder:
+        """The threads that tokenise long texts (shared with :mod:`tokenization`)."""
+        return self._long
+
+    @property
     def _max_choices(self) -> int:
         return self.generator.admission.settings.max_choices
 
@@ -302,12 +308,7 @@ class _Completions:
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:
-    model = registry.get(name)
-    if model is None:
-        if registry.was_served(name):  # its workers are gone for now, or restarting
-            raise model_unavailable(name)
-        raise model_not_found(name, [m.name for m in registry.models()])
-    return model
+    return registry.resolve(name)
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

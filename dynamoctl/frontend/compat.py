@@ -1,7 +1,7 @@
 """The OpenAI compatibility policy: every request parameter of the chat and completions
-APIs and of vLLM's common extensions, declared once as supported, accepted when neutral,
-or refused, with the reason (docs/api.md shows this table; a test keeps both, and the
-request models, in step).
+APIs, of vLLM's common extensions and of vLLM's ``/tokenize`` and ``/detokenize``,
+declared once as supported, accepted when neutral, or refused, with the reason
+(docs/api.md shows this table; a test keeps both, and the request models, in step).
 
 * **supported**: a field of the request model (:mod:`dynamoctl.frontend.protocol`), carried
   to where it takes effect.
@@ -29,10 +29,16 @@ from typing import Any, Literal
 
 from pydantic_core import PydanticCustomError
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "tokenize", "detokenize"]
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 CHAT: tuple[Endpoint, ...] = ("chat",)
 COMPLETIONS: tuple[Endpoint, ...] = ("completions",)
+TOKENIZE: tuple[Endpoint, ...] = ("tokenize",)
+DETOKENIZE: tuple[Endpoint, ...] = ("detokenize",)
+TOKENIZATION: tuple[Endpoint, ...] = ("tokenize", "detokenize")
+ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION)
+"""``POST /v1/chat/completions``, ``/v1/completions``, and vLLM's ``/tokenize`` and
+``/detokenize`` (:mod:`dynamoctl.frontend.tokenization`)."""
 
 
 class Support(enum.Enum):
@@ -253,6 +259,28 @@ POLICY: tuple[Param, ...] = (
     Param("cache_salt", BOTH, R, "vLLM", "no per-tenant cache isolation"),
     Param("kv_transfer_params", BOTH, R, "vLLM", "disaggregation is the frontend's decision"),
     Param("vllm_xargs", BOTH, R, "vLLM", "not implemented"),
+    # -- vLLM's /tokenize and /detokenize -------------------------------------------------
+    Param(
+        "model", TOKENIZATION, S, "vLLM", "served model name; may be left out while one is served"
+    ),
+    Param("prompt", TOKENIZE, S, "vLLM", "text to tokenise (or `messages`)"),
+    Param("messages", TOKENIZE, S, "vLLM", "rendered by the model's chat template, then tokenised"),
+    Param(
+        "add_special_tokens",
+        TOKENIZE,
+        S,
+        "vLLM",
+        "the tokenizer's special tokens (BOS); default: true for `prompt`, false for `messages`",
+    ),
+    Param("add_generation_prompt", TOKENIZE, S, "vLLM", "`messages`: open the assistant's turn"),
+    Param("tools", TOKENIZE, S, "vLLM", "`messages`: rendered by the chat template"),
+    Param("return_token_strs", TOKENIZE, S, "vLLM", "also return each token's text"),
+    Param("continue_final_message", TOKENIZE, N, "vLLM", "not implemented", (False,)),
+    Param("chat_template", TOKENIZE, R, "vLLM", "the model's own template only"),
+    Param("chat_template_kwargs", TOKENIZE, N, "vLLM", "not implemented", ({},)),
+    Param("media_io_kwargs", TOKENIZE, R, "vLLM", "text only"),
+    Param("mm_processor_kwargs", TOKENIZE, R, "vLLM", "text only"),
+    Param("tokens", DETOKENIZE, S, "vLLM", "token ids, each below the vocabulary's size"),
 )
 
 
@@ -277,13 +305,13 @@ def _unsupported(endpoint: Endpoint, within: str) -> dict[str, Param]:
     return rows
 
 
-_UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {e: _unsupported(e, "") for e in BOTH}
+_UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {e: _unsupported(e, "") for e in ENDPOINTS}
 _OBJECTS: dict[Endpoint, dict[str, dict[str, Param]]] = {
     e: {
         obj: _unsupported(e, obj)
         for obj in sorted({p.name.partition(".")[0] for p in params(e).values() if "." in p.name})
     }
-    for e in BOTH
+    for e in ENDPOINTS
 }
 """Per endpoint, each object parameter's keys not implemented (``stream_options``)."""
 
@@ -346,7 +374,7 @@ END = "<!-- END generated -->"
 
 def render_table() -> str:
     """The policy as docs/api.md shows it, markers included."""
-    where = {BOTH: "both", CHAT: "chat", COMPLETIONS: "completions"}
+    where = {BOTH: "both"}
     lines = [BEGIN, "", "| Parameter | Endpoint | From | Support | Accepted values / why |"]
     lines.append("|---|---|---|---|---|")
     for kind in Support:
@@ -355,7 +383,8 @@ def render_table() -> str:
             if kind is not S:  # what is accepted, then why nothing else is
                 accepted = ", ".join(f"`{_json(v)}`" for v in (None, *p.neutral))
                 why = f"{accepted}: {p.why}"
-            cells = (f"`{p.name}`", where[p.endpoints], p.origin, kind.value, why)
+            endpoint = where.get(p.endpoints, ", ".join(p.endpoints))
+            cells = (f"`{p.name}`", endpoint, p.origin, kind.value, why)
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join([*lines, "", END])
 
