@@ -115,14 +115,16 @@ def jobs_of(
 def check_choices(
     body: ChatCompletionRequest | CompletionRequest, prompts: int, max_choices: int
 ) -> None:
-    """A 400 naming ``n`` when ``n`` times the prompts exceeds the frontend's bound."""
+    """A 400 when ``n`` times the prompts exceeds the frontend's bound, naming ``n`` (or
+    ``prompt``: a batch of single choices) and how the bound is raised."""
     n = body.choices()
     if n * prompts > max_choices:
         asked = f"n={n}" + (f" times {prompts} prompts" if prompts > 1 else "")
         raise bad_request(
             f"{asked} asks for {n * prompts} choices; this frontend allows at most "
-            f"{max_choices} (max_choices)",
-            "n",
+            f"{max_choices}: send fewer, or raise the limit (recipe field "
+            "frontend.max_choices, or dynamoctl frontend --max-choices)",
+            "prompt" if n == 1 else "n",
         )
 
 

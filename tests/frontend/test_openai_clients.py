@@ -111,8 +111,24 @@ async def test_sdk_completions_batch_echo_logprobs_and_stop_ids(deployment: Depl
     assert full.choices[0].text.startswith(cut.choices[0].text)
 
     with pytest.raises(openai.BadRequestError) as refused:
-        await oai.completions.create(model=MODEL, prompt=["a"] * 9, n=2, max_tokens=1)
+        await oai.completions.create(model=MODEL, prompt=["a"] * 33, n=2, max_tokens=1)
     assert refused.value.body["param"] == "n"  # type: ignore[index]
+    await oai.close()
+
+
+async def test_lm_eval_batch_sizes_fit_and_the_limit_says_how_to_raise_it(
+    deployment: Deployment,
+) -> None:
+    """lm-evaluation-harness's ``local-completions`` with ``--batch_size 64`` sends 64
+    token-id prompts in one request; one more is a 400 that names the knob."""
+    oai = client(deployment)
+    prompts = [[1 + i, 2, 3] for i in range(64)]
+    batch = await oai.completions.create(model=MODEL, prompt=prompts, max_tokens=1, seed=1)
+    assert sorted(c.index for c in batch.choices) == list(range(64))
+    with pytest.raises(openai.BadRequestError) as refused:
+        await oai.completions.create(model=MODEL, prompt=[*prompts, [4]], max_tokens=1)
+    assert refused.value.body["param"] == "prompt"  # type: ignore[index]
+    assert "frontend.max_choices" in refused.value.message
     await oai.close()
 
 
