@@ -12,7 +12,7 @@ declared once as supported, accepted when neutral, or refused, with the reason
 * **refused**: not implemented and nothing to be neutral about; only null is accepted.
 
 A row named ``object.key`` is a key of an object parameter (``stream_options.include_usage``),
-checked in that object by the same pass.
+checked by that object's model (:func:`check_object_keys`).
 
 :func:`check_unsupported` applies the table to a raw request object before the model
 sees it. Another module that implements a parameter (structured outputs, tools) flips its
@@ -306,14 +306,11 @@ def _unsupported(endpoint: Endpoint, within: str) -> dict[str, Param]:
 
 
 _UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {e: _unsupported(e, "") for e in ENDPOINTS}
-_OBJECTS: dict[Endpoint, dict[str, dict[str, Param]]] = {
-    e: {
-        obj: _unsupported(e, obj)
-        for obj in sorted({p.name.partition(".")[0] for p in params(e).values() if "." in p.name})
-    }
-    for e in ENDPOINTS
+_OBJECTS: dict[str, dict[str, Param]] = {
+    obj: {k: p for e in ENDPOINTS for k, p in _unsupported(e, obj).items()}
+    for obj in sorted({p.name.partition(".")[0] for p in POLICY if "." in p.name})
 }
-"""Per endpoint, each object parameter's keys not implemented (``stream_options``)."""
+"""Per object parameter (``stream_options``), its keys not implemented."""
 
 
 def is_neutral(value: Any, param: Param) -> bool:
@@ -331,21 +328,22 @@ def _same(a: Any, b: Any) -> bool:
 
 def check_unsupported(data: Any, endpoint: Endpoint) -> Any:
     """``data`` without the parameters this endpoint does not implement, once each was
-    found neutral (keys of object parameters too); else a validation error that names
-    the parameter (``unsupported``)."""
+    found neutral; else a validation error that names the parameter (``unsupported``)."""
     if not isinstance(data, Mapping):
         return data
-    data = _checked(data, _UNSUPPORTED[endpoint], "")
-    for within, rows in _OBJECTS[endpoint].items():
-        value = data.get(within)
-        if isinstance(value, Mapping):
-            checked = _checked(value, rows, within)
-            if checked is not value:
-                data = {**data, within: checked}
-    return data
+    return _checked(data, _UNSUPPORTED[endpoint])
 
 
-def _checked(data: Mapping[str, Any], rows: dict[str, Param], within: str) -> Mapping[str, Any]:
+def check_object_keys(data: Any, within: str) -> Any:
+    """The same for the keys of the object parameter ``within`` (``stream_options``),
+    called by its model: a request without it pays nothing. Its rows are the same on
+    every endpoint that has it (a test keeps them so)."""
+    if not isinstance(data, Mapping):
+        return data
+    return _checked(data, _OBJECTS[within])
+
+
+def _checked(data: Mapping[str, Any], rows: dict[str, Param]) -> Mapping[str, Any]:
     found = [key for key in data if key in rows]
     if not found:
         return data

@@ -49,6 +49,11 @@ class StreamOptions(_Strict):
     """vLLM's: with ``include_usage``, every chunk carries its choice's usage so far (its
     prompt's tokens, the tokens generated until then)."""
 
+    @model_validator(mode="before")
+    @classmethod
+    def _policy(cls, data: Any) -> Any:
+        return compat.check_object_keys(data, "stream_options")
+
     def usage_every_chunk(self) -> bool:
         return self.include_usage and self.continuous_usage_stats
 

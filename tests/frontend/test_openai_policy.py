@@ -76,6 +76,15 @@ def test_supported_rows_are_exactly_the_request_models_fields(endpoint: str) -> 
     assert dotted <= set(objects)  # every object parameter with rows is checked here
 
 
+def test_an_objects_rows_are_the_same_on_every_endpoint_with_it() -> None:
+    # One model (StreamOptions) checks its keys for both endpoints: one policy for both.
+    for p in compat.POLICY:
+        within = p.name.partition(".")[0]
+        if "." in p.name:
+            having = tuple(e for e in compat.ENDPOINTS if within in compat.params(e))
+            assert p.endpoints == having, p.name
+
+
 def test_each_parameter_has_one_row_per_endpoint() -> None:
     for endpoint in compat.ENDPOINTS:
         names = [p.name for p in compat.POLICY if endpoint in p.endpoints]
