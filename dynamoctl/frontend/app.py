@@ -38,21 +38,17 @@ from dynamoctl.frontend.asgi import ASGIApp, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
 from dynamoctl.frontend.choices import Choices
-from dynamoctl.frontend.errors import (
-    OpenAIError,
-    bad_request,
-    internal_error,
-    model_not_found,
-    model_unavailable,
-)
+from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
 from dynamoctl.frontend.generate import Generator
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from dynamoctl.frontend.refusals import Refusals
 from dynamoctl.frontend.respond import stream, whole
 from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
+from dynamoctl.frontend.tokenization import Tokenization
 from dynamoctl.structured.plan import plan_chat, plan_completion
 
 log = logging.getLogger(__name__)
@@ -74,26 +70,31 @@ def build_app(
     max_body_bytes: int = MAX_BODY_BYTES,
 ) -> FrontendApp:
     """The frontend's ASGI app; with ``api_keys``, every path but the probes' needs one."""
-    hot = _Completions(registry, generator, metrics, max_body_bytes)
+    refusals = Refusals(metrics)
+    hot = _Completions(registry, generator, metrics, max_body_bytes, refusals)
     app = FastAPI(title="dynamoctl", version=__version__, docs_url=None, redoc_url=None)
 
+    def refuse(request: Request, error: OpenAIError) -> Response:
+        refusals.refused(request.method, request.url.path, error)
+        return error.response()
+
     @app.exception_handler(OpenAIError)
-    async def _openai_error(_: Request, exc: OpenAIError) -> Response:
-        return exc.response()
+    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
+        return refuse(request, exc)
 
     @app.exception_handler(Exception)
-    async def _bug(_: Request, exc: Exception) -> Response:
+    async def _bug(request: Request, exc: Exception) -> Response:
         # Starlette logs and re-raises after this response; it only shapes it.
-        return internal_error().response()
+        return refuse(request, internal_error())
 
     @app.exception_handler(HTTPException)
-    async def _http_error(_: Request, exc: HTTPException) -> Response:
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return OpenAIError(exc.status_code, str(exc.detail), type=kind).response()
+        return refuse(request, OpenAIError(exc.status_code, str(exc.detail), type=kind))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> Response:
-        return bad_request(str(exc)).response()
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return refuse(request, bad_request(str(exc)))
 
     @app.get("/v1/models")
     async def list_models() -> dict[str, Any]:
@@ -120,6 +121,12 @@ def build_app(
     async def prometheus() -> Response:
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
 
+    # vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer).
+    tokens = Tokenization(registry, metrics, hot.long_text, max_body_bytes)
+    app.post("/tokenize")(tokens.tokenize)
+    app.post("/detokenize")(tokens.detokenize)
+    app.get("/tokenizer_info")(tokens.tokenizer_info)
+
     # FrontendApp answers these two before FastAPI sees them; declared here for the OpenAPI
     # schema, and served by the same handler should a request reach FastAPI anyway.
     @app.post("/v1/chat/completions", openapi_extra=_schema(ChatCompletionRequest))
@@ -130,7 +137,7 @@ def build_app(
     async def completions(request: Request) -> Response:
         return _Raw(hot.completions)
 
-    return FrontendApp(app, hot, api_keys)
+    return FrontendApp(app, hot, api_keys, refusals)
 
 
 class FrontendApp:
@@ -138,15 +145,23 @@ class FrontendApp:
     the hot POST routes go straight to :class:`_Completions`; everything else (and any
     other method) to FastAPI."""
 
-    def __init__(self, api: FastAPI, hot: _Completions, api_keys: ApiKeys | None = None) -> None:
+    def __init__(
+        self,
+        api: FastAPI,
+        hot: _Completions,
+        api_keys: ApiKeys | None = None,
+        refusals: Refusals | None = None,
+    ) -> None:
         self.api = api
         self.hot = hot
         self.api_keys = api_keys
+        self.refusals = refusals or hot.refusals
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.api_keys is not None and scope["type"] == "http":
             refused = self.api_keys.check(scope["path"], scope["headers"])
             if refused is not None:
+                self.refusals.refused(scope["method"], scope["path"], refused)
                 return await refused.response()(scope, receive, send)
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             path = scope["path"]
@@ -177,11 +192,13 @@ class _Completions:
         generator: Generator,
         metrics: FrontendMetrics,
         max_body_bytes: int = MAX_BODY_BYTES,
+        refusals: Refusals | None = None,
     ) -> None:
         self.registry = registry
         self.generator = generator
         self.metrics = metrics
         self.max_body_bytes = max_body_bytes
+        self.refusals = refusals or Refusals(metrics)
         self._long = LongTextEncoder()
         self._trim = Trimmer(self._long.pool)
 
@@ -200,11 +217,14 @@ class _Completions:
             prepare = self._chat if endpoint == "chat" else self._completion
             model, body, choices = await prepare(raw)
         except OpenAIError as exc:
+            self.refusals.refused("POST", scope["path"], exc)
             await exc.response()(scope, receive, send)
             return
         except Exception:
             log.exception("%s request failed", endpoint)
-            await internal_error().response()(scope, receive, send)
+            bug = internal_error()
+            self.refusals.refused("POST", scope["path"], bug)
+            await bug.response()(scope, receive, send)
             return
         finally:
             if raw is None or len(raw) >= TRIM_AFTER_BYTES:  # None: left, or 413
@@ -215,7 +235,10 @@ class _Completions:
         deltas = choices.run(self.generator, model)
         shape = Shape(endpoint, choices.request_id, model.name)
         if body.stream:
-            include_usage = bool(body.stream_options and body.stream_options.include_usage)
+            options = body.stream_options
+            include_usage = bool(options and options.include_usage)
+            if options is not None and options.usage_every_chunk():
+                shape.running_usage = choices.running_usage
             await stream(self.metrics, receive, send, deltas, shape, choices, body.choices(),
                          include_usage)  # fmt: skip
         else:
@@ -264,6 +287,11 @@ class _Completions:
         return model, body, Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
 
     @property
+    def long_text(self) -> LongTextEncoder:
+        """The threads that tokenise long texts (shared with :mod:`tokenization`)."""
+        return self._long
+
+    @property
     def _max_choices(self) -> int:
         return self.generator.admission.settings.max_choices
 
@@ -280,12 +308,7 @@ class _Completions:
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:
-    model = registry.get(name)
-    if model is None:
-        if registry.was_served(name):  # its workers are gone for now, or restarting
-            raise model_unavailable(name)
-        raise model_not_found(name, [m.name for m in registry.models()])
-    return model
+    return registry.resolve(name)
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

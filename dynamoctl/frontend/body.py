@@ -8,7 +8,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from dynamoctl.frontend.errors import OpenAIError, bad_request
+from dynamoctl.frontend.errors import OpenAIError, ParamError, bad_request
 from dynamoctl.frontend.generate import Job
 from dynamoctl.frontend.models import ServedModel
 from dynamoctl.frontend.protocol import INT64, ChatCompletionRequest, CompletionRequest
@@ -51,9 +51,14 @@ def invalid_body(raw: bytes, exc: ValidationError) -> OpenAIError:
     # Of a union's failures, the deepest says most ([1.0] as a prompt: not "a string").
     top = first["loc"][:1]
     first = max((e for e in errors if e["loc"][:1] == top), key=lambda e: len(e["loc"]))
+    raised = first.get("ctx", {}).get("error")
+    if isinstance(raised, ParamError):  # a check of several fields: it names the one
+        return bad_request(str(raised), raised.param)
+    # A validator's own words, without pydantic's "Value error, " / "Assertion failed, ".
+    message = str(raised) if isinstance(raised, Exception) else first["msg"]
     parts = [p for p in first["loc"] if isinstance(p, int) or not TYPE_TAG.fullmatch(p)]
     param = ".".join(map(str, parts)) or None
-    return bad_request(f"{param}: {first['msg']}" if param else first["msg"], param)
+    return bad_request(f"{param}: {message}" if param else message, param)
 
 
 def too_long(context: int, prompt_tokens: int, param: str) -> OpenAIError:
@@ -110,14 +115,16 @@ def jobs_of(
 def check_choices(
     body: ChatCompletionRequest | CompletionRequest, prompts: int, max_choices: int
 ) -> None:
-    """A 400 naming ``n`` when ``n`` times the prompts exceeds the frontend's bound."""
+    """A 400 when ``n`` times the prompts exceeds the frontend's bound, naming ``n`` (or
+    ``prompt``: a batch of single choices) and how the bound is raised."""
     n = body.choices()
     if n * prompts > max_choices:
         asked = f"n={n}" + (f" times {prompts} prompts" if prompts > 1 else "")
         raise bad_request(
             f"{asked} asks for {n * prompts} choices; this frontend allows at most "
-            f"{max_choices} (max_choices)",
-            "n",
+            f"{max_choices}: send fewer, or raise the limit (recipe field "
+            "frontend.max_choices, or dynamoctl frontend --max-choices)",
+            "prompt" if n == 1 else "n",
         )
 
 

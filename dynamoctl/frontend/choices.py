@@ -56,6 +56,14 @@ class Choices:
         """Prompt tokens served from cache: each prompt's first choice's."""
         return sum(o.cached_tokens for o in self.outcomes[::n])
 
+    def running_usage(self, index: int) -> Any:
+        """Choice ``index``'s usage so far: its prompt's tokens and the tokens generated
+        until now (vLLM's ``continuous_usage_stats``)."""
+        prompt = len(self.jobs[index].prompt_ids)
+        completion = len(self.outcomes[index].generated)
+        return {"prompt_tokens": prompt, "completion_tokens": completion,
+                "total_tokens": prompt + completion}  # fmt: skip
+
     def done(self) -> bool:
         """Every choice has finished (called per token: one choice is the common case)."""
         outcomes = self.outcomes

@@ -1,7 +1,7 @@
 """The OpenAI compatibility policy: every request parameter of the chat and completions
-APIs and of vLLM's common extensions, declared once as supported, accepted when neutral,
-or refused, with the reason (docs/api.md shows this table; a test keeps both, and the
-request models, in step).
+APIs, of vLLM's common extensions and of vLLM's ``/tokenize`` and ``/detokenize``,
+declared once as supported, accepted when neutral, or refused, with the reason
+(docs/api.md shows this table; a test keeps both, and the request models, in step).
 
 * **supported**: a field of the request model (:mod:`dynamoctl.frontend.protocol`), carried
   to where it takes effect.
@@ -10,6 +10,9 @@ request models, in step).
   are accepted, since SDKs and benchmark clients send them by default; any other value is
   a 400 naming the parameter.
 * **refused**: not implemented and nothing to be neutral about; only null is accepted.
+
+A row named ``object.key`` is a key of an object parameter (``stream_options.include_usage``),
+checked by that object's model (:func:`check_object_keys`).
 
 :func:`check_unsupported` applies the table to a raw request object before the model
 sees it. Another module that implements a parameter (structured outputs, tools) flips its
@@ -26,10 +29,16 @@ from typing import Any, Literal
 
 from pydantic_core import PydanticCustomError
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "tokenize", "detokenize"]
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 CHAT: tuple[Endpoint, ...] = ("chat",)
 COMPLETIONS: tuple[Endpoint, ...] = ("completions",)
+TOKENIZE: tuple[Endpoint, ...] = ("tokenize",)
+DETOKENIZE: tuple[Endpoint, ...] = ("detokenize",)
+TOKENIZATION: tuple[Endpoint, ...] = ("tokenize", "detokenize")
+ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION)
+"""``POST /v1/chat/completions``, ``/v1/completions``, and vLLM's ``/tokenize`` and
+``/detokenize`` (:mod:`dynamoctl.frontend.tokenization`)."""
 
 
 class Support(enum.Enum):
@@ -65,7 +74,31 @@ POLICY: tuple[Param, ...] = (
     Param("seed", BOTH, S, "OpenAI", "passed to the engine; choice i of `n` uses seed + i"),
     Param("stop", BOTH, S, "OpenAI", "up to 4 strings, matched by the frontend on the text"),
     Param("stream", BOTH, S, "OpenAI", "server-sent events"),
-    Param("stream_options", BOTH, S, "OpenAI", "`include_usage` adds a final usage chunk"),
+    Param(
+        "stream_options",
+        BOTH,
+        S,
+        "OpenAI",
+        "with `stream: true`; its keys: the `stream_options.` rows",
+    ),
+    Param(
+        "stream_options.include_usage", BOTH, S, "OpenAI", "a final chunk with the request's usage"
+    ),
+    Param(
+        "stream_options.include_obfuscation",
+        BOTH,
+        N,
+        "OpenAI",
+        "no obfuscation padding is added to chunks",
+        (False,),
+    ),
+    Param(
+        "stream_options.continuous_usage_stats",
+        BOTH,
+        S,
+        "vLLM",
+        "with `include_usage`: every chunk carries its choice's usage so far (as vLLM)",
+    ),
     Param(
         "n",
         BOTH,
@@ -226,6 +259,28 @@ POLICY: tuple[Param, ...] = (
     Param("cache_salt", BOTH, R, "vLLM", "no per-tenant cache isolation"),
     Param("kv_transfer_params", BOTH, R, "vLLM", "disaggregation is the frontend's decision"),
     Param("vllm_xargs", BOTH, R, "vLLM", "not implemented"),
+    # -- vLLM's /tokenize and /detokenize -------------------------------------------------
+    Param(
+        "model", TOKENIZATION, S, "vLLM", "served model name; may be left out while one is served"
+    ),
+    Param("prompt", TOKENIZE, S, "vLLM", "text to tokenise (or `messages`)"),
+    Param("messages", TOKENIZE, S, "vLLM", "rendered by the model's chat template, then tokenised"),
+    Param(
+        "add_special_tokens",
+        TOKENIZE,
+        S,
+        "vLLM",
+        "the tokenizer's special tokens (BOS); default: true for `prompt`, false for `messages`",
+    ),
+    Param("add_generation_prompt", TOKENIZE, S, "vLLM", "`messages`: open the assistant's turn"),
+    Param("tools", TOKENIZE, S, "vLLM", "`messages`: rendered by the chat template"),
+    Param("return_token_strs", TOKENIZE, S, "vLLM", "also return each token's text"),
+    Param("continue_final_message", TOKENIZE, N, "vLLM", "not implemented", (False,)),
+    Param("chat_template", TOKENIZE, R, "vLLM", "the model's own template only"),
+    Param("chat_template_kwargs", TOKENIZE, N, "vLLM", "not implemented", ({},)),
+    Param("media_io_kwargs", TOKENIZE, R, "vLLM", "text only"),
+    Param("mm_processor_kwargs", TOKENIZE, R, "vLLM", "text only"),
+    Param("tokens", DETOKENIZE, S, "vLLM", "token ids, each below the vocabulary's size"),
 )
 
 
@@ -238,9 +293,24 @@ def params(endpoint: Endpoint, support: Support | None = None) -> dict[str, Para
     }
 
 
-_UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {
-    e: {n: p for n, p in params(e).items() if p.support is not S} for e in BOTH
+def _unsupported(endpoint: Endpoint, within: str) -> dict[str, Param]:
+    """Rows not implemented of the top level (``within`` empty) or of an object
+    parameter's keys, by key."""
+    prefix = f"{within}." if within else ""
+    rows = {}
+    for p in params(endpoint).values():
+        key = p.name[len(prefix) :]
+        if p.support is not S and p.name.startswith(prefix) and "." not in key:
+            rows[key] = p
+    return rows
+
+
+_UNSUPPORTED: dict[Endpoint, dict[str, Param]] = {e: _unsupported(e, "") for e in ENDPOINTS}
+_OBJECTS: dict[str, dict[str, Param]] = {
+    obj: {k: p for e in ENDPOINTS for k, p in _unsupported(e, obj).items()}
+    for obj in sorted({p.name.partition(".")[0] for p in POLICY if "." in p.name})
 }
+"""Per object parameter (``stream_options``), its keys not implemented."""
 
 
 def is_neutral(value: Any, param: Param) -> bool:
@@ -261,20 +331,32 @@ def check_unsupported(data: Any, endpoint: Endpoint) -> Any:
     found neutral; else a validation error that names the parameter (``unsupported``)."""
     if not isinstance(data, Mapping):
         return data
-    rows = _UNSUPPORTED[endpoint]
-    found = [name for name in data if name in rows]
+    return _checked(data, _UNSUPPORTED[endpoint])
+
+
+def check_object_keys(data: Any, within: str) -> Any:
+    """The same for the keys of the object parameter ``within`` (``stream_options``),
+    called by its model: a request without it pays nothing. Its rows are the same on
+    every endpoint that has it (a test keeps them so)."""
+    if not isinstance(data, Mapping):
+        return data
+    return _checked(data, _OBJECTS[within])
+
+
+def _checked(data: Mapping[str, Any], rows: dict[str, Param]) -> Mapping[str, Any]:
+    found = [key for key in data if key in rows]
     if not found:
         return data
-    for name in found:
-        param = rows[name]
-        if not is_neutral(data[name], param):
+    for key in found:
+        param = rows[key]
+        if not is_neutral(data[key], param):
             accepted = ", ".join(["null", *(_json(v) for v in param.neutral)])
             raise PydanticCustomError(
                 "unsupported",
                 "'{param}' is not supported ({why}); accepted: {accepted}",
-                {"param": name, "why": param.why, "accepted": accepted},
+                {"param": param.name, "why": param.why, "accepted": accepted},
             )
-    return {k: v for k, v in data.items() if k not in rows}
+    return {k: v for k, v in data.items() if k not in found}
 
 
 def _json(value: Any) -> str:
@@ -290,7 +372,7 @@ END = "<!-- END generated -->"
 
 def render_table() -> str:
     """The policy as docs/api.md shows it, markers included."""
-    where = {BOTH: "both", CHAT: "chat", COMPLETIONS: "completions"}
+    where = {BOTH: "both"}
     lines = [BEGIN, "", "| Parameter | Endpoint | From | Support | Accepted values / why |"]
     lines.append("|---|---|---|---|---|")
     for kind in Support:
@@ -299,7 +381,8 @@ def render_table() -> str:
             if kind is not S:  # what is accepted, then why nothing else is
                 accepted = ", ".join(f"`{_json(v)}`" for v in (None, *p.neutral))
                 why = f"{accepted}: {p.why}"
-            cells = (f"`{p.name}`", where[p.endpoints], p.origin, kind.value, why)
+            endpoint = where.get(p.endpoints, ", ".join(p.endpoints))
+            cells = (f"`{p.name}`", endpoint, p.origin, kind.value, why)
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
     return "\n".join([*lines, "", END])
 

@@ -8,6 +8,15 @@ from __future__ import annotations
 from starlette.responses import JSONResponse
 
 
+class ParamError(ValueError):
+    """A request validator's refusal that names the parameter at fault, for the checks
+    of several fields at once (a model validator's error has no field of its own)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 class OpenAIError(Exception):
     """Raised anywhere in request handling; the app turns it into the JSON error."""
 

@@ -120,6 +120,9 @@ class Outcome:
 
     finish_reason: str | None = None
     completion_tokens: int = 0
+    generated: list[int] = field(default_factory=list)
+    """The tokens generated so far: the token stream's own list, read by a stream that
+    reports usage in every chunk (``continuous_usage_stats``) at no cost to others."""
     cached_tokens: int = 0
     migrations: int = 0
     probe: StreamProbe = field(default_factory=StreamProbe)
@@ -287,7 +290,7 @@ class _TokenStream:
         self.job, self.picker, self.outcome = job, picker, outcome
         self.started = time.monotonic()
         self.last_token_at: float | None = None
-        self.generated: list[int] = []
+        self.generated = outcome.generated
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopStringMatcher(job.stop)
         self.user_stops = frozenset(job.engine.user_stop_token_ids)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dynamoctl.discovery import Discovery
+from dynamoctl.frontend.errors import model_not_found, model_unavailable
 from dynamoctl.frontend.picking import WorkerPicker
 from dynamoctl.router.models import ModelFollower
 from dynamoctl.tokenizer import Tokenizer, load_tokenizer
@@ -54,6 +55,16 @@ class ModelRegistry(AsyncService):
 
     def get(self, name: str) -> ServedModel | None:
         return self._follower.get(name)
+
+    def resolve(self, name: str) -> ServedModel:
+        """The served model ``name``; else a 503 while a model once served has no worker
+        (retry: not a typo), a 404 for a name never served."""
+        model = self.get(name)
+        if model is None:
+            if self.was_served(name):  # its workers are gone for now, or restarting
+                raise model_unavailable(name)
+            raise model_not_found(name, [m.name for m in self.models()])
+        return model
 
     def was_served(self, name: str) -> bool:
         """Whether ``name`` had workers at some point since the frontend started (a 503

@@ -23,6 +23,7 @@ from pydantic import (
 
 from dynamoctl.frontend import compat
 from dynamoctl.frontend.compat import Endpoint
+from dynamoctl.frontend.errors import ParamError
 from dynamoctl.structured.request import StructuredOutputFields, ToolFields, ToolMessageFields
 
 MAX_TOKENS_LIMIT = 1 << 20
@@ -44,6 +45,17 @@ class _Strict(BaseModel):
 class StreamOptions(_Strict):
     include_usage: bool = False
     """Send a final chunk with ``usage`` before ``[DONE]``."""
+    continuous_usage_stats: bool = False
+    """vLLM's: with ``include_usage``, every chunk carries its choice's usage so far (its
+    prompt's tokens, the tokens generated until then)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _policy(cls, data: Any) -> Any:
+        return compat.check_object_keys(data, "stream_options")
+
+    def usage_every_chunk(self) -> bool:
+        return self.include_usage and self.continuous_usage_stats
 
 
 def _token_ids(ids: list[int]) -> list[int]:
@@ -123,7 +135,7 @@ class _Request(_Strict):
     @model_validator(mode="after")
     def _stream_options_need_stream(self) -> _Request:
         if self.stream_options is not None and not self.stream:
-            raise ValueError("stream_options is only allowed with stream: true")
+            raise ParamError("stream_options", "stream_options is only allowed with stream: true")
         return self
 
     def stop_strings(self) -> list[str]:
@@ -228,7 +240,9 @@ class CompletionRequest(_Request, StructuredOutputFields):  # dynamoctl.structur
     @model_validator(mode="after")
     def _echo_without_logprobs(self) -> CompletionRequest:
         if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs needs prompt log-probabilities, not returned")
+            raise ParamError(
+                "echo", "echo with logprobs needs prompt log-probabilities, which are not returned"
+            )
         return self
 
     def prompts(self) -> list[str] | list[list[int]]:

@@ -16,6 +16,7 @@ from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, internal_error
 from dynamoctl.frontend.generate import Outcome
 from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.frontend.refusals import LINES
 from dynamoctl.frontend.shape import Shape, sse_data, usage_of
 from dynamoctl.frontend.shaping import delta_events, finish_events, shape_messages, text_frames
 
@@ -163,12 +164,13 @@ async def whole(
             metrics.cancellations.labels(name).inc()
             watch.absorb()
             return
-        if isinstance(error, OpenAIError):
-            await error.response()(scope, receive, send)
-            return
         if isinstance(error, Exception):
-            log.error("request %s failed", shape.id, exc_info=error)
-            await internal_error().response()(scope, receive, send)
+            if not isinstance(error, OpenAIError):
+                log.error("request %s failed", shape.id, exc_info=error)
+            refused = error if isinstance(error, OpenAIError) else internal_error()
+            count_outcomes(metrics, name, shape.endpoint, choices.outcomes, str(refused.status))
+            LINES.refused(f"{shape.endpoint} request {shape.id}", refused)
+            await refused.response()(scope, receive, send)
             return
         raise error
     count_outcomes(metrics, name, shape.endpoint, choices.outcomes, "200")

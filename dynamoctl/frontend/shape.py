@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from json.encoder import encode_basestring_ascii
 from typing import Any
 
@@ -28,6 +28,9 @@ class Shape:
         self.model = model
         self.created = int(time.time())
         self.object = "chat.completion" if self.chat else "text_completion"
+        self.running_usage: Callable[[int], Any] | None = None
+        """Choice index -> its usage so far, for a stream whose every chunk carries one
+        (``continuous_usage_stats``); None: chunks carry ``usage: null``."""
 
     def _choice(
         self,
@@ -64,16 +67,19 @@ class Shape:
             "choices": [self._choice(text, finish, first=first, index=index, logprobs=logprobs)],
         }
 
-    @staticmethod
-    def with_usage(obj: Any, include_usage: bool) -> Any:
+    def with_usage(self, obj: Any, include_usage: bool) -> Any:
         if include_usage:
-            obj["usage"] = None
+            running = self.running_usage
+            obj["usage"] = None if running is None else running(obj["choices"][0]["index"])
         return obj
 
     def text_frame(self, include_usage: bool, index: int = 0) -> tuple[bytes, bytes] | None:
         """The SSE event of a text chunk split around its text: ``head + json(text) + tail``
         is byte for byte ``sse_data(self.with_usage(self.chunk(text), include_usage))``.
-        None in the one case the split is ambiguous (a model named exactly ``_MARK``)."""
+        None where chunks differ by more than their text (usage in every chunk), and in
+        the one case the split is ambiguous (a model named exactly ``_MARK``)."""
+        if self.running_usage is not None:
+            return None
         event = sse_data(self.with_usage(self.chunk(_MARK, index=index), include_usage))
         head, sep, tail = event.partition(_MARK_JSON)
         return (head, tail) if sep and _MARK_JSON not in tail else None

@@ -120,6 +120,10 @@ class LoadWatch:
                     log.warning("bad load sample from %s: %s", iid, exc)
 
 
+SERVED = frozenset({"200", "error"})
+"""``requests_total`` statuses of requests that were generated for (``error``: a stream
+that failed after its headers); the others were refused (docs/metrics.md)."""
+
 _FAMILIES = {
     "dynamoctl_frontend_requests_received": {
         "dynamoctl_frontend_requests_received_total": "received"
@@ -201,7 +205,9 @@ def parse_totals(text: str, at: float, model: str = "") -> FrontendTotals:
             continue
         for sample in family.samples:
             field = wanted.get(sample.name)
-            if field is not None and (not model or sample.labels.get("model") == model):
+            if field is None or (model and sample.labels.get("model") != model):
+                continue
+            if sample.labels.get("status", "200") in SERVED:  # not the refused
                 values[field] += sample.value
     return FrontendTotals(at=at, **values)
 

@@ -41,9 +41,10 @@ class AdmissionSettings(Options):
     ``Retry-After``."""
     max_queued: int = Field(default=256, ge=0)
     """Requests allowed to wait at once; beyond it, 503 at once."""
-    max_choices: int = Field(default=16, ge=1)
+    max_choices: int = Field(default=64, ge=1)
     """Most choices one request may ask for (``n``, times the prompts of a batched
-    completion); more is a 400, since each choice is a request to a worker."""
+    completion); more is a 400, since each choice is a request to a worker. The default
+    takes lm-evaluation-harness's usual ``--batch_size`` (up to 64 prompts a request)."""
 
 
 class ApiKeySettings(Options):

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from dynamoctl.frontend.errors import ParamError
 from dynamoctl.wire.structured import OutputConstraint
 
 
@@ -82,10 +83,11 @@ class StructuredOutputFields(_Strict):
 
     def output_constraint(self) -> tuple[str, OutputConstraint] | None:
         """The one constraint asked for, with the parameter that asked; None: free text.
-        Two at once is a ``ValueError`` naming both (a 400)."""
+        Two at once is a ``ParamError`` naming both (a 400)."""
         found = [c for c in self._constraints() if c is not None]
         if len(found) > 1:
-            raise ValueError(f"{found[0][0]} and {found[1][0]} both constrain the output; give one")
+            first, second = found[0][0], found[1][0]
+            raise ParamError(second, f"{first} and {second} both constrain the output; give one")
         return found[0] if found else None
 
     def _constraints(self) -> list[tuple[str, OutputConstraint] | None]:
@@ -96,7 +98,10 @@ class StructuredOutputFields(_Strict):
         elif isinstance(fmt, JsonSchemaFormat):
             schema = fmt.json_schema.json_schema
             found.append(
-                ("response_format.json_schema.schema", _schema_constraint(schema))
+                (
+                    "response_format.json_schema.schema",
+                    _schema_constraint("response_format.json_schema.schema", schema),
+                )
                 if schema is not None
                 else ("response_format", OutputConstraint(json_object=True))
             )
@@ -113,7 +118,10 @@ class StructuredOutputFields(_Strict):
                 if v is not None
             ]
             if not given:
-                raise ValueError("structured_outputs needs one of json, regex, choice, grammar")
+                raise ParamError(
+                    "structured_outputs",
+                    "structured_outputs needs one of json, regex, choice, grammar",
+                )
             found += [(name, _constraint(name, value)) for name, value in given]
         for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar"):
             value = getattr(self, name)
@@ -122,21 +130,21 @@ class StructuredOutputFields(_Strict):
         return found
 
 
-def _schema_constraint(schema: dict[str, Any] | str) -> OutputConstraint:
+def _schema_constraint(name: str, schema: dict[str, Any] | str) -> OutputConstraint:
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
         except ValueError as exc:
-            raise ValueError(f"the JSON schema is not valid JSON: {exc}") from None
+            raise ParamError(name, f"the JSON schema is not valid JSON: {exc}") from None
     if not isinstance(schema, dict):
-        raise ValueError("a JSON schema must be an object")
+        raise ParamError(name, "a JSON schema must be an object")
     return OutputConstraint(json_schema=schema)
 
 
 def _constraint(name: str, value: Any) -> OutputConstraint:
     kind = name.rsplit(".", 1)[-1].removeprefix("guided_")
     if kind == "json":
-        return _schema_constraint(value)
+        return _schema_constraint(name, value)
     if kind == "json_object":
         return OutputConstraint(json_object=True)
     return OutputConstraint(**{kind: value})
@@ -186,13 +194,14 @@ class ToolFields(_Strict):
     def _choice_needs_tools(self) -> ToolFields:
         choice = self.tool_choice
         if choice not in (None, "none") and not self.tools:
-            raise ValueError("tool_choice needs tools")
+            raise ParamError("tool_choice", "tool_choice needs tools")
         if isinstance(choice, NamedToolChoice):
             names = [t.function.name for t in self.tools or []]
             if choice.function.name not in names:
-                raise ValueError(
+                raise ParamError(
+                    "tool_choice.function.name",
                     f"tool_choice names function '{choice.function.name}', which is not in "
-                    f"tools ({', '.join(names)})"
+                    f"tools ({', '.join(names)})",
                 )
         return self
 

@@ -79,6 +79,12 @@ class Tokenizer:
         return self._backend.token_to_id(token)
 
     @property
+    def special_tokens(self) -> dict[str, str]:
+        """The named special tokens' text (``bos_token``, ``eos_token``, ``unk_token``,
+        ``pad_token``: those the model has), a copy."""
+        return dict(self._special_tokens)
+
+    @property
     def bos_token(self) -> str | None:
         """Beginning-of-sequence token text, if the model has one."""
         return self._special_tokens.get("bos_token")

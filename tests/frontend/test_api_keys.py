@@ -76,7 +76,9 @@ async def test_missing_or_wrong_key_is_401(secured: Deployment, authorization: s
     body = {"model": MODEL, "prompt": "x", "max_tokens": 1}
     async with httpx.AsyncClient() as http:
         for method, path in [("POST", "/v1/completions"), ("POST", "/v1/chat/completions"),
-                             ("GET", "/v1/models"), ("GET", "/v1/nothing-here")]:  # fmt: skip
+                             ("GET", "/v1/models"), ("GET", "/v1/nothing-here"),
+                             ("POST", "/tokenize"), ("POST", "/detokenize"),
+                             ("GET", "/tokenizer_info")]:  # fmt: skip
             resp = await http.request(
                 method, f"{secured.frontend_url}{path}", json=body, headers=headers
             )
@@ -95,6 +97,9 @@ async def test_every_key_from_file_and_env_works(secured: Deployment, key: str) 
             model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, stream=True
         )
         assert [c async for c in stream]
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {key}"}) as http:
+            tokens = await http.post(f"{secured.frontend_url}/tokenize", json={"prompt": "hi"})
+            assert tokens.status_code == 200 and tokens.json()["count"] > 0
     finally:
         await oai.close()
 

@@ -110,7 +110,7 @@ async def test_stop_strings_end_the_text_before_the_stop(deployment: Deployment)
             "max_tokens",
         ),
         (b'{"model": "mock-llama", "prompt": "x", "bogus": 1}', 400, "bogus"),
-        (b'{"model": "mock-llama", "prompt": "x", "n": 17}', 400, "max_choices"),
+        (b'{"model": "mock-llama", "prompt": "x", "n": 65}', 400, "max_choices"),
         (b'{"model": "mock-llama", "prompt": "x", "logprobs": 21}', 400, "logprobs"),
         (b'{"model": "mock-llama", "prompt": "x", "best_of": 2}', 400, "best_of"),
         (b'{"model": "mock-llama", "prompt": [-1, 5]}', 400, "token ids"),

@@ -111,8 +111,24 @@ async def test_sdk_completions_batch_echo_logprobs_and_stop_ids(deployment: Depl
     assert full.choices[0].text.startswith(cut.choices[0].text)
 
     with pytest.raises(openai.BadRequestError) as refused:
-        await oai.completions.create(model=MODEL, prompt=["a"] * 9, n=2, max_tokens=1)
+        await oai.completions.create(model=MODEL, prompt=["a"] * 33, n=2, max_tokens=1)
     assert refused.value.body["param"] == "n"  # type: ignore[index]
+    await oai.close()
+
+
+async def test_lm_eval_batch_sizes_fit_and_the_limit_says_how_to_raise_it(
+    deployment: Deployment,
+) -> None:
+    """lm-evaluation-harness's ``local-completions`` with ``--batch_size 64`` sends 64
+    token-id prompts in one request; one more is a 400 that names the knob."""
+    oai = client(deployment)
+    prompts = [[1 + i, 2, 3] for i in range(64)]
+    batch = await oai.completions.create(model=MODEL, prompt=prompts, max_tokens=1, seed=1)
+    assert sorted(c.index for c in batch.choices) == list(range(64))
+    with pytest.raises(openai.BadRequestError) as refused:
+        await oai.completions.create(model=MODEL, prompt=[*prompts, [4]], max_tokens=1)
+    assert refused.value.body["param"] == "prompt"  # type: ignore[index]
+    assert "frontend.max_choices" in refused.value.message
     await oai.close()
 
 
@@ -129,6 +145,18 @@ async def test_a_chat_without_max_tokens_ends_by_itself(deployment: Deployment) 
     assert max(lengths) < 400  # the mocker's default mean is 32
     await oai.close()
 
+
+# guidellm 0.8.1's requests with its default settings (backends/openai/request_handlers.py):
+# always streamed with vLLM's usage in every chunk, a synthetic prompt, ignore_eos.
+GUIDELLM: dict[str, dict[str, Any]] = {
+    "completions": {
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_tokens": 6, "stop": None, "ignore_eos": True, "prompt": "the quick brown fox"},
+    "chat/completions": {
+        "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True},
+        "max_completion_tokens": 6, "stop": None, "ignore_eos": True,
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "the quick fox"}]}]},
+}  # fmt: skip
 
 # What clients send by default, written after their sources: every one must succeed.
 DEFAULT_PAYLOADS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -154,6 +182,10 @@ DEFAULT_PAYLOADS: dict[str, tuple[str, dict[str, Any]]] = {
         "parallel_tool_calls": True, "tools": [], "response_format": {"type": "text"}}),
     "max_completion_tokens on completions": ("completions", {
         "prompt": "hi", "max_completion_tokens": 4}),
+    **{f"guidellm 0.8.1, {path}": (path, body) for path, body in GUIDELLM.items()},
+    "openai include_obfuscation off": ("chat/completions", {
+        "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "stream": True,
+        "stream_options": {"include_usage": True, "include_obfuscation": False}}),
 }  # fmt: skip
 
 
@@ -169,6 +201,33 @@ async def test_sdk_default_payload_shapes_succeed(deployment: Deployment) -> Non
                 assert '"error"' not in reply.text, (name, reply.text)
             else:
                 assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length"), name
+
+
+@pytest.mark.parametrize("path", list(GUIDELLM))
+async def test_usage_in_every_chunk_as_vllm_sends_it(deployment: Deployment, path: str) -> None:
+    """``continuous_usage_stats``: each chunk's usage is its choice's so far, the last one
+    the request's; without it, chunks carry ``usage: null`` (and take the fast path)."""
+    url = f"{deployment.frontend_url}/v1/{path}"
+    async with httpx.AsyncClient(timeout=30) as http:
+        reply = await http.post(url, json={"model": MODEL, **GUIDELLM[path]})
+        plain = {**GUIDELLM[path], "stream_options": {"include_usage": True}}
+        without = await http.post(url, json={"model": MODEL, **plain})
+    assert reply.status_code == 200, reply.text
+    chunks = [json.loads(line[6:]) for line in reply.text.splitlines()
+              if line.startswith("data: {")]  # fmt: skip
+    *per_choice, final = chunks
+    assert final["choices"] == [] and final["usage"]["completion_tokens"] == 6
+    prompt = final["usage"]["prompt_tokens"]
+    seen = [c["usage"]["completion_tokens"] for c in per_choice]
+    assert all(c["usage"]["prompt_tokens"] == prompt for c in per_choice)
+    assert all(
+        c["usage"]["total_tokens"] == prompt + n for c, n in zip(per_choice, seen, strict=True)
+    )
+    assert seen == sorted(seen) and seen[-1] == 6 and len(set(seen)) > 1
+    assert without.status_code == 200
+    quiet = [json.loads(line[6:]) for line in without.text.splitlines()
+             if line.startswith("data: {")]  # fmt: skip
+    assert all(c["usage"] is None for c in quiet[:-1]) and quiet[-1]["usage"]
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ every row behaves as it says (through the real body parser, as the frontend runs
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -13,23 +14,41 @@ import pytest
 from dynamoctl.frontend import compat
 from dynamoctl.frontend.body import decode_body, engine_request
 from dynamoctl.frontend.errors import OpenAIError
-from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
+from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
+from dynamoctl.frontend.tokenization import DetokenizeRequest, TokenizeRequest
 
 pytestmark = pytest.mark.openai_compat
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "api.md"
-MODELS = {"chat": ChatCompletionRequest, "completions": CompletionRequest}
+MODELS: dict[str, type[Any]] = {
+    "chat": ChatCompletionRequest,
+    "completions": CompletionRequest,
+    "tokenize": TokenizeRequest,
+    "detokenize": DetokenizeRequest,
+}
+OBJECTS = {"stream_options": StreamOptions}
+"""The object parameters whose keys have rows of their own (``stream_options.include_usage``)."""
 BASE: dict[str, dict[str, Any]] = {
     "chat": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "completions": {"model": "m", "prompt": "hi"},
+    "tokenize": {"prompt": "hi"},
+    "detokenize": {"tokens": [1]},
 }
-ROWS = [(e, p) for e in compat.BOTH for p in compat.params(e).values()]
+ROWS = [(e, p) for e in compat.ENDPOINTS for p in compat.params(e).values()]
 UNSUPPORTED = [(e, p) for e, p in ROWS if p.support is not compat.Support.SUPPORTED]
 
 
-def parse(endpoint: str, **fields: Any) -> ChatCompletionRequest | CompletionRequest:
+def parse(endpoint: str, **fields: Any) -> Any:
     raw = json.dumps({**BASE[endpoint], **fields}).encode()
-    return decode_body(raw, MODELS[endpoint])  # type: ignore[type-var]
+    return decode_body(raw, MODELS[endpoint])
+
+
+def with_param(name: str, value: Any) -> dict[str, Any]:
+    """Request fields that set the row ``name`` (a dotted row: a key of its object)."""
+    within, _, key = name.rpartition(".")
+    if not within:
+        return {name: value}
+    return {within: {key: value}, **({"stream": True} if within == "stream_options" else {})}
 
 
 def test_docs_table_is_generated_from_the_policy() -> None:
@@ -38,16 +57,36 @@ def test_docs_table_is_generated_from_the_policy() -> None:
     assert text[start:end] == compat.render_table(), f"run: {compat.REGENERATE}"
 
 
-@pytest.mark.parametrize("endpoint", compat.BOTH)
+@pytest.mark.parametrize("endpoint", compat.ENDPOINTS)
 def test_supported_rows_are_exactly_the_request_models_fields(endpoint: str) -> None:
     supported = set(compat.params(endpoint, compat.Support.SUPPORTED))
-    assert supported == set(MODELS[endpoint].model_fields)
-    unsupported = set(compat.params(endpoint)) - supported
-    assert not unsupported & set(MODELS[endpoint].model_fields)
+    rows = set(compat.params(endpoint))
+    objects = {name: m for name, m in OBJECTS.items() if name in MODELS[endpoint].model_fields}
+    models: dict[str, type[Any]] = {"": MODELS[endpoint], **objects}
+    for within, model in models.items():
+
+        def level(names: set[str], within: str = within) -> set[str]:
+            prefix = f"{within}." if within else ""
+            keys = {n.removeprefix(prefix) for n in names if n.startswith(prefix)}
+            return {k for k in keys if "." not in k}
+
+        assert level(supported) == set(model.model_fields), within or "top level"
+        assert not level(rows - supported) & set(model.model_fields), within or "top level"
+    dotted = {n.partition(".")[0] for n in rows if "." in n}
+    assert dotted <= set(objects)  # every object parameter with rows is checked here
+
+
+def test_an_objects_rows_are_the_same_on_every_endpoint_with_it() -> None:
+    # One model (StreamOptions) checks its keys for both endpoints: one policy for both.
+    for p in compat.POLICY:
+        within = p.name.partition(".")[0]
+        if "." in p.name:
+            having = tuple(e for e in compat.ENDPOINTS if within in compat.params(e))
+            assert p.endpoints == having, p.name
 
 
 def test_each_parameter_has_one_row_per_endpoint() -> None:
-    for endpoint in compat.BOTH:
+    for endpoint in compat.ENDPOINTS:
         names = [p.name for p in compat.POLICY if endpoint in p.endpoints]
         assert len(names) == len(set(names)), endpoint
 
@@ -56,14 +95,16 @@ def test_each_parameter_has_one_row_per_endpoint() -> None:
 def test_neutral_values_are_accepted_and_others_refused_by_name(
     endpoint: str, param: compat.Param
 ) -> None:
+    within, _, key = param.name.rpartition(".")
     for value in (None, *param.neutral):
-        body = parse(endpoint, **{param.name: value})
-        assert param.name not in body.model_fields_set
+        body = parse(endpoint, **with_param(param.name, value))
+        holder = getattr(body, within) if within else body
+        assert key not in holder.model_fields_set
     for value in ({"asks": "something"}, "something", 7):
         if compat.is_neutral(value, param):
             continue
         with pytest.raises(OpenAIError) as refused:
-            parse(endpoint, **{param.name: value})
+            parse(endpoint, **with_param(param.name, value))
         assert refused.value.status == 400 and refused.value.param == param.name
         assert f"'{param.name}' is not supported" in refused.value.message
 
@@ -78,6 +119,21 @@ def test_what_sdks_send_by_default_is_accepted() -> None:
           presence_penalty=0, frequency_penalty=0, tools=[], tool_choice="none",
           parallel_tool_calls=True, response_format={"type": "text"}, service_tier="auto",
           modalities=["text"], stream_options=None)  # fmt: skip
+
+
+def test_a_dotted_row_is_a_key_of_its_object_only() -> None:
+    # A top-level key spelt like an object's key is unknown, not the object's row.
+    with pytest.raises(OpenAIError) as refused:
+        parse("chat", **{"stream_options.include_obfuscation": False})
+    assert refused.value.param == "stream_options.include_obfuscation"
+    assert "unknown or unsupported parameter" in refused.value.message
+    options = {"include_usage": True, "continuous_usage_stats": True,
+               "include_obfuscation": False}  # fmt: skip
+    for endpoint in compat.BOTH:
+        body = parse(endpoint, stream=True, stream_options=options)
+        assert body.stream_options is not None and body.stream_options.usage_every_chunk()
+        plain = parse(endpoint, stream=True, stream_options={"continuous_usage_stats": False})
+        assert plain.stream_options is not None and not plain.stream_options.usage_every_chunk()
 
 
 def test_neutral_comparison_is_by_json_type() -> None:
@@ -112,7 +168,19 @@ def test_every_sampling_parameter_reaches_the_engine_request() -> None:
         ("chat", {"top_logprobs": 2}, "top_logprobs"),
         ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("completions", {"logprobs": 21}, "logprobs"),
-        ("completions", {"echo": True, "logprobs": 1}, None),
+        ("completions", {"echo": True, "logprobs": 1}, "echo"),
+        ("completions", {"stream_options": {"include_usage": True}}, "stream_options"),
+        ("completions", {"stop": ["a"] * 5}, "stop"),
+        ("completions", {"guided_json": "{not json"}, "guided_json"),
+        ("completions", {"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice"),
+        ("completions", {"structured_outputs": {}}, "structured_outputs"),
+        ("completions", {"structured_outputs": {"json": "[1]"}}, "structured_outputs.json"),
+        ("chat", {"tool_choice": "required"}, "tool_choice"),
+        ("chat", {"tools": [{"type": "function", "function": {"name": "f"}}],
+                  "tool_choice": {"type": "function", "function": {"name": "g"}}},
+         "tool_choice.function.name"),
+        ("chat", {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
+         "messages.0.content"),
         ("completions", {"logit_bias": {"x": 1}}, "logit_bias"),
         ("completions", {"logit_bias": {"1": 101}}, "logit_bias.1"),
         ("completions", {"n": 0}, "n"),
@@ -130,6 +198,8 @@ def test_bad_values_of_supported_parameters_name_the_parameter(
     with pytest.raises(OpenAIError) as refused:
         parse(endpoint, **fields)
     assert refused.value.status == 400 and refused.value.param == param
+    # The frontend's words only: no library's prefix ("Value error, ", "Assertion failed, ").
+    assert not re.search(r"(Value|Assertion) (error|failed), ", refused.value.message)
 
 
 def test_batched_prompts_and_names() -> None:

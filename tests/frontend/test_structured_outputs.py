@@ -150,9 +150,10 @@ async def test_max_tokens_cuts_the_answer(oai: openai.AsyncOpenAI) -> None:
         ({"response_format": {"type": "json_schema", "json_schema": {
             "name": "n", "schema": {"type": "strnig"}}}},
          "response_format.json_schema.schema", "not a valid JSON Schema"),
-        ({"guided_json": "{not json"}, None, "not valid JSON"),
+        ({"guided_json": "{not json"}, "guided_json", "not valid JSON"),
         # Two constraints, or a malformed one.
-        ({"guided_regex": "a", "guided_choice": ["a"]}, None, "both constrain the output"),
+        ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice",
+         "both constrain the output"),
         ({"response_format": {"type": "xml"}}, "response_format", "json_schema"),
         ({"structured_outputs": {"whitespace_pattern": " "}}, None, "whitespace_pattern"),
     ],

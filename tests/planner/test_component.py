@@ -122,6 +122,8 @@ def test_frontend_counters_make_a_window() -> None:
     metrics.itl.labels("m").observe(0.02)
     metrics.output_tokens.labels("m").inc(40)
     metrics.ttft.labels("other").observe(9.0)  # another model's: not ours
+    metrics.requests.labels("m", "completions", "400").inc()  # refused: never generated
+    metrics.requests.labels("", "chat", "404").inc()
     text = generate_latest(metrics.registry).decode()
     before = FrontendTotals(at=10.0, **dict.fromkeys(COUNTERS, 0.0))
     after = parse_totals(text, 12.0, model="m")
@@ -133,6 +135,7 @@ def test_frontend_counters_make_a_window() -> None:
     assert span.ttft == pytest.approx(0.2) and span.itl == pytest.approx(0.02)
     assert window(after, before) is None  # counters went back: a restarted frontend
     assert parse_totals(text, 12.0).ttft_count == 3  # no model: every model's
+    assert parse_totals(text, 12.0).requests == 2  # the refused are not ends
 
 
 def _row(name: str, pool: str, state: State, rank: int = 0) -> InstanceStatus:
