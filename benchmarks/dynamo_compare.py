@@ -25,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from importlib import resources
 from pathlib import Path
@@ -39,7 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 # -- the load generator (runs inside the namespace: ``--load``) ------------------------------
 
 
-async def stream_once(port: int, payload: bytes) -> tuple[float, float, bool]:
+async def stream_once(port: int, payload: bytes) -> tuple[float, float, bool, int]:
+    """One streamed request: (TTFT, end-to-end, succeeded, streamed chunks)."""
     start = time.monotonic()
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -51,14 +53,17 @@ async def stream_once(port: int, payload: bytes) -> tuple[float, float, bool]:
         status = await reader.readline()
         first: float | None = None
         done = False
+        chunks = 0
         while line := await reader.readline():
-            if first is None and line.startswith(b"data: {"):
-                first = time.monotonic()
+            if line.startswith(b"data: {"):
+                chunks += 1
+                if first is None:
+                    first = time.monotonic()
             if line.startswith(b"data: [DONE]"):
                 done = True
                 break
         end = time.monotonic()
-        return (first or end) - start, end - start, done and b" 200 " in status
+        return (first or end) - start, end - start, done and b" 200 " in status, chunks
     finally:
         writer.close()
 
@@ -70,13 +75,14 @@ async def load(port: int, concurrency: int, seconds: float) -> dict[str, float]:
     ttfts: list[float] = []
     e2es: list[float] = []
     errors = 0
+    tokens = 0
     stop_at = time.monotonic() + seconds
 
     async def client() -> None:
-        nonlocal errors
+        nonlocal errors, tokens
         while time.monotonic() < stop_at:
             try:
-                ttft, e2e, ok = await stream_once(port, payload)
+                ttft, e2e, ok, chunks = await stream_once(port, payload)
             except OSError:
                 errors += 1
                 await asyncio.sleep(0.01)
@@ -84,21 +90,29 @@ async def load(port: int, concurrency: int, seconds: float) -> dict[str, float]:
             if ok:
                 ttfts.append(ttft)
                 e2es.append(e2e)
+                tokens += chunks
             else:
                 errors += 1
 
     began = time.monotonic()
     await asyncio.gather(*(client() for _ in range(concurrency)))
     wall = time.monotonic() - began
-    ordered = sorted(e2es) or [float("nan")]
     return {
         "concurrency": concurrency,
         "requests": len(e2es),
+        "tokens": tokens,
         "errors": errors,
         "req_per_s": round(len(e2es) / wall, 1),
-        "ttft_p50_ms": round(statistics.median(ttfts or [float("nan")]) * 1e3, 2),
-        "e2e_p50_ms": round(statistics.median(ordered) * 1e3, 2),
-        "e2e_p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 2),
+        **percentiles("ttft", ttfts),
+        **percentiles("e2e", e2es),
+    }
+
+
+def percentiles(name: str, seconds: list[float]) -> dict[str, float]:
+    ordered = sorted(seconds) or [float("nan")]
+    return {
+        f"{name}_p50_ms": round(statistics.median(ordered) * 1e3, 2),
+        f"{name}_p99_ms": round(ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] * 1e3, 2),
     }
 
 
@@ -174,48 +188,77 @@ def wait_serving(prefix: list[str], timeout: float = 120) -> None:
 
 
 def measure(system: str, levels: list[int], seconds: float, venv: Path) -> list[dict[str, float]]:
-    prefix = netns(f"cmp-{system}")
     with tempfile.TemporaryDirectory() as tmp:
         commands, extra = (
             dynamo_commands(tmp, venv) if system == "dynamo" else dynamoctl_commands(tmp)
         )
-        env = {**os.environ, **extra}
-        logs = [open(Path(tmp) / f"{i}.log", "wb") for i in range(len(commands))]  # noqa: SIM115
-        procs = [
-            subprocess.Popen([*prefix, *cmd], env=env, stdout=log, stderr=subprocess.STDOUT)
-            for cmd, log in zip(commands, logs, strict=True)
-        ]
-        try:
-            wait_serving(prefix)
-            frontend = psutil.Process(procs[-1].pid)  # `ip netns exec` execs the command
-            rows = []
-            for level in [1, *levels]:  # the first c=1 pass warms both up and is dropped
-                before = cpu_seconds(frontend)
-                out = subprocess.run(
-                    [*prefix, sys.executable, __file__, "--load", str(level), "--seconds",
-                     str(seconds)],
-                    capture_output=True, text=True, check=True,
-                )  # fmt: skip
-                row = json.loads(out.stdout)
-                row["frontend_cpu_cores"] = round((cpu_seconds(frontend) - before) / seconds, 2)
-                rows.append(row)
-            return rows[1:]
-        except Exception:
-            for log in logs:
-                log.flush()
-                print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
-            raise
-        finally:
-            for proc in procs:
-                proc.terminate()
-            for proc in procs:
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
-            for log in logs:
-                log.close()
-            subprocess.run(["ip", "netns", "del", f"cmp-{system}"], capture_output=True)
+        return serve_and_load(f"cmp-{system}", commands, extra, levels, seconds, tmp)
+
+
+def serve_and_load(
+    name: str,
+    commands: list[list[str]],
+    extra_env: dict[str, str],
+    levels: list[int],
+    seconds: float,
+    tmp: str,
+    load_args: list[str] | None = None,
+    barrier: threading.Barrier | None = None,
+) -> list[dict[str, float]]:
+    """Start ``commands`` (the frontend last) in network namespace ``name``, run the load at
+    each concurrency of ``levels`` inside it, stop them: one row per level, with the
+    frontend's CPU per request and per streamed token (``--load`` prints ``tokens``).
+    ``barrier``: wait there before each level, to run it at the same time as another
+    system's (benchmarks/commit_compare.py ``--together``)."""
+    prefix = netns(name)
+    env = {**os.environ, **extra_env}
+    logs = [open(Path(tmp) / f"{i}.log", "wb") for i in range(len(commands))]  # noqa: SIM115
+    procs = [
+        subprocess.Popen([*prefix, *cmd], env=env, stdout=log, stderr=subprocess.STDOUT)
+        for cmd, log in zip(commands, logs, strict=True)
+    ]
+    try:
+        wait_serving(prefix)
+        frontend = psutil.Process(procs[-1].pid)  # `ip netns exec` execs the command
+        workers = [psutil.Process(p.pid) for p in procs[:-1]]
+        rows = []
+        for level in [1, *levels]:  # the first c=1 pass warms both up and is dropped
+            if barrier is not None:
+                barrier.wait()
+            before = cpu_seconds(frontend)
+            workers_before = sum(cpu_seconds(w) for w in workers)
+            out = subprocess.run(
+                [*prefix, sys.executable, __file__, "--load", str(level), "--seconds",
+                 str(seconds), *(load_args or [])],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            row = json.loads(out.stdout)
+            used = cpu_seconds(frontend) - before
+            workers_used = sum(cpu_seconds(w) for w in workers) - workers_before
+            row["frontend_cpu_cores"] = round(used / seconds, 2)
+            row["frontend_cpu_ms_per_req"] = round(used * 1e3 / max(row["requests"], 1), 3)
+            row["frontend_cpu_us_per_token"] = round(used * 1e6 / max(row["tokens"], 1), 1)
+            row["workers_cpu_ms_per_req"] = round(workers_used * 1e3 / max(row["requests"], 1), 3)
+            rows.append(row)
+        return rows[1:]
+    except Exception:
+        if barrier is not None:
+            barrier.abort()  # the other system stops waiting for this one
+        for log in logs:
+            log.flush()
+            print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
+        raise
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
 
 
 def main() -> None:
