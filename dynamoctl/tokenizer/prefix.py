@@ -37,9 +37,10 @@ def _splits(tokenizer: Tokenizer, special: str) -> bool:
 
 class PrefixCache:
     """Least recently used prefixes of one tokenizer's prompts with their ids, at most
-    ``max_tokens`` ids in all."""
+    ``max_tokens`` ids in all (~36 bytes an id: 2^19 is ~18 MB) and a quarter of that in
+    one entry, so that one huge prompt does not push every conversation out."""
 
-    def __init__(self, tokenizer: Tokenizer, max_tokens: int = 1 << 20) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_tokens: int = 1 << 19) -> None:
         self.max_tokens = max_tokens
         self._entries: OrderedDict[str, list[int]] = OrderedDict()
         self._tokens = 0
@@ -72,7 +73,8 @@ class PrefixCache:
         """Cache ``text``'s prefix up to its last special token, with its ids (``ids`` are
         ``text``'s, encoded without the post-processor)."""
         cut = max((text.rfind(t) + len(t) for t in self._cut_texts if t in text), default=-1)
-        if cut < MIN_PREFIX_CHARS or text[:cut] in self._entries or len(ids) > self.max_tokens:
+        too_big = len(ids) > self.max_tokens // 4
+        if cut < MIN_PREFIX_CHARS or too_big or text[:cut] in self._entries:
             return
         cut_ids = self._cut_ids
         last = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in cut_ids), -1)

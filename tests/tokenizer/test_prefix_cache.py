@@ -80,11 +80,20 @@ def test_special_token_text_in_user_content(builtin: Tokenizer) -> None:
 
 
 def test_bounded_by_tokens(builtin: Tokenizer) -> None:
-    first = [_turns(builtin, seed, turns=1)[0] for seed in range(4)]
+    first = [_turns(builtin, seed, turns=1)[0] for seed in range(6)]
     size = max(len(builtin.encode(p, add_special_tokens=False)) for p in first)
-    cache = PrefixCache(builtin, max_tokens=int(size * 1.5))  # room for one entry
+    cache = PrefixCache(builtin, max_tokens=size * 4)  # room for four entries
     for prompt in first:
         _encode(cache, builtin, prompt)
     assert 0 < cache._tokens <= cache.max_tokens
-    assert len(cache._entries) == 1  # the oldest went as each new one came
-    assert cache.split(first[-1])[1] != first[-1]  # the last one is the one kept
+    assert len(cache._entries) == 4  # the oldest went as new ones came
+    assert cache.split(first[0])[1] == first[0]
+    assert cache.split(first[-1])[1] != first[-1]
+
+
+def test_one_huge_prompt_is_not_kept(builtin: Tokenizer) -> None:
+    prompt = _turns(builtin, 7, turns=1)[0]
+    size = len(builtin.encode(prompt, add_special_tokens=False))
+    cache = PrefixCache(builtin, max_tokens=size * 3)  # one entry may be a quarter of it
+    _encode(cache, builtin, prompt)
+    assert not cache._entries
