@@ -50,6 +50,8 @@ from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
 from dynamoctl.frontend.tokenization import Tokenization
 from dynamoctl.structured.plan import plan_chat, plan_completion
+from dynamoctl.tokenizer import Tokenizer
+from dynamoctl.tokenizer.prefix import PrefixCache
 
 log = logging.getLogger(__name__)
 
@@ -200,6 +202,8 @@ class _Completions:
         self.max_body_bytes = max_body_bytes
         self.refusals = refusals or Refusals(metrics)
         self._long = LongTextEncoder()
+        self._prefixes: dict[int, tuple[Tokenizer, PrefixCache]] = {}
+        """Per tokenizer (by id; the tuple holds it alive), its chat prompts' prefixes."""
         self._trim = Trimmer(self._long.pool)
 
     async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -256,7 +260,7 @@ class _Completions:
             )
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
-        ids = await self._encode(model, prompt, False, "messages")
+        ids = await self._encode_chat(model, prompt)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         jobs = planned(jobs_of(model, body, [ids], rid, self._max_choices), plan)
         logprobs = body.top_logprobs_count() is not None
@@ -294,6 +298,19 @@ class _Completions:
     @property
     def _max_choices(self) -> int:
         return self.generator.admission.settings.max_choices
+
+    async def _encode_chat(self, model: ServedModel, prompt: str) -> list[int]:
+        """A rendered chat prompt's ids, tokenising only what follows the longest prefix
+        an earlier turn left in the model's prefix cache (:mod:`dynamoctl.tokenizer.prefix`)."""
+        tokenizer = model.tokenizer
+        held = self._prefixes.get(id(tokenizer))
+        if held is None or held[0] is not tokenizer:
+            held = self._prefixes[id(tokenizer)] = (tokenizer, PrefixCache(tokenizer))
+        cache = held[1]
+        cached, rest = cache.split(prompt)
+        ids = cached + await self._encode(model, rest, False, "messages") if rest else list(cached)
+        cache.remember(prompt, ids)
+        return ids
 
     async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:
         """``text``'s ids: inline when short, else on a thread (:mod:`longtext`); a

@@ -1,0 +1,89 @@
+"""Token ids of rendered chat prompts' prefixes, so a conversation's next turn tokenises
+only its new text (docs/tokenizer.md, "Prefix cache").
+
+An agent resends its whole history every turn: turn ``k + 1``'s rendered prompt starts
+with turn ``k``'s up to the generation prompt's last special token. A tokenizer splits
+its input at special tokens before anything else (normalisation, pre-tokenisation, BPE
+see each piece on its own), so for a cut just after a special token that neither strips
+whitespace nor is normalised, ``ids(prefix + rest) == ids(prefix) + ids(rest)`` without
+the post-processor's tokens (the chat path encodes with ``add_special_tokens=False``:
+the template writes BOS). Only such cuts are cached, and only when the prefix's special
+tokens in the ids match those in the text one for one.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from dynamoctl.tokenizer.tokenizer import Tokenizer
+
+MIN_PREFIX_CHARS = 4096
+"""Shorter prefixes are not worth an entry (tokenising them inline takes ~1 ms)."""
+
+_PROBES = ("a", " a", "\n", "\n\nhello there", "assistant\n", " ", "é")
+"""Texts that follow a cut in the check that a tokenizer really splits there: some do
+not (a SentencePiece-style pre-tokenizer that marks only the input's first word)."""
+
+
+def _splits(tokenizer: Tokenizer, special: str) -> bool:
+    """Whether ids(special + text) == ids(special) + ids(text) for the probe texts."""
+    head = tokenizer.encode(special, add_special_tokens=False)
+    return all(
+        tokenizer.encode(special + p, add_special_tokens=False)
+        == head + tokenizer.encode(p, add_special_tokens=False)
+        for p in _PROBES
+    )
+
+
+class PrefixCache:
+    """Least recently used prefixes of one tokenizer's prompts with their ids, at most
+    ``max_tokens`` ids in all (~36 bytes an id: 2^19 is ~18 MB) and a quarter of that in
+    one entry, so that one huge prompt does not push every conversation out."""
+
+    def __init__(self, tokenizer: Tokenizer, max_tokens: int = 1 << 19) -> None:
+        self.max_tokens = max_tokens
+        self._entries: OrderedDict[str, list[int]] = OrderedDict()
+        self._tokens = 0
+        cuts = {
+            i: t.content
+            for i, t in tokenizer.backend.get_added_tokens_decoder().items()
+            if t.special
+            and not (t.lstrip or t.rstrip or t.normalized)
+            and _splits(tokenizer, t.content)
+        }
+        self._cut_ids = frozenset(cuts)
+        self._cut_texts = sorted(set(cuts.values()))
+        self.hits = 0
+        """Prompts that reused a cached prefix."""
+
+    def split(self, text: str) -> tuple[list[int], str]:
+        """The ids of the longest cached prefix of ``text`` and the text after it
+        (``[]`` and ``text`` when none is cached)."""
+        best = ""
+        for prefix in self._entries:
+            if len(prefix) > len(best) and text.startswith(prefix):
+                best = prefix
+        if not best:
+            return [], text
+        self._entries.move_to_end(best)
+        self.hits += 1
+        return self._entries[best], text[len(best) :]
+
+    def remember(self, text: str, ids: list[int]) -> None:
+        """Cache ``text``'s prefix up to its last special token, with its ids (``ids`` are
+        ``text``'s, encoded without the post-processor)."""
+        cut = max((text.rfind(t) + len(t) for t in self._cut_texts if t in text), default=-1)
+        too_big = len(ids) > self.max_tokens // 4
+        if cut < MIN_PREFIX_CHARS or too_big or text[:cut] in self._entries:
+            return
+        cut_ids = self._cut_ids
+        last = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in cut_ids), -1)
+        prefix, prefix_ids = text[:cut], ids[: last + 1]
+        specials = sum(prefix.count(t) for t in self._cut_texts)
+        if last < 0 or specials != sum(1 for i in prefix_ids if i in cut_ids):
+            return  # the text's special tokens and the ids' do not line up: do not guess
+        self._entries[prefix] = prefix_ids
+        self._tokens += len(prefix_ids)
+        while self._tokens > self.max_tokens:
+            _, dropped = self._entries.popitem(last=False)
+            self._tokens -= len(dropped)

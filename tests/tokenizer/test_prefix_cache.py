@@ -1,0 +1,99 @@
+"""The chat prompts' prefix cache gives exactly the ids a whole tokenisation gives, turn
+after turn, with both test tokenizers (byte-level BPE with a Llama-3 template, and the
+SentencePiece-style one with ChatML, where no cut is safe and the cache stays unused),
+and reuses earlier turns."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from conftest import MakeModelDir
+
+from dynamoctl.tokenizer import Tokenizer, load_tokenizer
+from dynamoctl.tokenizer.prefix import PrefixCache
+
+WORDS = [
+    "the",
+    "agent",
+    "reads",
+    "a",
+    "file",
+    "calls",
+    "tool,",
+    "waits:",
+    "123",
+    "héllo",
+    "",
+    "x\n",
+]
+
+
+def _text(rng: random.Random, words: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(words))
+
+
+def _turns(tokenizer: Tokenizer, seed: int, turns: int = 5) -> list[str]:
+    """Each turn's rendered prompt: the history, the answer, new user text."""
+    rng = random.Random(seed)
+    messages = [{"role": "system", "content": _text(rng, 50)},
+                {"role": "user", "content": _text(rng, 1500)}]  # fmt: skip
+    prompts = []
+    for _ in range(turns):
+        prompts.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+        messages.append({"role": "assistant", "content": _text(rng, 40)})
+        messages.append({"role": "user", "content": _text(rng, 30)})
+    return prompts
+
+
+def _encode(cache: PrefixCache, tokenizer: Tokenizer, prompt: str) -> list[int]:
+    cached, rest = cache.split(prompt)
+    ids = cached + tokenizer.encode(rest, add_special_tokens=False)
+    cache.remember(prompt, ids)
+    return ids
+
+
+@pytest.mark.parametrize("which", ["builtin", "sentencepiece"])
+def test_prefix_cache_gives_the_whole_tokenisation(
+    which: str, builtin: Tokenizer, make_model_dir: MakeModelDir
+) -> None:
+    tokenizer = builtin if which == "builtin" else load_tokenizer(str(make_model_dir()))
+    cache = PrefixCache(tokenizer)
+    for seed in (1, 2):  # two conversations, interleaved turn by turn below
+        prompts = _turns(tokenizer, seed)
+        for prompt in prompts:
+            assert _encode(cache, tokenizer, prompt) == tokenizer.encode(
+                prompt, add_special_tokens=False
+            )
+    # Every turn after each conversation's first; none where a cut does not split the
+    # text (this SentencePiece-style pre-tokenizer marks only the input's first word).
+    assert cache.hits == (8 if which == "builtin" else 0)
+
+
+def test_special_token_text_in_user_content(builtin: Tokenizer) -> None:
+    """A user who types a special token's text gets what a whole tokenisation gives."""
+    cache = PrefixCache(builtin)
+    prompts = _turns(builtin, 3, turns=2)
+    _encode(cache, builtin, prompts[0])
+    tricky = prompts[1].replace("calls", "<|eot_id|>calls<|start_header_id|>", 3)
+    assert _encode(cache, builtin, tricky) == builtin.encode(tricky, add_special_tokens=False)
+
+
+def test_bounded_by_tokens(builtin: Tokenizer) -> None:
+    first = [_turns(builtin, seed, turns=1)[0] for seed in range(6)]
+    size = max(len(builtin.encode(p, add_special_tokens=False)) for p in first)
+    cache = PrefixCache(builtin, max_tokens=size * 4)  # room for four entries
+    for prompt in first:
+        _encode(cache, builtin, prompt)
+    assert 0 < cache._tokens <= cache.max_tokens
+    assert len(cache._entries) == 4  # the oldest went as new ones came
+    assert cache.split(first[0])[1] == first[0]
+    assert cache.split(first[-1])[1] != first[-1]
+
+
+def test_one_huge_prompt_is_not_kept(builtin: Tokenizer) -> None:
+    prompt = _turns(builtin, 7, turns=1)[0]
+    size = len(builtin.encode(prompt, add_special_tokens=False))
+    cache = PrefixCache(builtin, max_tokens=size * 3)  # one entry may be a quarter of it
+    _encode(cache, builtin, prompt)
+    assert not cache._entries
