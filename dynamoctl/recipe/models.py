@@ -27,7 +27,13 @@ from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
 from dynamoctl.recipe.kv_offload import KvOffload, check_offload
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
-from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
+from dynamoctl.settings import (
+    AdmissionSettings,
+    DisaggSettings,
+    ReplicaSettings,
+    RouterSettings,
+    StreamSettings,
+)
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
 from dynamoctl.settings.frontend import ApiKeySettings
 from dynamoctl.settings.http import HttpLimitSettings
@@ -195,7 +201,7 @@ class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):
     the prefill and decode pools alike. At most 64, far more than failover needs."""
 
 
-class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings):
+class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings, StreamSettings):
     """The OpenAI-compatible HTTP endpoint."""
 
     host: NonEmptyStr | None = None
