@@ -315,10 +315,20 @@ class Supervision(RecipeModel):
     backoff_cap: float = Field(default=30.0, gt=0, le=86400)
     """Longest restart delay in seconds."""
     hang_timeout: float = Field(default=60.0, gt=0, le=86400)
-    """Seconds an instance may go without answering probes, or a worker with requests in
-    flight without generating a token, before it counts as hung and is restarted."""
+    """Seconds an instance may answer its probes unhealthy (not ready, not registered),
+    or a worker with requests in flight go without generating a token, before it counts
+    as hung and is restarted (the latter as WEDGED: SIGKILLed)."""
     probe_interval: float = Field(default=1.0, gt=0, le=86400)
     """Seconds between health probes of each instance."""
+    probe_timeout: float = Field(default=1.0, gt=0, le=3600)
+    """Seconds a READY instance's health probe waits for an answer; none within it is a
+    silence (a healthy process answers its ``/health`` in milliseconds, even under load)."""
+    wedge_timeout: float = Field(default=6.0, gt=0, le=86400)
+    """Seconds a READY instance may answer no probe at all (frozen, deadlocked: SIGSTOP,
+    a hung collective) before it is WEDGED: out of routing, its process group SIGKILLed,
+    restarted. The default is twice a 3 s transient stall, which costs no restart, and
+    with the default probes a wedged instance is replaced within about 8 s. It must
+    exceed ``probe_interval`` + ``probe_timeout`` (one missed probe is no wedge)."""
     drain_timeout: float = Field(default=45.0, ge=0, le=86400)
     """Seconds a draining instance gets (finishing in-flight requests) before SIGKILL."""
     orphan_grace: float = Field(default=60.0, ge=0, le=86400)
@@ -336,6 +346,17 @@ class Supervision(RecipeModel):
     ``127.0.0.1`` for a local target; ``0.0.0.0`` for ssh and slurm, so that commands on a
     login node that shares the run directory reach it. Every route but ``/metrics`` needs
     the token in ``state.json``."""
+
+    @model_validator(mode="after")
+    def _wedge_after_a_missed_probe(self) -> Supervision:
+        if self.wedge_timeout <= self.probe_interval + self.probe_timeout:
+            raise rule_error(
+                "wedge_timeout",
+                f"{self.wedge_timeout:g} s must exceed probe_interval + probe_timeout "
+                f"({self.probe_interval + self.probe_timeout:g} s): one missed probe "
+                "would count as a wedge",
+            )
+        return self
 
 
 class Recipe(RecipeModel):
