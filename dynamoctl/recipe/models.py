@@ -80,6 +80,11 @@ class Security(RecipeModel):
     """Serve a managed etcd (``discovery.managed``) over TLS with certificates made for
     the deployment, client certificates required: only the deployment's processes can
     read or write discovery. Default: on for ssh and slurm targets, off for local."""
+    open_endpoint: bool = False
+    """Serve the OpenAI endpoint without API keys although the target spans several hosts
+    and the frontend listens on a network address. ``up`` refuses such a recipe unless it
+    names keys (``frontend.api_keys_file`` or ``frontend.api_keys_env``) or says this: an
+    open endpoint on a cluster network is a choice to write down, not a default."""
 
 
 ENV_VALUE_TAGS = frozenset({"plain", "secret"})
@@ -126,6 +131,11 @@ class EtcdDiscovery(_Discovery):
     managed: bool = False
     """dynamoctl starts etcd on the head node, owns it, and stops it on ``dynamoctl down``
     (over TLS with its own certificates on ssh and slurm targets: ``security.etcd_tls``)."""
+    allow_plaintext: bool = False
+    """Accept ``http://`` endpoints (an external etcd without TLS) on a target that spans
+    several hosts: its traffic (every record, the deployment's addresses) crosses the
+    network in clear and anyone who reaches it can rewrite discovery. ``up`` refuses such a
+    recipe unless it says this."""
     ca_file: LocalPath | None = None
     """``https`` endpoints: PEM file of the CA that signed the etcd servers' certificates,
     on the supervisor's host. Default: the system's trusted CAs."""
@@ -386,13 +396,18 @@ class Recipe(RecipeModel):
     """The SLA planner, which scales the worker pools to latency targets; absent: the
     pools keep their ``replicas`` until ``dynamoctl scale`` changes them."""
 
+    @property
+    def multi_host(self) -> bool:
+        """Whether the target spans several hosts (its processes talk over a network)."""
+        target = self.target
+        return (isinstance(target, SshTarget) and len(target.hosts) > 1) or (
+            isinstance(target, SlurmTarget) and target.nodes > 1
+        )
+
     @model_validator(mode="after")
     def _fits_target(self) -> Recipe:
         target = self.target
-        multi_host = (isinstance(target, SshTarget) and len(target.hosts) > 1) or (
-            isinstance(target, SlurmTarget) and target.nodes > 1
-        )
-        if multi_host and isinstance(self.discovery, EmbeddedDiscovery):
+        if self.multi_host and isinstance(self.discovery, EmbeddedDiscovery):
             raise rule_error(
                 "discovery.backend",
                 "embedded discovery serves one host but the target spans several; "
