@@ -369,12 +369,14 @@ class Supervisor:
             now = time.monotonic()
             if (wedged := wedge.observe(health.silent, now)) is not None:
                 return wedged
+            if health.silent:
+                continue  # no answer at all: wedge_timeout judges it, not hang_timeout
             if health.answering and progressing:
                 unhealthy_since = None
             elif unhealthy_since is None:
                 unhealthy_since = now
             elif now - unhealthy_since > s.hang_timeout:
-                what = "no token generated" if health.answering else "not answering probes"
+                what = "no token generated" if health.answering else "answering probes unhealthy"
                 reason = RestartReason.HANG if health.answering else RestartReason.PROBE
                 return reason, f"hung: {what} for {s.hang_timeout:g} s"
 

@@ -122,7 +122,7 @@ async def test_instance_that_stops_answering_probes_is_killed(tmp_path: Path) ->
         await until(lambda: h.sup.instances["agg-1"].restarts == 1, "restarted")
         inst = h.sup.instances["agg-1"]
         assert inst.reason is RestartReason.PROBE
-        assert inst.message == "hung: not answering probes for 0.1 s"
+        assert inst.message == "hung: answering probes unhealthy for 0.1 s"
         assert h.sup.restart_counts == {("agg-1", "worker", "agg", RestartReason.PROBE): 1}
 
 
