@@ -100,7 +100,6 @@ class EtcdProbe(ComponentProbe, component="etcd"):
         return await self.probes.ok(f"{base_url(spec, 'client')}/health")
 
 
-
 class FrontendProbe(ComponentProbe, component="frontend"):
     async def ready(self, spec: InstanceSpec) -> bool:
         """It lists the model and completes a one-token request: it can reach workers."""
