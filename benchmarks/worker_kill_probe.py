@@ -13,12 +13,21 @@ and the frontend's migrations, counting those that carried 0 tokens (read from i
 a stream sent to a worker that was already dead). Run it against another checkout with
 ``PYTHONPATH=/that/checkout`` (every process ``up`` starts inherits it): that is how the
 "before" row was measured (docs/benchmarks.md).
+
+``--fault`` chooses what happens to the worker process (issue 26): ``kill`` (SIGKILL),
+``wedge`` (SIGSTOP, never resumed: sockets open, nothing answers, as a hung engine) or
+``freeze`` (SIGSTOP, then SIGCONT after ``--freeze-for`` seconds: a transient stall that
+must cost no restart). A sampler polls ``status`` every 0.25 s and records, per wedged
+process, how long its row still showed it READY, and the states it went through; the
+phase reports the supervisor's restarts (``status``) against the faults injected, and
+leftover stopped processes (wedged and never replaced) are counted, then SIGKILLed.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -48,9 +57,12 @@ MIGRATION_LINE = re.compile(r"worker (\S+) .*failed \((.*)\); migrating with (\d
 
 
 class Killer:
-    """SIGKILLs one READY worker process every ``every`` seconds, in turn."""
+    """Injects ``fault`` into one READY worker process every ``every`` seconds, in turn,
+    and samples ``status`` meanwhile (how long a wedged process still shows READY)."""
 
-    def __init__(self, control: str, token: str, clock: LoopClock) -> None:
+    def __init__(
+        self, control: str, token: str, clock: LoopClock, fault: str, freeze_for: float
+    ) -> None:
         # A new connection per call: kills come every 5 s, uvicorn closes a connection
         # idle for 5 s, and a reused one can be closed under the request.
         self.http = httpx.AsyncClient(
@@ -59,28 +71,82 @@ class Killer:
             limits=httpx.Limits(max_keepalive_connections=0),
         )  # fmt: skip
         self.clock = clock
+        self.fault, self.freeze_for = fault, freeze_for
         self.kills: list[dict[str, Any]] = []
+        self.stopped: dict[int, dict[str, Any]] = {}
+        """Wedged (SIGSTOPped, not resumed) processes: pid -> their fault record."""
+        self._resumes: set[asyncio.Task[None]] = set()
+
+    async def rows(self) -> list[dict[str, Any]]:
+        rows = (await self.http.get("/status")).json()["instances"]
+        return sorted((r for r in rows if r["name"].startswith("agg-")), key=lambda r: r["name"])
 
     async def kill_one(self, turn: int, origin: float) -> None:
-        rows = (await self.http.get("/status")).json()["instances"]
-        workers = sorted((r for r in rows if r["name"].startswith("agg-")), key=lambda r: r["name"])
-        for row in workers[turn % WORKERS :] + workers[: turn % WORKERS]:
+        workers = await self.rows()
+        count = len(workers)
+        for row in workers[turn % count :] + workers[: turn % count]:
             if row["state"] != "READY" or not row["pid"]:
                 continue
             children = psutil.Process(row["pid"]).children()
-            if not children:
+            if not children or children[0].pid in self.stopped:
                 continue
-            os.kill(children[0].pid, signal.SIGKILL)
+            pid = children[0].pid
+            os.kill(pid, signal.SIGKILL if self.fault == "kill" else signal.SIGSTOP)
             at = round(self.clock.now() - origin, 3)
-            self.kills.append({"instance": row["name"], "at_s": at})
+            record = {"instance": row["name"], "at_s": at, "pid": pid, "keeper": row["pid"]}
+            self.kills.append(record)
+            if self.fault == "wedge":
+                record |= {"ready_after_s": 0.0, "states": ["READY"], "since": self.clock.now()}
+                self.stopped[pid] = record
+            elif self.fault == "freeze":
+                task = asyncio.create_task(self._resume(pid))
+                self._resumes.add(task)
+                task.add_done_callback(self._resumes.discard)
             return
 
+    async def _resume(self, pid: int) -> None:
+        await asyncio.sleep(self.freeze_for)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+
+    async def sample(self) -> None:
+        """How long each wedged process's row still says READY (same keeper pid), and
+        the states it shows until its instance is replaced."""
+        while True:
+            await asyncio.sleep(0.25)
+            with contextlib.suppress(httpx.HTTPError):
+                rows = {r["name"]: r for r in await self.rows()}
+                for record in self.stopped.values():
+                    row = rows.get(record["instance"])
+                    if row is None or (row["pid"] != record["keeper"] and row["pid"]):
+                        continue  # replaced by a new process
+                    if row["state"] != record["states"][-1]:
+                        record["states"].append(row["state"])
+                    if row["state"] == "READY" and len(record["states"]) == 1:
+                        record["ready_after_s"] = round(self.clock.now() - record["since"], 2)
+
     async def run(self, origin: float, every: float, seconds: float) -> None:
+        sampler = asyncio.create_task(self.sample())
         turn = 0
-        while (due := origin + every * (turn + 1)) < origin + seconds - 1:
-            await asyncio.sleep(max(0.0, due - self.clock.now()))
-            await self.kill_one(turn, origin)
-            turn += 1
+        try:
+            while (due := origin + every * (turn + 1)) < origin + seconds - 1:
+                await asyncio.sleep(max(0.0, due - self.clock.now()))
+                await self.kill_one(turn, origin)
+                turn += 1
+            await asyncio.sleep(max(0.0, origin + seconds - self.clock.now()))
+        finally:
+            sampler.cancel()
+            await asyncio.gather(sampler, *self._resumes, return_exceptions=True)
+
+    def leftovers(self) -> int:
+        """Wedged processes still there, stopped: never replaced. SIGKILLed now."""
+        left = 0
+        for pid in self.stopped:
+            with contextlib.suppress(psutil.Error):
+                if psutil.Process(pid).status() == psutil.STATUS_STOPPED:
+                    left += 1
+                    os.kill(pid, signal.SIGKILL)
+        return left
 
     async def close(self) -> None:
         await self.http.aclose()
@@ -130,7 +196,7 @@ async def probe(args: argparse.Namespace, url: str, state: dict[str, Any], log: 
     phases: dict[str, Any] = {}
     http = httpx.AsyncClient(trust_env=False, timeout=10)
     migrations = "dynamoctl_frontend_migrations_total"
-    killer = Killer(state["control"], state["token"], LoopClock())
+    killer = Killer(state["control"], state["token"], LoopClock(), args.fault, args.freeze_for)
     try:
         for name, seconds, kill in (("calm", args.calm, False), ("kills", args.seconds, True)):
             if seconds <= 0:
@@ -142,7 +208,7 @@ async def probe(args: argparse.Namespace, url: str, state: dict[str, Any], log: 
             found |= migrations_in_log(log, offset)
             found["migrations_metric"] = counted
             if kill:
-                found["kills"] = killer.kills
+                found |= await fault_outcome(killer)
             phases[name] = found
             print(name, json.dumps({k: v for k, v in found.items() if k != "kills"}), flush=True)
     finally:
@@ -151,11 +217,32 @@ async def probe(args: argparse.Namespace, url: str, state: dict[str, Any], log: 
     return phases
 
 
+async def fault_outcome(killer: Killer) -> dict[str, Any]:
+    """What the supervisor made of the faults: restarts against faults, the longest a
+    wedged process still showed READY, and wedged processes never replaced."""
+    rows = await killer.rows()
+    wedged = list(killer.stopped.values())
+    for record in wedged:
+        record.pop("since", None)
+    return {
+        "faults": len(killer.kills),
+        "restarts": sum(r["restarts"] for r in rows),
+        "messages": sorted({r["message"] for r in rows} - {""}),
+        "longest_ready_while_wedged_s": max((r["ready_after_s"] for r in wedged), default=None),
+        "wedged_never_replaced": killer.leftovers(),
+        "states_at_end": {r["name"]: r["state"] for r in rows},
+        "kills": killer.kills,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--calm", type=float, default=30.0, help="seconds of load without kills")
     parser.add_argument("--seconds", type=float, default=60.0, help="seconds of load with kills")
     parser.add_argument("--kill-every", type=float, default=5.0)
+    parser.add_argument("--fault", choices=("kill", "wedge", "freeze"), default="kill")
+    parser.add_argument("--freeze-for", type=float, default=3.0, help="seconds (freeze)")
+    parser.add_argument("--workers", type=int, default=WORKERS)
     parser.add_argument("--concurrency", type=int, default=24)
     parser.add_argument("--isl", type=int, default=256)
     parser.add_argument("--osl", type=int, default=128)
@@ -167,7 +254,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="dynamoctl-killprobe-") as tmp:
         home, port = Path(tmp) / "home", free_port()
         recipe = Path(tmp) / "probe.yaml"
-        recipe.write_text(mocker_recipe(NAME, port, WORKERS, args.speedup))
+        recipe.write_text(mocker_recipe(NAME, port, args.workers, args.speedup))
         up = run_dynamoctl(home, "up", str(recipe), "--detach")
         if up.returncode != 0:
             sys.exit(f"up failed:\n{up.stderr}")
@@ -191,7 +278,7 @@ def main() -> None:
             "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
             "note": "shared with other jobs running tests: figures are noisy",
         },
-        "deployment": f"dynamoctl up (local): {WORKERS} mocker workers (speedup "
+        "deployment": f"dynamoctl up (local): {args.workers} mocker workers (speedup "
         f"{args.speedup:g}, 4096 blocks of 16), kv router, shipped supervision defaults",
         "workload": {
             "concurrency": args.concurrency,
@@ -200,6 +287,8 @@ def main() -> None:
             "calm_s": args.calm,
             "kills_s": args.seconds,
             "kill_every_s": args.kill_every,
+            "fault": args.fault,
+            "freeze_for_s": args.freeze_for if args.fault == "freeze" else None,
         },
         "finished_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         **phases,

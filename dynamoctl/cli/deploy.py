@@ -85,6 +85,7 @@ def up(
     if dry_run:
         typer.echo(render(plan, launcher_for(recipe).describe), nl=False)
         return
+    _refuse_open_doors(recipe, recipe_path)
     if is_slurm and allocation is None:
         from dynamoctl.cli.slurm_submit import submit_and_follow
 
@@ -94,6 +95,18 @@ def up(
         _detach(recipe, recipe_path, run_dir)
         return
     _foreground(recipe, recipe_path, run_dir, allocation, live and sys.stdout.isatty())
+
+
+def _refuse_open_doors(recipe: Recipe, recipe_path: Path) -> None:
+    """Exit 1 naming what a multi-host recipe would leave open without saying so."""
+    from dynamoctl.supervisor.doors import open_doors
+
+    doors = open_doors(recipe)
+    for door in doors:
+        typer.echo(f"{recipe_path}: {door}", err=True)
+    if doors:
+        typer.echo('dynamoctl up: refused (docs/security.md, "Locked by default")', err=True)
+        raise typer.Exit(1)
 
 
 def adopt(

@@ -35,7 +35,8 @@ async def run_frontend(opts: FrontendOptions) -> None:
     api_keys = ApiKeys(found) if found else None
     runtime = ComponentRuntime(Component.FRONTEND, opts)
     metrics = FrontendMetrics()
-    client = RequestClient()
+    silence = opts.streams.stream_silence_timeout
+    client = RequestClient(heartbeat_interval=silence / 4, heartbeat_timeout=silence)
     routing = create_routing(
         opts.routing, runtime.discovery, opts.namespace, opts.router, opts.route_timeout
     )

@@ -27,7 +27,13 @@ from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
 from dynamoctl.recipe.kv_offload import KvOffload, check_offload
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
-from dynamoctl.settings import AdmissionSettings, DisaggSettings, ReplicaSettings, RouterSettings
+from dynamoctl.settings import (
+    AdmissionSettings,
+    DisaggSettings,
+    ReplicaSettings,
+    RouterSettings,
+    StreamSettings,
+)
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
 from dynamoctl.settings.frontend import ApiKeySettings
 from dynamoctl.settings.http import HttpLimitSettings
@@ -74,6 +80,11 @@ class Security(RecipeModel):
     """Serve a managed etcd (``discovery.managed``) over TLS with certificates made for
     the deployment, client certificates required: only the deployment's processes can
     read or write discovery. Default: on for ssh and slurm targets, off for local."""
+    open_endpoint: bool = False
+    """Serve the OpenAI endpoint without API keys although the target spans several hosts
+    and the frontend listens on a network address. ``up`` refuses such a recipe unless it
+    names keys (``frontend.api_keys_file`` or ``frontend.api_keys_env``) or says this: an
+    open endpoint on a cluster network is a choice to write down, not a default."""
 
 
 ENV_VALUE_TAGS = frozenset({"plain", "secret"})
@@ -120,6 +131,11 @@ class EtcdDiscovery(_Discovery):
     managed: bool = False
     """dynamoctl starts etcd on the head node, owns it, and stops it on ``dynamoctl down``
     (over TLS with its own certificates on ssh and slurm targets: ``security.etcd_tls``)."""
+    allow_plaintext: bool = False
+    """Accept ``http://`` endpoints (an external etcd without TLS) on a target that spans
+    several hosts: its traffic (every record, the deployment's addresses) crosses the
+    network in clear and anyone who reaches it can rewrite discovery. ``up`` refuses such a
+    recipe unless it says this."""
     ca_file: LocalPath | None = None
     """``https`` endpoints: PEM file of the CA that signed the etcd servers' certificates,
     on the supervisor's host. Default: the system's trusted CAs."""
@@ -195,7 +211,7 @@ class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):
     the prefill and decode pools alike. At most 64, far more than failover needs."""
 
 
-class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings):
+class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings, StreamSettings):
     """The OpenAI-compatible HTTP endpoint."""
 
     host: NonEmptyStr | None = None
@@ -309,10 +325,20 @@ class Supervision(RecipeModel):
     backoff_cap: float = Field(default=30.0, gt=0, le=86400)
     """Longest restart delay in seconds."""
     hang_timeout: float = Field(default=60.0, gt=0, le=86400)
-    """Seconds an instance may go without answering probes, or a worker with requests in
-    flight without generating a token, before it counts as hung and is restarted."""
+    """Seconds an instance may answer its probes unhealthy (not ready, not registered),
+    or a worker with requests in flight go without generating a token, before it counts
+    as hung and is restarted (the latter as WEDGED: SIGKILLed)."""
     probe_interval: float = Field(default=1.0, gt=0, le=86400)
     """Seconds between health probes of each instance."""
+    probe_timeout: float = Field(default=1.0, gt=0, le=3600)
+    """Seconds a READY instance's health probe waits for an answer; none within it is a
+    silence (a healthy process answers its ``/health`` in milliseconds, even under load)."""
+    wedge_timeout: float = Field(default=6.0, gt=0, le=86400)
+    """Seconds a READY instance may answer no probe at all (frozen, deadlocked: SIGSTOP,
+    a hung collective) before it is WEDGED: out of routing, its process group SIGKILLed,
+    restarted. The default is twice a 3 s transient stall, which costs no restart, and
+    with the default probes a wedged instance is replaced within about 8 s. It must
+    exceed ``probe_interval`` + ``probe_timeout`` (one missed probe is no wedge)."""
     drain_timeout: float = Field(default=45.0, ge=0, le=86400)
     """Seconds a draining instance gets (finishing in-flight requests) before SIGKILL."""
     orphan_grace: float = Field(default=60.0, ge=0, le=86400)
@@ -330,6 +356,17 @@ class Supervision(RecipeModel):
     ``127.0.0.1`` for a local target; ``0.0.0.0`` for ssh and slurm, so that commands on a
     login node that shares the run directory reach it. Every route but ``/metrics`` needs
     the token in ``state.json``."""
+
+    @model_validator(mode="after")
+    def _wedge_after_a_missed_probe(self) -> Supervision:
+        if self.wedge_timeout <= self.probe_interval + self.probe_timeout:
+            raise rule_error(
+                "wedge_timeout",
+                f"{self.wedge_timeout:g} s must exceed probe_interval + probe_timeout "
+                f"({self.probe_interval + self.probe_timeout:g} s): one missed probe "
+                "would count as a wedge",
+            )
+        return self
 
 
 class Recipe(RecipeModel):
@@ -359,13 +396,18 @@ class Recipe(RecipeModel):
     """The SLA planner, which scales the worker pools to latency targets; absent: the
     pools keep their ``replicas`` until ``dynamoctl scale`` changes them."""
 
+    @property
+    def multi_host(self) -> bool:
+        """Whether the target spans several hosts (its processes talk over a network)."""
+        target = self.target
+        return (isinstance(target, SshTarget) and len(target.hosts) > 1) or (
+            isinstance(target, SlurmTarget) and target.nodes > 1
+        )
+
     @model_validator(mode="after")
     def _fits_target(self) -> Recipe:
         target = self.target
-        multi_host = (isinstance(target, SshTarget) and len(target.hosts) > 1) or (
-            isinstance(target, SlurmTarget) and target.nodes > 1
-        )
-        if multi_host and isinstance(self.discovery, EmbeddedDiscovery):
+        if self.multi_host and isinstance(self.discovery, EmbeddedDiscovery):
             raise rule_error(
                 "discovery.backend",
                 "embedded discovery serves one host but the target spans several; "

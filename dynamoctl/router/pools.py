@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from dynamoctl.discovery import Discovery
-from dynamoctl.router.errors import NoWorkers
 from dynamoctl.router.router import Decision, KvRouter
 from dynamoctl.router.service import RouterService
 from dynamoctl.wire.records import InstanceRecord
@@ -83,18 +82,24 @@ class ModelPools:
     def pick(
         self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str] | list[str]
     ) -> Picked:
-        """Pick (and book) a worker of ``pool``; raises :class:`RouterError`."""
+        """Pick (and book) a worker of ``pool``; raises :class:`RouterError`.
+
+        A worker whose record has left discovery while the router still holds it (its
+        removal waits behind a subscription change) is skipped and the pick made again:
+        a request that could go to another worker never fails because one just died."""
         service = self.prefill if pool == "prefill" else self.main
         decode = pool == "decode"
-        decision = service.router.pick(
-            token_ids,
-            request_id,
-            exclude=exclude,
-            overlap_weight=0.0 if decode else None,
-            prefilled=decode,
-        )
-        record = service.instance(decision.worker_id)
-        if record is None:  # left discovery between the decision and now
+        left: set[str] = set()
+        while True:
+            decision = service.router.pick(
+                token_ids,
+                request_id,
+                exclude=left.union(exclude) if left else exclude,
+                overlap_weight=0.0 if decode else None,
+                prefilled=decode,
+            )
+            record = service.instance(decision.worker_id)
+            if record is not None:
+                return Picked(decision, record)
             service.router.on_finished(request_id)
-            raise NoWorkers(f"worker {decision.worker_id} just left")
-        return Picked(decision, record)
+            left.add(decision.worker_id)  # ends: each turn excludes one more worker

@@ -9,6 +9,7 @@ from dynamoctl.settings.frontend import (
     ApiKeySettings,
     DisaggSettings,
     FrontendOptions,
+    StreamSettings,
 )
 from dynamoctl.settings.http import HttpLimitSettings
 from dynamoctl.settings.parsers import OutputParserSettings
@@ -35,6 +36,7 @@ __all__ = [
     "RouterMode",
     "RouterOptions",
     "RouterSettings",
+    "StreamSettings",
     "WorkerOptions",
     "cli_parameters",
     "flag",

@@ -47,6 +47,18 @@ class AdmissionSettings(Options):
     takes lm-evaluation-harness's usual ``--batch_size`` (up to 64 prompts a request)."""
 
 
+class StreamSettings(Options):
+    """How fast the frontend gives up on a worker that went silent under a stream."""
+
+    stream_silence_timeout: float = Field(default=1.5, gt=0, le=60)
+    """Seconds a worker may send nothing on its request-plane connection, not even the
+    answer to a heartbeat (sent every quarter of this), before its open streams migrate
+    to another worker and pickers skip it until it answers again: a frozen or wedged
+    engine process (docs/operations.md, "Wedged instances"). A live worker answers
+    heartbeats from its event loop within milliseconds, even mid-prefill; the bound
+    keeps a frozen worker's streams silent for under 2 s, re-prefill included."""
+
+
 class ApiKeySettings(Options):
     """Who may call the OpenAI API: with neither field set, anyone who reaches the port.
 
@@ -108,6 +120,8 @@ class FrontendOptions(ComponentSettings):
     """Conditional disaggregation (prefill workers)."""
     admission: AdmissionSettings = Field(default_factory=AdmissionSettings)
     """The queue in front of busy workers."""
+    streams: StreamSettings = Field(default_factory=StreamSettings)
+    """When a silent worker's streams migrate."""
     api_keys: ApiKeySettings = Field(default_factory=ApiKeySettings)
     """API keys of the OpenAI endpoint."""
     http: HttpLimitSettings = Field(default_factory=HttpLimitSettings)

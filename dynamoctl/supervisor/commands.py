@@ -19,6 +19,7 @@ from dynamoctl.settings import (
     OutputParserSettings,
     RouterOptions,
     RouterSettings,
+    StreamSettings,
     WorkerOptions,
     to_argv,
 )
@@ -85,6 +86,7 @@ def frontend_argv(recipe: Recipe, label: str, listen: str, url: str) -> list[str
         routing="standalone" if router.replicas else "embedded",
         router=_part(RouterSettings, router),
         admission=_part(AdmissionSettings, recipe.frontend),
+        streams=_part(StreamSettings, recipe.frontend),
         api_keys=_part(ApiKeySettings, recipe.frontend),  # names of the sources, not keys
         http=_part(HttpLimitSettings, recipe.frontend),
         **extra,

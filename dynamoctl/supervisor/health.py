@@ -22,7 +22,6 @@ import msgspec
 from dynamoctl.discovery.api import Store
 from dynamoctl.discovery.keys import instances_prefix
 from dynamoctl.wire.control import DiscoveryStatus
-from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.records import InstanceRecord
 
 log = logging.getLogger(__name__)
@@ -44,7 +43,11 @@ class Probes:
         max_age: float = 0.0,
         timeout: float = 2.0,
         api_key: str | None = None,
+        health_timeout: float = 1.0,
     ) -> None:
+        self.health_timeout = health_timeout
+        """Seconds a READY instance's health probe waits (``supervision.probe_timeout``);
+        readiness probes (a one-token completion) keep the client's longer ``timeout``."""
         self.store = store
         self._auth = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         """The frontend's API key, when it has keys (never logged)."""
@@ -162,18 +165,12 @@ class Probes:
         except (httpx.HTTPError, ValueError, AttributeError):
             return False
 
-    async def worker_health(self, health_url: str) -> WorkerHealth | None:
-        """A worker process's ``/health`` (a typed contract, whatever its status code);
-        None when it does not answer or answers something else."""
-        return await self.typed_health(health_url, WorkerHealth)
-
-    async def typed_health(self, health_url: str, kind: type[H]) -> H | None:
-        """A ``/health`` answering ``kind`` as JSON, whatever its status code; None when it
-        does not answer or answers something else."""
+    async def reply(self, url: str) -> httpx.Response | None:
+        """``url``'s answer within ``health_timeout``, whatever its status; None when the
+        process gave none (frozen, deadlocked, not listening): a silence."""
         try:
-            body = (await self.http.get(health_url)).content
-            return msgspec.json.decode(body, type=kind)
-        except (httpx.HTTPError, msgspec.DecodeError):
+            return await self.http.get(url, timeout=self.health_timeout)
+        except httpx.HTTPError:
             return None
 
     async def close(self) -> None:

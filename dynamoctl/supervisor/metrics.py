@@ -72,6 +72,12 @@ class SupervisorCollector(Collector):
             "1 for the deployment's current phase, 0 for the others.",
             labels=["deployment", "phase"],
         )
+        silences = CounterMetricFamily(
+            "dynamoctl_supervisor_probe_silences",
+            "READY instances' probes that got no answer at all, by outcome: survived (it "
+            "answered again within wedge_timeout) or wedged (put down).",
+            labels=[*_INSTANCE, "outcome"],
+        )
         growth = GaugeMetricFamily(
             "dynamoctl_supervisor_growth_jobs",
             "Extra Slurm jobs beyond the allocation, in each state.",
@@ -99,9 +105,12 @@ class SupervisorCollector(Collector):
             for (instance, component, role, old, new), n in sorted(sup.transition_counts.items()):
                 labels = [name, instance, component, role, str(old), str(new)]
                 transitions.add_metric(labels, float(n))
+            for (instance, component, role, outcome), n in sorted(sup.silence_counts.items()):
+                silences.add_metric([name, instance, component, role, outcome], float(n))
             for each_phase in SUPERVISOR_PHASES:
                 phase.add_metric([name, str(each_phase)], float(sup.phase is each_phase))
             jobs = Counter(job.state for job in sup.growth.jobs)
             for each_growth in GrowthState:
                 growth.add_metric([name, str(each_growth)], float(jobs[each_growth]))
-        yield from (restarts, state, by_state, budget, uptime, transitions, phase, growth)
+        yield from (restarts, state, by_state, budget, uptime, transitions, silences, phase)
+        yield growth

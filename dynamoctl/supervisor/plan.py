@@ -353,7 +353,13 @@ def _frontend_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> Insta
     argv = frontend_argv(recipe, str(name), listen, url)
     address = head.address if listen in WILDCARDS else listen
     ports = {"http": recipe.frontend.port}
-    return _component_spec(recipe, name, head, argv, run_dir, address=address, ports=ports)
+    # The keys' variable is read where `up` runs and delivered like any secret: a remote
+    # frontend's shell does not have it.
+    keys = recipe.frontend.api_keys_env
+    secrets = {keys: SecretRef(env=keys)} if keys else {}
+    return _component_spec(
+        recipe, name, head, argv, run_dir, address=address, ports=ports, secrets=secrets
+    )
 
 
 def client_endpoint(recipe: Recipe) -> str:

@@ -8,7 +8,10 @@ discovery mechanics they share are :class:`dynamoctl.supervisor.health.Probes`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+import httpx
+import msgspec
 
 from dynamoctl.discovery import store_from_url
 from dynamoctl.launch.api import InstanceSpec
@@ -30,6 +33,10 @@ class Health:
     moving; None when progress is not in question."""
     sample: WorkerHealth | PlannerStatus | None = None
     """What a worker's or the planner's ``/health`` said (``status`` shows it)."""
+    silent: bool = False
+    """Its process gave no answer at all within ``probe_timeout``: the wedge check's
+    input (:mod:`dynamoctl.supervisor.wedge`). False when it answered, even unhealthy,
+    or when nothing was asked (no discovery record to find it by)."""
 
 
 class Prober(Protocol):
@@ -56,6 +63,8 @@ def base_url(spec: InstanceSpec, port: str) -> str:
     return f"http://{spec.address}:{spec.ports[port]}"
 
 
+H = TypeVar("H", bound=msgspec.Struct)
+
 PROBES: Registry[type[ComponentProbe]] = Registry("component probe")
 """Probes by component name; a :class:`ComponentProbe` subclass registers itself."""
 
@@ -81,6 +90,10 @@ class ComponentProbe:
 
 
 class EtcdProbe(ComponentProbe, component="etcd"):
+    """Never wedged: a managed etcd that stops answering is discovery's outage, which
+    every component rides out on its last known records (docs/discovery.md, "Outages");
+    killing it would turn a pause into a loss. ``hang_timeout`` still applies."""
+
     async def ready(self, spec: InstanceSpec) -> bool:
         if spec.secrets:  # TLS with client certificates: ask through discovery's client
             return await self.probes.store_answers()
@@ -95,7 +108,7 @@ class FrontendProbe(ComponentProbe, component="frontend"):
     async def health(self, spec: InstanceSpec) -> Health:
         # Not a completion a second: /health says the process serves; workers' own
         # probes say whether what it routes to is alive.
-        return Health(await self.probes.ok(f"{base_url(spec, 'http')}/health"))
+        return _answer(await self.probes.reply(f"{base_url(spec, 'http')}/health"))
 
 
 class RouterProbe(ComponentProbe, component="router"):
@@ -112,7 +125,7 @@ class RouterProbe(ComponentProbe, component="router"):
         record = self.probes.record_of(spec.name)
         if record is None or record.health_url is None:
             return Health(False)
-        return Health(await self.probes.ok(record.health_url))
+        return _answer(await self.probes.reply(record.health_url))
 
 
 class WorkerProbe(RouterProbe, component="worker"):
@@ -124,9 +137,10 @@ class WorkerProbe(RouterProbe, component="worker"):
         record = self.probes.record_of(spec.name)
         if record is None or record.health_url is None:
             return Health(False)
-        sample = await self.probes.worker_health(record.health_url)
+        reply = await self.probes.reply(record.health_url)
+        sample = _typed(reply, WorkerHealth)
         if sample is None or sample.status != "ready":
-            return Health(False)
+            return Health(False, silent=reply is None)
         return Health(True, sample.output_tokens if sample.inflight > 0 else None, sample)
 
 
@@ -139,8 +153,24 @@ class PlannerProbe(RouterProbe, component="planner"):
         record = self.probes.record_of(spec.name)
         if record is None or record.health_url is None:
             return Health(False)
-        status = await self.probes.typed_health(record.health_url, PlannerStatus)
-        return Health(status is not None, sample=status)
+        reply = await self.probes.reply(record.health_url)
+        status = _typed(reply, PlannerStatus)
+        return Health(status is not None, sample=status, silent=reply is None)
+
+
+def _answer(reply: httpx.Response | None) -> Health:
+    """Healthy on a 200; silent on no answer at all."""
+    return Health(reply is not None and reply.status_code == 200, silent=reply is None)
+
+
+def _typed(reply: httpx.Response | None, kind: type[H]) -> H | None:
+    """A ``/health`` answer decoded as ``kind`` (whatever its status code), or None."""
+    if reply is None:
+        return None
+    try:
+        return msgspec.json.decode(reply.content, type=kind)
+    except msgspec.DecodeError:
+        return None
 
 
 def probe_kind(component: str) -> type[ComponentProbe]:
@@ -159,7 +189,10 @@ class DeploymentProber:
         model: str,
         max_age: float,
         api_key: str | None = None,
+        health_timeout: float = 1.0,
     ) -> None:
+        self.health_timeout = health_timeout
+        """Seconds a READY instance's probe waits for an answer (``probe_timeout``)."""
         self.api_key = api_key
         """A key of the frontend's (its readiness probe asks the API), when it has keys."""
         self.discovery_url = discovery_url
@@ -173,7 +206,13 @@ class DeploymentProber:
     def _for(self, spec: InstanceSpec) -> ComponentProbe:
         if self._probes is None:
             store = store_from_url(self.discovery_url)
-            self._probes = Probes(store, self.namespace, self.max_age, api_key=self.api_key)
+            self._probes = Probes(
+                store,
+                self.namespace,
+                self.max_age,
+                api_key=self.api_key,
+                health_timeout=self.health_timeout,
+            )
         probe = self._by_component.get(spec.component)
         if probe is None:
             probe = probe_kind(spec.component)(self._probes, self.model)

@@ -42,6 +42,12 @@ class State(_Word):
     exits, stops answering probes, or (a worker with requests in flight) generates no token
     for ``supervision.hang_timeout``; after ``budget_window`` READY, its next failure
     restarts with the shortest backoff again."""
+    WEDGED = "WEDGED"
+    """Was READY, then hung: it answered no probe for ``supervision.wedge_timeout`` (a
+    frozen or deadlocked process: its sockets open, nothing answers), or (a worker with
+    requests in flight) generated no token for ``hang_timeout``. Out of routing (its
+    record is withdrawn), its whole process group (a gang: every member's) SIGKILLed at
+    once, since a stopped process handles no SIGTERM; FAILED once it is gone."""
     DRAINING = "DRAINING"
     """Asked to stop (drain, scale-down, ``down``): SIGTERM sent, out of routing, finishing
     in-flight work within ``supervision.drain_timeout``, then SIGKILL."""
@@ -61,7 +67,9 @@ STATE_TRANSITIONS: Mapping[State, frozenset[State]] = {
     # STOPPED from STARTING or READY: stopped before launch returned, or its process ended
     # by itself just as it was asked to stop (no SIGTERM was needed: never DRAINING).
     State.STARTING: frozenset({State.READY, State.FAILED, State.DRAINING, State.STOPPED}),
-    State.READY: frozenset({State.FAILED, State.DRAINING, State.STOPPED}),
+    State.READY: frozenset({State.FAILED, State.WEDGED, State.DRAINING, State.STOPPED}),
+    # DRAINING or STOPPED: asked to stop while it was being put down.
+    State.WEDGED: frozenset({State.FAILED, State.DRAINING, State.STOPPED}),
     State.DRAINING: frozenset({State.STOPPED}),
     State.FAILED: frozenset({State.BACKOFF}),
     State.BACKOFF: frozenset({State.STARTING, State.STOPPED}),
@@ -142,9 +150,14 @@ class RestartReason(_Word):
     EXIT = "exit"
     """Its process exited on its own: a crash, or a kill from outside."""
     HANG = "hang"
-    """A worker with requests in flight generated no token for ``hang_timeout``: killed."""
+    """A worker with requests in flight generated no token for ``hang_timeout``: WEDGED,
+    SIGKILLed."""
+    WEDGE = "wedge"
+    """It answered no probe at all for ``wedge_timeout`` (frozen, deadlocked): WEDGED,
+    SIGKILLed."""
     PROBE = "probe"
-    """It stopped answering probes for ``hang_timeout`` (frozen, lease lost): killed."""
+    """It answered probes unhealthy (not ready, no registration: lease lost) for
+    ``hang_timeout``: killed (SIGTERM, then SIGKILL)."""
     START_TIMEOUT = "start_timeout"
     """Not READY within ``start_timeout``: killed."""
     LAUNCH = "launch"

@@ -53,6 +53,7 @@ from dynamoctl.supervisor.states import (
     StateT,
     check_transition,
 )
+from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import StatusReport
@@ -117,6 +118,7 @@ class Supervisor:
             plan.model,
             self.settings.probe_interval / 2,
             api_key=keys[0] if keys else None,
+            health_timeout=self.settings.probe_timeout,
         )
         self.instances = {spec.name: self.new_instance(spec) for spec in plan.instances}
         self.gangs = Gangs(self)
@@ -141,6 +143,8 @@ class Supervisor:
         """Restarts since this supervisor started, for ``/metrics``."""
         self.transition_counts: Counter[TransitionKey] = Counter()
         """Instance state changes since this supervisor started, for ``/metrics``."""
+        self.silence_counts: Counter[SilenceKey] = Counter()
+        """READY instances' probe silences, survived or wedged, for ``/metrics``."""
         self._discovery: Discovery | None = None
 
     def new_instance(self, spec: InstanceSpec) -> Instance:
@@ -311,12 +315,23 @@ class Supervisor:
             await self._drain(inst, proc, NOW_TIMEOUT if self._down_now else None, inst.stop_why)
         failure = failure or await self.gangs.watch(inst, self._watch(inst, proc))
         if failure is not None:
-            log.warning("%s %s: killing it", inst.spec.name, failure[1])
-            await stop(proc, HUNG_GRACE)
+            await self._kill(inst, proc, failure)
         inst.last_exit = await proc.wait()
-        await self.gangs.stop(inst, NOW_TIMEOUT)  # followers after their leader ended
+        wedged = inst.state is State.WEDGED  # its followers get no grace either
+        await self.gangs.stop(inst, 0.0 if wedged else NOW_TIMEOUT)  # after their leader
         await self.withdrawal.ended(inst.spec)  # routers drop it now, not at lease expiry
         return failure or (RestartReason.EXIT, f"exited with status {inst.last_exit}")
+
+    async def _kill(self, inst: Instance, proc: Launched, failure: Failure) -> None:
+        """Put down a process that must go: a wedged or hung one is WEDGED and SIGKILLed
+        at once (:mod:`dynamoctl.supervisor.wedge`), any other gets SIGTERM and a grace."""
+        if failure[0] in PUT_DOWN and inst.state is State.READY and inst.wanted:
+            self._transition(inst, State.WEDGED, failure[1])
+            log.warning("%s %s: SIGKILL to its process group", inst.spec.name, failure[1])
+            await put_down(proc)
+        else:
+            log.warning("%s %s: killing it", inst.spec.name, failure[1])
+            await stop(proc, HUNG_GRACE)
 
     async def _watch(self, inst: Instance, proc: Launched) -> Failure | None:
         """Probe ``proc`` every ``probe_interval`` until it exits (None), or must be killed
@@ -325,6 +340,7 @@ class Supervisor:
         s = self.settings
         unhealthy_since: float | None = None
         last_tokens: float | None = None
+        wedge = WedgeWatch(inst.spec, s.wedge_timeout, self.silence_counts)
         while True:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(proc.wait()), s.probe_interval)
@@ -338,6 +354,7 @@ class Supervisor:
                 took = time.monotonic() - (inst.started_at or 0.0)
                 if ready:
                     inst.ready_since = time.monotonic()
+                    wedge.ready(inst.ready_since)
                     self._transition(inst, State.READY, f"ready after {took:.1f} s")
                     inst.ready.set()
                 elif took > s.start_timeout:
@@ -350,12 +367,16 @@ class Supervisor:
             progressing = health.tokens is None or health.tokens != last_tokens
             last_tokens = health.tokens if health.tokens is not None else last_tokens
             now = time.monotonic()
+            if (wedged := wedge.observe(health.silent, now)) is not None:
+                return wedged
+            if health.silent:
+                continue  # no answer at all: wedge_timeout judges it, not hang_timeout
             if health.answering and progressing:
                 unhealthy_since = None
             elif unhealthy_since is None:
                 unhealthy_since = now
             elif now - unhealthy_since > s.hang_timeout:
-                what = "no token generated" if health.answering else "not answering probes"
+                what = "no token generated" if health.answering else "answering probes unhealthy"
                 reason = RestartReason.HANG if health.answering else RestartReason.PROBE
                 return reason, f"hung: {what} for {s.hang_timeout:g} s"
 

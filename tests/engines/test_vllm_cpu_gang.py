@@ -59,6 +59,7 @@ name: {NAME}
 discovery: {{backend: etcd, managed: true, lease_ttl: 5}}
 {hosts.target_yaml(workdir, tree_python(workdir))}
 model: {{name: {MODEL}, path: {model_dir}, block_size: 32, context_length: 512}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend: {{port: {port}}}
 workers:
   agg:

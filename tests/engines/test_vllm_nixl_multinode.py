@@ -138,6 +138,7 @@ name: {NAME}
 discovery: {{backend: etcd, managed: true, lease_ttl: 5}}
 {hosts.target_yaml(workdir)}
 model: {{name: {MODEL}, path: {model_dir}, block_size: {BLOCK}, context_length: 1024}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend:
   port: {port}
   router: {{disaggregation: required, min_remote_prefill_tokens: {MIN_REMOTE}}}

@@ -172,6 +172,7 @@ def gang_recipe(model_dir: Path, port: int, target: dict[str, Any] = GANG_TARGET
         "frontend": {"port": port, "router": {"mode": "kv"}},
         "workers": {"agg": pool},
         "supervision": {"start_timeout": 900, "restart_budget": 0},
+        "security": {"open_endpoint": True},  # a smoke test's private hosts
     }  # fmt: skip
     return json.dumps(doc, indent=2) + "\n"
 

@@ -29,6 +29,7 @@ name: sshplan
 discovery: {{backend: etcd, managed: true, lease_ttl: 3}}
 {hosts.target_yaml(tmp_path)}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend: {{host: 0.0.0.0, port: {port}, queue_timeout: 60.0, router: {{busy_kv_usage: null}}}}
 workers:
   agg: {{engine: mocker, replicas: 1, gpus_per_replica: 0,

@@ -46,6 +46,7 @@ name: {name}
 discovery: {{backend: etcd, managed: true, lease_ttl: 3}}
 {hosts.target_yaml(tmp_path)}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend: {{host: 0.0.0.0, port: {port}}}
 workers:
   agg: {{engine: mocker, replicas: 2, gpus_per_replica: 0,

@@ -36,6 +36,7 @@ target:
   time_limit: "00:20:00"
   growth: {{{growth or "max_jobs: 1, nodes_per_job: 1, start_timeout: 90"}}}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend: {{port: {port}}}
 workers:
   agg: {{engine: mocker, replicas: 2, gpus_per_replica: 2,

@@ -41,6 +41,7 @@ discovery: {{backend: etcd, managed: true, lease_ttl: 4}}
 target: {{kind: slurm, partition: {cluster.partition}, nodes: 4, gpus_per_node: 2,
          time_limit: "00:20:00"}}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend: {{port: {port}}}
 workers:
   agg: {{engine: mocker, replicas: 2, nodes_per_replica: 2, gpus_per_replica: 4,

@@ -40,6 +40,7 @@ discovery: {{backend: etcd, managed: true, lease_ttl: 4}}
 target: {{kind: slurm, partition: {cluster.partition}, nodes: 3, gpus_per_node: 2,
          time_limit: "00:20:00"}}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend:
   port: {port}
   router: {{mode: kv, replicas: 1, min_remote_prefill_tokens: 32}}

@@ -172,8 +172,8 @@ def test_crash_at_start_rolls_back_with_the_log_tail(cli: Cli) -> None:
 
 
 def test_hung_worker_is_restarted(cli: Cli) -> None:
-    """SIGSTOP a worker: it stops answering probes, so after hang_timeout it counts as
-    failed and is replaced."""
+    """SIGSTOP a worker: it stops answering probes, so after wedge_timeout it is WEDGED,
+    SIGKILLed and replaced."""
     recipe = cli.recipe(mocker_recipe("hang", free_port(), replicas=1))
     assert cli("up", str(recipe), "--detach").returncode == 0
     keeper = psutil.Process(cli.status()["instances"][0]["pid"])
@@ -189,7 +189,7 @@ def test_hung_worker_is_restarted(cli: Cli) -> None:
         if worker.is_running():
             worker.kill()
     assert report["instances"][0]["pid"] != keeper.pid
-    assert "hung: not answering probes" in report["instances"][0]["message"]
+    assert "wedged: answered no probe" in report["instances"][0]["message"]
     assert cli("down", "--now").returncode == 0
 
 

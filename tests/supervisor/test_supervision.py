@@ -102,7 +102,8 @@ async def test_worker_whose_tokens_stop_is_killed_as_hung(tmp_path: Path) -> Non
         h.prober.healths["agg-0"] = lambda: Health(True, 7.0, stuck)
         first = h.launcher.current("agg-0")
         await until(lambda: first.returncode is not None, "the hung worker killed")
-        assert first.signals == [signal.SIGTERM]
+        assert first.signals == [signal.SIGKILL]  # WEDGED: nothing to drain, put down
+        assert h.sup.transition_counts[(*AGG0, State.READY, State.WEDGED)] == 1
         del h.prober.healths["agg-0"]
         await until(lambda: len(h.launcher.started["agg-0"]) == 2, "restarted")
         inst = h.sup.instances["agg-0"]
@@ -121,7 +122,7 @@ async def test_instance_that_stops_answering_probes_is_killed(tmp_path: Path) ->
         await until(lambda: h.sup.instances["agg-1"].restarts == 1, "restarted")
         inst = h.sup.instances["agg-1"]
         assert inst.reason is RestartReason.PROBE
-        assert inst.message == "hung: not answering probes for 0.1 s"
+        assert inst.message == "hung: answering probes unhealthy for 0.1 s"
         assert h.sup.restart_counts == {("agg-1", "worker", "agg", RestartReason.PROBE): 1}
 
 

@@ -20,7 +20,9 @@ Dead peers (docs/planes.md): a socket monitor per connection (:mod:`.peers`) see
 server's TCP connection close the moment its process dies; the open streams fail with
 :class:`PeerDeadError` at once instead of after ``heartbeat_timeout``, the address is
 reported down (:meth:`RequestClient.peer_down`, for pickers to skip) and new streams to
-it fail at once, until a server answers there again.
+it fail at once, until a server answers there again. A server that is there but silent
+(its process frozen: SIGSTOP, a deadlock; the TCP connection stays open) is reported down
+the same way once it has sent nothing for ``heartbeat_timeout``, until it answers again.
 """
 
 from __future__ import annotations
@@ -171,6 +173,9 @@ class _Connection:
         self.sock.setsockopt(zmq.ROUTING_ID, identity)
         self.peer = PeerWatch(self.sock, self._peer_changed)  # before connect: sees it all
         self.down_since: float | None = None
+        self.silent = False
+        """The server has sent nothing (not even a Pong) for ``heartbeat_timeout``: frozen,
+        wedged or cut off. Pickers skip it until it answers again (:meth:`_receive`)."""
         self.sock.connect(address)
         self.streams: dict[int, _Stream] = {}
         self.last_recv = time.monotonic()
@@ -250,6 +255,8 @@ class _Connection:
 
     def _receive(self, raw: bytes) -> None:
         self.last_recv = time.monotonic()
+        if self.silent:
+            self._silence_over()
         try:
             msg = wire.decode_server(raw)
         except wire.DecodeError as exc:
@@ -260,9 +267,24 @@ class _Connection:
             if stream is not None:  # else: already finished or cancelled here
                 stream.feed(msg)
 
+    def _silence_over(self) -> None:
+        self.silent = False
+        logger.info("request-plane peer %s answers again", self.address)
+        self._on_peer(self.address, self.peer.state is PeerState.DOWN)
+
     def check(self, now: float, interval: float, timeout: float) -> None:
-        """Heartbeat tick: ping, fail streams on a silent server, probe quiet streams."""
+        """Heartbeat tick: ping, fail streams on a silent server, probe quiet streams; a
+        server silent for ``timeout`` is reported down until it answers again."""
+        self._pump()  # read what has arrived first: a stall of our own loop is no silence
         self.ping()
+        silent_for = time.monotonic() - self.last_recv
+        if not self.silent and silent_for > timeout and self.peer.state is not PeerState.DOWN:
+            self.silent = True
+            logger.warning(
+                "request-plane peer %s sent nothing for %.1fs (heartbeat_timeout %gs): "
+                "skipped until it answers again", self.address, silent_for, timeout,
+            )  # fmt: skip
+            self._on_peer(self.address, True)
         for stream in self.streams.values():
             if stream.outcome is not None:
                 continue
@@ -334,9 +356,10 @@ class RequestClient(AsyncService):
 
     def peer_down(self, address: str) -> bool:
         """Whether the server at ``address`` dropped its connection (its process died or
-        is restarting) and none answers there again yet: pick another."""
+        is restarting) or has sent nothing, not even a heartbeat's answer, for
+        ``heartbeat_timeout`` (frozen, wedged), and has not answered since: pick another."""
         conn = self._conns.get(address)
-        return conn is not None and conn.peer.state is PeerState.DOWN
+        return conn is not None and (conn.peer.state is PeerState.DOWN or conn.silent)
 
     async def disconnect(self, address: str) -> None:
         """Close the connection to ``address``; its open streams fail with

@@ -1,0 +1,66 @@
+"""A wedged worker (SIGSTOP: its sockets stay open, nothing answers), seen by the
+frontend: the stream on it migrates once the worker has been silent for the frontend's
+``--stream-silence-timeout``, and no new request goes to it while it stays frozen, though
+its discovery record lives on (5-minute lease) and its cache makes the KV router prefer it
+(docs/operations.md, "Wedged instances")."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import httpx
+
+from tests.frontend.conftest import MODEL
+from tests.frontend.test_fast_death import (
+    LongLeaseDeployment,
+    busy_worker,
+    migrations,
+    two_workers,
+)
+
+__all__ = ["two_workers"]  # the fixture, shared
+
+
+async def test_a_frozen_worker_is_left_at_once_and_gets_no_new_request(
+    two_workers: LongLeaseDeployment,
+) -> None:
+    dep, url = two_workers, two_workers.frontend_url
+    prompt = "the same long prompt " * 40  # cached where it ran: the KV router prefers it
+    records = {r.pid: r for r in await dep.records("worker")}
+    body = {"model": MODEL, "prompt": prompt, "max_tokens": 300, "stream": True,
+            "ignore_eos": True}  # fmt: skip
+    text, finish, frozen = "", None, None
+    try:
+        async with httpx.AsyncClient(timeout=60) as http:
+            async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+                assert response.status_code == 200
+                async for line in response.aiter_lines():
+                    if not line.startswith("data: ") or line == "data: [DONE]":
+                        continue
+                    event = json.loads(line[6:])
+                    assert "error" not in event, event
+                    choice = event["choices"][0]
+                    text += choice["text"]
+                    finish = choice["finish_reason"] or finish
+                    if frozen is None and len(text.split()) >= 20:
+                        frozen = await busy_worker(http, records.values())
+                        os.kill(frozen, signal.SIGSTOP)
+            assert frozen is not None and finish == "length"
+            assert await migrations(http, url) == 1
+            # Frozen, registered and holding the prompt's cache: still nothing goes there
+            # (each request would wait out the silence and migrate).
+            for _ in range(10):
+                reply = await http.post(
+                    f"{url}/v1/completions",
+                    json={"model": MODEL, "prompt": prompt, "max_tokens": 4},
+                )
+                assert reply.status_code == 200, reply.text
+            assert await migrations(http, url) == 1
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+    log = (dep.tmp / "frontend.log").read_text()
+    assert "heartbeat_timeout 1.5s" in log  # the recipe's default bound, not the old 3 s
+    assert "skipped until it answers again" in log
