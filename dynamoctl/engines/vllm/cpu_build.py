@@ -18,6 +18,12 @@ vLLM's CLI call :func:`pin_platform` before vLLM resolves its platform. The envi
 variable reaches vLLM's own child processes (engine core, ranks). A GPU build (``vllm``)
 is left to vLLM's detection. Nothing here depends on the CPU model: vLLM chooses the
 kernels.
+
+:func:`request_amx` is a ``vllm.general_plugins`` entry point (pyproject.toml), which vLLM
+runs in each of its processes: vLLM 0.32's CPU attention runs AMX tile instructions (bf16,
+blocks a multiple of 32) without asking Linux for the AMX state, and only works when a
+oneDNN matmul happened to ask first; an engine core whose first step is a short prompt
+dies of SIGILL (docs/engines.md, "AMX permission").
 """
 
 from __future__ import annotations
@@ -65,3 +71,11 @@ def distribution_version(name: str) -> str:
     if name == "vllm" and installed_as_cpu_build():
         return _version(DISTRIBUTION) + "+cpu"
     return _version(name)
+
+
+def request_amx() -> None:
+    """vLLM plugin: ask Linux for this process's AMX tile state (``ARCH_REQ_XCOMP_PERM``)
+    where the CPU has AMX, as oneDNN does before its own AMX kernels; elsewhere nothing."""
+    import torch
+
+    torch._C._cpu._init_amx()
