@@ -18,7 +18,8 @@ def etcd_server() -> Iterator[ManagedEtcd]:
     """A real etcd 3.x server on 127.0.0.1, shared by the session (tests use own prefixes)."""
     if shutil.which("etcd") is None:
         pytest.fail("etcd is not installed: apt-get install etcd-server (.ci/run does this)")
-    with ManagedEtcd() as server:
+    # Started with room for a loaded machine (etcd's own default waits 15 s).
+    with ManagedEtcd().start(timeout=60) as server:
         yield server
 
 

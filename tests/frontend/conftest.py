@@ -20,6 +20,10 @@ NS = "ftest"
 MODEL = "mock-llama"
 BLOCK = 16
 BLOCKS = 1024
+START_S = 90
+"""How long a process may take to register: a Python process importing dynamoctl on a
+loaded 2-core machine takes tens of seconds (measured: a frontend with an empty log after
+30 s at load average 16). Only a failing start waits this long."""
 
 
 @dataclass
@@ -53,7 +57,7 @@ class Deployment:
             found = await disc.list(f"{NS}/instances/{component}/")
         return [wire.decode_json(v, wire.InstanceRecord) for v in found.values()]
 
-    async def wait_for(self, component: str, n: int, timeout: float = 30) -> None:
+    async def wait_for(self, component: str, n: int, timeout: float = START_S) -> None:
         deadline = time.monotonic() + timeout
         while len(await self.records(component)) < n:
             for proc in self.procs:
@@ -69,7 +73,7 @@ class Deployment:
         import httpx
 
         async with httpx.AsyncClient() as http:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + START_S
             while time.monotonic() < deadline:
                 models = (await http.get(f"{self.frontend_url}/v1/models")).json()["data"]
                 if models:
