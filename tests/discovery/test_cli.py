@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
@@ -29,7 +30,9 @@ async def test_ls_shows_registered_keys(
         url = f"etcd://127.0.0.1:{server.client_port}"
     async with Discovery(store_from_url(url)) as disc:
         await disc.register("cli-test/instances/worker/generate/w1", b'{"pid": 42}')
-        result = dynamoctl("discovery", "ls", "cli-test/", "--url", url)
+        # In a thread: the lease's keepalive runs on this loop meanwhile (a CLI start can
+        # outlast the 10 s lease on a loaded machine).
+        result = await asyncio.to_thread(dynamoctl, "discovery", "ls", "cli-test/", "--url", url)
     assert result.returncode == 0, result.stderr
     assert "cli-test/instances/worker/generate/w1" in result.stdout
     assert '{"pid": 42}' in result.stdout

@@ -4,6 +4,7 @@ on embedded discovery in a temp dir, everything on 127.0.0.1."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import time
@@ -12,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+import pytest_asyncio
 
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, store_from_url
@@ -20,6 +22,10 @@ NS = "ftest"
 MODEL = "mock-llama"
 BLOCK = 16
 BLOCKS = 1024
+START_S = 90
+"""How long a process may take to register: a Python process importing dynamoctl on a
+loaded 2-core machine takes tens of seconds (measured: a frontend with an empty log after
+30 s at load average 16). Only a failing start waits this long."""
 
 
 @dataclass
@@ -53,7 +59,7 @@ class Deployment:
             found = await disc.list(f"{NS}/instances/{component}/")
         return [wire.decode_json(v, wire.InstanceRecord) for v in found.values()]
 
-    async def wait_for(self, component: str, n: int, timeout: float = 30) -> None:
+    async def wait_for(self, component: str, n: int, timeout: float = START_S) -> None:
         deadline = time.monotonic() + timeout
         while len(await self.records(component)) < n:
             for proc in self.procs:
@@ -69,7 +75,7 @@ class Deployment:
         import httpx
 
         async with httpx.AsyncClient() as http:
-            deadline = time.monotonic() + 30
+            deadline = time.monotonic() + START_S
             while time.monotonic() < deadline:
                 models = (await http.get(f"{self.frontend_url}/v1/models")).json()["data"]
                 if models:
@@ -87,10 +93,10 @@ class Deployment:
 DeploymentFactory = Callable[..., "asyncio.Future[Deployment]"]
 
 
-@pytest.fixture
-async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
+@contextlib.asynccontextmanager
+async def two_workers(tmp: Path) -> AsyncIterator[Deployment]:
     """Two mocker workers (one process) behind a kv-routed frontend."""
-    dep = Deployment(tmp_path)
+    dep = Deployment(tmp)
     try:
         dep.worker("--num-workers", "2", "--speedup-ratio", "20")
         await dep.wait_for("worker", 2)
@@ -98,3 +104,20 @@ async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
         yield dep
     finally:
         dep.stop()
+
+
+@pytest.fixture
+async def deployment(tmp_path: Path) -> AsyncIterator[Deployment]:
+    """Two mocker workers (one process) behind a kv-routed frontend, fresh for the test."""
+    async with two_workers(tmp_path) as dep:
+        yield dep
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def shared_deployment(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
+    """The same, one for the module: for tests whose requests leave nothing that another
+    test reads (4xx answers, hostile input); they run on the module's event loop
+    (``@pytest.mark.asyncio(loop_scope="module")``). A start costs seconds on a 2-core
+    machine, tens of seconds under load."""
+    async with two_workers(tmp_path_factory.mktemp("shared")) as dep:
+        yield dep

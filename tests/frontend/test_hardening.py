@@ -24,6 +24,9 @@ pytestmark = pytest.mark.asyncio(loop_scope="module")
 
 HEADER_TIMEOUT = 2.0
 BODY_TIMEOUT = 3.0
+SLACK = 6.0
+"""How late a timeout may fire: a loaded 2-core CI machine delays timers by seconds. A
+timeout not enforced holds the connection far longer (the trickle below lasts 25 s)."""
 LIMITS = ["--header-timeout", str(HEADER_TIMEOUT), "--body-timeout", str(BODY_TIMEOUT)]
 
 
@@ -160,7 +163,7 @@ async def test_slowloris_connections_are_closed_within_the_header_timeout(
                         writer.write(b"X")
 
                 dripping = asyncio.ensure_future(drip())
-            took = await closed_after(reader, HEADER_TIMEOUT + 6)
+            took = await closed_after(reader, HEADER_TIMEOUT + SLACK)
             if trickle:
                 dripping.cancel()
             return took
@@ -173,21 +176,26 @@ async def test_slowloris_connections_are_closed_within_the_header_timeout(
         assert (await http.get(f"{frontend}/health")).status_code == 200
     took = await asyncio.gather(*tasks)
     closed = [t for t in took if t is not None]
-    assert len(closed) == len(took) and max(closed) < HEADER_TIMEOUT + 2, took
+    assert len(closed) == len(took) and max(closed) < HEADER_TIMEOUT + SLACK, took
     print(f"slowloris: 50 connections closed after {min(closed):.2f}..{max(closed):.2f} s")
 
 
 async def test_slow_body_is_closed_within_the_body_timeout(frontend: str) -> None:
+    """Closed by the body timeout: not before it (counted from the request's start), and
+    not much after."""
     reader, writer = await asyncio.open_connection(*address(frontend))
+    start = time.monotonic()
     try:
         writer.write(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 1000\r\n\r\n")
         for _ in range(4):
             writer.write(b"{")
             await asyncio.sleep(0.2)
-        took = await closed_after(reader, BODY_TIMEOUT + 6)
+        took = await closed_after(reader, BODY_TIMEOUT + SLACK)
     finally:
         writer.close()
-    assert took is not None and took < BODY_TIMEOUT + 2, took
+    assert took is not None, "still open"
+    total = time.monotonic() - start
+    assert BODY_TIMEOUT - 0.5 < total < BODY_TIMEOUT + SLACK, total
 
 
 async def test_a_400_keeps_the_connection(frontend: str) -> None:
@@ -224,7 +232,8 @@ def words(size: int) -> str:
 
 async def test_big_prompt_does_not_block_the_event_loop(frontend: str) -> None:
     """While a 3 MB prompt is tokenised, /live answers within a fraction of a second (it
-    used to wait for the whole tokenisation, seconds)."""
+    used to wait for the whole tokenisation, seconds). On a loaded machine, where the
+    tokenisation takes longer, the bound is a third of it: a blocked loop waits it all."""
     body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": words(3 << 20)}]})
     worst = 0.0
     async with httpx.AsyncClient(timeout=60) as http:
@@ -240,4 +249,4 @@ async def test_big_prompt_does_not_block_the_event_loop(frontend: str) -> None:
         took = time.monotonic() - start
     assert resp.status_code == 400 and "context length" in resp.text  # 16k-token mocker
     print(f"3 MB prompt: answered in {took:.2f} s; worst /live latency meanwhile {worst:.3f} s")
-    assert worst < 0.6, worst
+    assert worst < max(0.6, took / 3), (worst, took)

@@ -9,6 +9,8 @@ import json
 from typing import Any
 
 import httpx
+import pytest
+import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -63,6 +65,15 @@ def check(resp: httpx.Response) -> None:
     if resp.status_code >= 400:
         error: dict[str, Any] = resp.json()["error"]
         assert set(error) == {"message", "type", "param", "code"}
+
+
+# One deployment for the module (each test asserts it still serves afterwards).
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="module")
+async def deployment(shared_deployment: Deployment) -> Deployment:
+    return shared_deployment
 
 
 SETTINGS = settings(

@@ -96,6 +96,7 @@ async def test_stop_strings_end_the_text_before_the_stop(deployment: Deployment)
     await oai.close()
 
 
+@pytest.mark.asyncio(loop_scope="module")
 @pytest.mark.parametrize(
     ("body", "status", "needle"),
     [
@@ -122,11 +123,11 @@ async def test_stop_strings_end_the_text_before_the_stop(deployment: Deployment)
     ],
 )
 async def test_bad_requests_get_openai_errors(
-    deployment: Deployment, body: bytes, status: int, needle: str
+    shared_deployment: Deployment, body: bytes, status: int, needle: str
 ) -> None:
     async with httpx.AsyncClient() as http:
         resp = await http.post(
-            f"{deployment.frontend_url}/v1/completions",
+            f"{shared_deployment.frontend_url}/v1/completions",
             content=body,
             headers={"content-type": "application/json"},
         )
