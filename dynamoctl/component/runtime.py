@@ -26,10 +26,10 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from dynamoctl.component.http import BoundServer
 from dynamoctl.discovery import Discovery
 from dynamoctl.settings import ComponentSettings
 from dynamoctl.util.aio import AsyncService
-from dynamoctl.util.http import BoundServer
 from dynamoctl.wire.records import Component, InstanceRecord, encode_json
 
 log = logging.getLogger(__name__)
