@@ -179,7 +179,7 @@ def _follower_spec(
 ) -> InstanceSpec:
     """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags;
     the pool's env and secrets (weights need the same token), its node's GPUs."""
-    from dynamoctl.worker.options import render_engine_args
+    from dynamoctl.wire.engine_args import render_engine_args
 
     role, index = member.role, member.index
     pool = recipe.workers.pools()[role]

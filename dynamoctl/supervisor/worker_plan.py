@@ -129,7 +129,7 @@ def worker_spec(
 ) -> InstanceSpec:
     """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds);
     ``extra_args``: a gang leader's rank flags (:mod:`~dynamoctl.supervisor.gang_plan`)."""
-    from dynamoctl.worker.options import render_engine_args
+    from dynamoctl.wire.engine_args import render_engine_args
 
     pool = recipe.workers.pools()[role]
     name = str(InstanceName(role, index))
