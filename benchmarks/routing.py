@@ -31,7 +31,8 @@ from dynamoctl import __version__
 from dynamoctl.bench.client import Sender
 from dynamoctl.bench.clock import LoopClock
 from dynamoctl.bench.http import Endpoint
-from dynamoctl.bench.report import BenchResult, RunResult, summary_table
+from dynamoctl.bench.report import summary_table
+from dynamoctl.bench.result import BenchResult, RunResult
 from dynamoctl.bench.schedule import Limits, drive
 from dynamoctl.bench.stats import Slo, summarize
 from dynamoctl.bench.workload import LengthDist, synthetic_sessions

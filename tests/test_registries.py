@@ -9,9 +9,9 @@ from dynamoctl.frontend.routing import ROUTINGS
 from dynamoctl.launch.registry import LAUNCHERS
 from dynamoctl.router.errors import UnknownMode
 from dynamoctl.router.policies import POLICIES
-from dynamoctl.supervisor.plan import MODEL_ARGS
 from dynamoctl.supervisor.probes import PROBES
 from dynamoctl.supervisor.transfer import CHANNELS
+from dynamoctl.supervisor.worker_plan import MODEL_ARGS
 from dynamoctl.util.registry import Registry, UnknownName
 
 REGISTRIES = {

@@ -1,4 +1,4 @@
-"""The one start-up/shutdown sequence every component runs (dynamoctl/util/runtime.py)."""
+"""The one start-up/shutdown sequence every component runs (dynamoctl/component/runtime.py)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
+from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.settings import ComponentSettings
-from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component, Endpoint
 
 

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from matplotlib.axes import Axes
     from matplotlib.figure import Figure
 
-    from dynamoctl.bench.report import BenchResult
+    from dynamoctl.bench.result import BenchResult
     from dynamoctl.bench.stats import Summary
 
 INSTALL_HINT = "pip install 'dynamoctl[bench]'"

@@ -20,7 +20,7 @@ from dynamoctl import __version__
 from dynamoctl.bench.client import RequestRecord, Sender
 from dynamoctl.bench.clock import Clock, LoopClock
 from dynamoctl.bench.http import Endpoint, get_json_bytes
-from dynamoctl.bench.report import BenchResult, RunResult
+from dynamoctl.bench.result import BenchResult, RunResult
 from dynamoctl.bench.schedule import Limits, drive
 from dynamoctl.bench.stats import Slo, summarize
 from dynamoctl.bench.workload import (

@@ -17,7 +17,7 @@ from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmTarget
 from dynamoctl.supervisor.rundir import RunDir
-from dynamoctl.supervisor.states import Phase
+from dynamoctl.wire.states import Phase
 
 
 def register(app: typer.Typer) -> None:
@@ -198,7 +198,7 @@ def down(
 ) -> None:
     """Drain and stop a deployment; cleans up after a supervisor that was killed, too."""
     from dynamoctl.cli.slurm_submit import cancel_job
-    from dynamoctl.supervisor.control import ControlClient, ControlError
+    from dynamoctl.control.client import ControlClient, ControlError
 
     run_dir = find_deployment(name, running_only=False)
     state = run_dir.read_state()

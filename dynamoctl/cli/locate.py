@@ -16,7 +16,7 @@ from dynamoctl.launch.slurm_state import JobState
 from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import RunDir, RunState, deployments, home
-from dynamoctl.supervisor.states import Phase
+from dynamoctl.wire.states import Phase
 
 
 def find_deployment(name: str | None, running_only: bool = True) -> RunDir:

@@ -9,9 +9,9 @@ import msgspec
 import typer
 
 from dynamoctl.cli.locate import find_deployment, not_running
-from dynamoctl.supervisor.control import ControlClient, ControlError, Unreachable
+from dynamoctl.control.client import ControlClient, ControlError, Unreachable
 from dynamoctl.supervisor.rundir import RunDir
-from dynamoctl.supervisor.states import GrowthState, Phase, State
+from dynamoctl.wire.states import GrowthState, Phase, State
 
 
 def register(app: typer.Typer) -> None:

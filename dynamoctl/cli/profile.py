@@ -64,7 +64,7 @@ def one_replica_each(instances: list[tuple[str, str, str, int]], pool: str) -> s
 def _check_deployment(name: str, pool: str) -> None:
     """Exit 1 unless deployment ``name`` serves with one ready replica per pool."""
     from dynamoctl.cli.locate import not_running
-    from dynamoctl.supervisor.control import ControlClient, ControlError
+    from dynamoctl.control.client import ControlClient, ControlError
     from dynamoctl.supervisor.rundir import RunDir
 
     run_dir = RunDir(name)

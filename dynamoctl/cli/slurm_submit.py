@@ -17,8 +17,8 @@ import typer
 
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import JOB_FILE, RunDir
-from dynamoctl.supervisor.states import Phase
 from dynamoctl.util import aio
+from dynamoctl.wire.states import Phase
 
 
 def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeout: float) -> None:

@@ -14,9 +14,9 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from dynamoctl.supervisor.states import State
 from dynamoctl.wire.control import DiscoveryStatus, StatusReport
 from dynamoctl.wire.planner import PlannerStatus
+from dynamoctl.wire.states import State
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor

@@ -9,7 +9,7 @@ import typer
 from dynamoctl.cli import common
 from dynamoctl.engines.registry import engine_names
 from dynamoctl.settings import WorkerOptions, flag, with_options
-from dynamoctl.worker.options import parse_engine_args
+from dynamoctl.wire.engine_args import parse_engine_args
 
 
 def register(app: typer.Typer) -> None:

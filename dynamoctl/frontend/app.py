@@ -17,7 +17,7 @@ mode (nesting past its depth limit, lone surrogates and non-UTF-8 are invalid JS
 ``RecursionError`` or a tokenizer's crash), so every refusal is a 4xx; a bug is a 500
 with ``Connection: close`` (or, once a stream has started, an error event). Long texts
 are tokenised on a thread so that one huge prompt does not stall every other request.
-Limits on headers and slow clients are the HTTP server's (:mod:`dynamoctl.util.http`).
+Limits on headers and slow clients are the HTTP server's (:mod:`dynamoctl.component.http`).
 """
 
 from __future__ import annotations

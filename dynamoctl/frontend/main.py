@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 
+from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.discovery import keys
 from dynamoctl.frontend.app import build_app
 from dynamoctl.frontend.auth import ApiKeys
@@ -23,7 +24,6 @@ from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import create_routing
 from dynamoctl.planes.request import RequestClient
 from dynamoctl.settings import FrontendOptions
-from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component, Endpoint
 
 log = logging.getLogger(__name__)

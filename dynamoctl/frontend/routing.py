@@ -112,7 +112,7 @@ class EmbeddedRouting(AsyncService):
 
     async def make_picker(self, model: str, card: ModelCard) -> ModelPicker:
         def build() -> KvRouter:
-            return self.settings.build(card.block_size)
+            return KvRouter.from_settings(self.settings, card.block_size)
 
         return EmbeddedPicker(await ModelPools.open(self.discovery, self.namespace, model, build))
 

@@ -13,14 +13,14 @@ from collections import Counter
 
 import msgspec
 
+from dynamoctl.control.client import ControlClient, ControlError
 from dynamoctl.discovery import Discovery, DiscoveryError, keys
 from dynamoctl.security import names
 from dynamoctl.settings.component import Role
-from dynamoctl.supervisor.control import ControlClient, ControlError
-from dynamoctl.supervisor.states import State
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import StatusReport
 from dynamoctl.wire.records import Component, Endpoint, InstanceRecord, decode_json
+from dynamoctl.wire.states import State
 
 log = logging.getLogger(__name__)
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.discovery import keys
 from dynamoctl.planner.http import build_app
 from dynamoctl.planner.perf import PerfModel, check_profile, load_profile
 from dynamoctl.planner.service import PlannerService
 from dynamoctl.planner.settings import PlannerOptions
-from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component, Endpoint
 
 log = logging.getLogger(__name__)

@@ -5,13 +5,26 @@ the models' validators (:mod:`dynamoctl.recipe.models`), whose errors name the f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import Any, Protocol
 
 from dynamoctl.recipe.fields import rule_error
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 
-if TYPE_CHECKING:
-    from dynamoctl.recipe.models import WorkerPool
+
+class GangPool(Protocol):
+    """What the rules read of a worker pool (:class:`~dynamoctl.recipe.models.WorkerPool`,
+    which calls them: named by its fields, not imported back)."""
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def engine_args(self) -> Mapping[str, Any]: ...
+    @property
+    def nodes_per_replica(self) -> int: ...
+    @property
+    def gpus_per_replica(self) -> int: ...
+
 
 GANG_FLAGS = frozenset(
     {
@@ -49,7 +62,7 @@ VLLM_SHORT_OPTIONS = {
 """vLLM's short parallel options (``-tp``) by the long name a recipe must use."""
 
 
-def parallel_product(pool: WorkerPool) -> tuple[int, list[str]]:
+def parallel_product(pool: GangPool) -> tuple[int, list[str]]:
     """The product of the pool's parallel sizes and the ``engine_args`` keys giving them."""
 
     product, named = 1, []
@@ -66,7 +79,7 @@ def parallel_product(pool: WorkerPool) -> tuple[int, list[str]]:
     return product, named
 
 
-def check_gang(role: str, pool: WorkerPool, target: Target) -> None:
+def check_gang(role: str, pool: GangPool, target: Target) -> None:
     """A multi-node replica: whole nodes of the target, parallel sizes that fill them."""
 
     nodes = pool.nodes_per_replica

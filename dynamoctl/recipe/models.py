@@ -433,7 +433,7 @@ class Recipe(RecipeModel):
             check_offload(role, pool.engine, pool.kv_offload, pool.gpus_per_replica,
                           pool.engine_args, self.model.block_size)  # fmt: skip
         if self.planner is not None:
-            check_planner(self.planner, self.workers, self.model)
+            check_planner(self.planner, self.workers.pools(), self.model.name)
         if isinstance(target, SlurmTarget):
             for role, pool in self.workers.pools().items():
                 if pool.nodes_per_replica == 1 and pool.gpus_per_replica > target.gpus_per_node:

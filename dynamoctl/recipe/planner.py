@@ -6,16 +6,27 @@ profile measured on these pools (docs/planner.md)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from dynamoctl.planner.budget import BudgetError, check_budget, units
 from dynamoctl.planner.records import PoolSpec
 from dynamoctl.planner.settings import POOL_ROLES, PlannerSettings
 from dynamoctl.recipe.fields import RecipeModel, rule_error
+from dynamoctl.settings.component import Role
 
-if TYPE_CHECKING:
-    from dynamoctl.recipe.models import ModelSpec, Workers
+
+class PlannedPool(Protocol):
+    """What the rules read of a worker pool (:class:`~dynamoctl.recipe.models.WorkerPool`,
+    whose recipe calls them: named by its fields, not imported back)."""
+
+    @property
+    def engine(self) -> str: ...
+    @property
+    def replicas(self) -> int: ...
+    @property
+    def gpus_per_replica(self) -> int: ...
 
 
 class Planner(RecipeModel, PlannerSettings):
@@ -25,7 +36,7 @@ class Planner(RecipeModel, PlannerSettings):
     planner``'s options (docs/planner.md)."""
 
 
-def planner_specs(planner: PlannerSettings, workers: Workers) -> list[PoolSpec]:
+def planner_specs(planner: PlannerSettings, pools: Mapping[Role, PlannedPool]) -> list[PoolSpec]:
     """The pools the planner scales: every declared pool, with the planner's bounds."""
     return [
         PoolSpec(
@@ -34,14 +45,13 @@ def planner_specs(planner: PlannerSettings, workers: Workers) -> list[PoolSpec]:
             min_replicas=planner.bounds(role)[0],
             max_replicas=planner.bounds(role)[1],
         )
-        for role, pool in workers.pools().items()
+        for role, pool in pools.items()
     ]
 
 
-def check_planner(planner: Planner, workers: Workers, model: ModelSpec) -> None:
-    """Refuse a planner section the deployment cannot honour; errors name the field
-    (relative to the recipe)."""
-    declared = workers.pools()
+def check_planner(planner: Planner, declared: Mapping[Role, PlannedPool], model: str) -> None:
+    """Refuse a planner section the deployment with pools ``declared`` serving ``model``
+    cannot honour; errors name the field (relative to the recipe)."""
     for role in POOL_ROLES:
         if role in declared:
             continue
@@ -49,7 +59,7 @@ def check_planner(planner: Planner, workers: Workers, model: ModelSpec) -> None:
             # Not "given": `recipe show` writes every default, and must read back.
             if getattr(planner, bound) != PlannerSettings.model_fields[bound].default:
                 raise rule_error(f"planner.{bound}", f"the deployment has no {role} pool")
-    specs = planner_specs(planner, workers)
+    specs = planner_specs(planner, declared)
     try:
         check_budget(specs, planner.gpu_budget)
     except BudgetError as exc:
@@ -74,7 +84,7 @@ def check_planner(planner: Planner, workers: Workers, model: ModelSpec) -> None:
         for pool in declared.values():
             check_profile(
                 profile,
-                model=model.name,
+                model=model,
                 engine=pool.engine,
                 gpus_per_replica=pool.gpus_per_replica,
             )

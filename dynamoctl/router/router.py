@@ -27,6 +27,7 @@ from dynamoctl.router.policies import (
     RequestInfo,
     create_policy,
 )
+from dynamoctl.settings.routing import RouterSettings
 from dynamoctl.wire.engine import LoadMetrics
 from dynamoctl.wire.kv_events import KVEventBatch
 
@@ -58,6 +59,21 @@ class KvRouter:
     and :class:`AllWorkersBusy` is raised when no other remains. None disables a
     threshold.
     """
+
+    @classmethod
+    def from_settings(cls, settings: RouterSettings, block_size: int) -> KvRouter:
+        """A router for one model, whose engines use ``block_size``, with ``settings``'
+        knobs (the settings only declare them: they build nothing)."""
+        return cls(
+            settings.mode,
+            block_size,
+            overlap_weight=settings.overlap_weight,
+            temperature=settings.temperature,
+            host_credit=settings.host_tier_credit,
+            disk_credit=settings.disk_tier_credit,
+            busy_kv_usage=settings.busy_kv_usage,
+            busy_waiting=settings.busy_waiting,
+        )
 
     def __init__(
         self,

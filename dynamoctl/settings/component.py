@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.parsers import OutputParserSettings
-
-if TYPE_CHECKING:
-    from dynamoctl.discovery import Discovery
 
 Role = Literal["agg", "prefill", "decode"]
 
@@ -32,12 +29,6 @@ class ComponentSettings(Options):
     """Seconds in-flight work gets to finish on SIGTERM."""
     label: str = ""
     """The supervisor's name for this process (``agg-0``), written into its records."""
-
-    def open_discovery(self) -> Discovery:
-        """This component's discovery handle (not yet started)."""
-        from dynamoctl.discovery import Discovery, store_from_url
-
-        return Discovery(store_from_url(self.discovery), lease_ttl=self.lease_ttl)
 
 
 class WorkerOptions(ComponentSettings):

@@ -1,4 +1,4 @@
-"""Limits every HTTP server of ours applies (:class:`dynamoctl.util.http.BoundServer`):
+"""Limits every HTTP server of ours applies (:class:`dynamoctl.component.http.BoundServer`):
 the frontend takes them from its recipe section; workers' and routers' servers, which
 only answer probes and scrapes, keep the defaults."""
 

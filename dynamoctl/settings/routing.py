@@ -3,16 +3,13 @@ recipe's ``frontend.router``."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, ClassVar, Literal, get_args
+from typing import ClassVar, Literal, get_args
 
 from pydantic import Field
 
 from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.component import ComponentSettings
-
-if TYPE_CHECKING:
-    from dynamoctl.router.router import KvRouter
 
 RouterMode = Literal["round-robin", "random", "least-loaded", "power-of-two", "kv", "kv-approx"]
 ROUTER_MODES: tuple[str, ...] = get_args(RouterMode)
@@ -46,21 +43,6 @@ class RouterSettings(Options):
     busy_waiting: int | None = Field(default=None, ge=0)
     """A worker with more requests waiting than this is busy and skipped. Unset: never busy
     by its queue."""
-
-    def build(self, block_size: int) -> KvRouter:
-        """A router for one model, whose engines use ``block_size``."""
-        from dynamoctl.router.router import KvRouter
-
-        return KvRouter(
-            self.mode,
-            block_size,
-            overlap_weight=self.overlap_weight,
-            temperature=self.temperature,
-            host_credit=self.host_tier_credit,
-            disk_credit=self.disk_tier_credit,
-            busy_kv_usage=self.busy_kv_usage,
-            busy_waiting=self.busy_waiting,
-        )
 
 
 class ReplicaSettings(Options):

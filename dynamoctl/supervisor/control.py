@@ -1,4 +1,4 @@
-"""The supervisor's control endpoint (HTTP) and the client commands use.
+"""The supervisor's control endpoint (HTTP); its client is :mod:`dynamoctl.control.client`.
 
 It listens on 127.0.0.1 for a local target, and on every interface for ssh and slurm ones
 (``supervision.control_host``): there the supervisor runs on a node while operators run
@@ -17,7 +17,6 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-import httpx
 import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 from starlette.applications import Starlette
@@ -37,7 +36,6 @@ from dynamoctl.wire.control import (
     DrainRequest,
     ScaleReply,
     ScaleRequest,
-    StatusReport,
 )
 
 T = TypeVar("T")
@@ -45,14 +43,6 @@ CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 
 ANY_ADDRESS = ("0.0.0.0", "")
-
-
-class ControlError(Exception):
-    """The supervisor refused a command or could not be reached; the message says why."""
-
-
-class Unreachable(ControlError):
-    """No answer from the control endpoint (nothing listens, or the host is unreachable)."""
 
 
 def control_address(recipe: Recipe, head: str | None = None) -> tuple[str, str]:
@@ -154,46 +144,3 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
             Route("/down", command(DownRequest, down), methods=["POST"]),
         ]
     )
-
-
-class ControlClient:
-    def __init__(self, url: str, token: str, timeout: float = 10.0) -> None:
-        self._http = httpx.Client(
-            base_url=url,
-            headers={"authorization": f"Bearer {token}"},
-            timeout=timeout,
-            trust_env=False,
-        )
-
-    def _call(self, method: str, path: str, body: msgspec.Struct | None, kind: type[T]) -> T:
-        try:
-            reply = self._http.request(
-                method, path, content=msgspec.json.encode(body) if body else None
-            )
-        except httpx.HTTPError as exc:
-            raise Unreachable(f"supervisor at {self._http.base_url} unreachable: {exc}") from exc
-        if reply.status_code != 200:
-            try:
-                message = msgspec.json.decode(reply.content, type=ControlReply).message
-            except msgspec.DecodeError:
-                message = reply.text
-            raise ControlError(message)
-        return msgspec.json.decode(reply.content, type=kind)
-
-    def status(self) -> StatusReport:
-        return self._call("GET", "/status", None, StatusReport)
-
-    def drain(self, target: str) -> ControlReply:
-        return self._call("POST", "/drain", DrainRequest(target=target), ControlReply)
-
-    def scale(
-        self, pool: str, replicas: int, *, by_planner: bool = False, force: bool = False
-    ) -> ScaleReply:
-        body = ScaleRequest(pool=pool, replicas=replicas, by_planner=by_planner, force=force)
-        return self._call("POST", "/scale", body, ScaleReply)
-
-    def down(self, now: bool) -> ControlReply:
-        return self._call("POST", "/down", DownRequest(now=now), ControlReply)
-
-    def close(self) -> None:
-        self._http.close()

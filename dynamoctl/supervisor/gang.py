@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from dynamoctl.launch.api import Launched, LaunchError, stop
 from dynamoctl.supervisor.instance import Instance
-from dynamoctl.supervisor.states import STATE_TRANSITIONS, RestartReason, State
+from dynamoctl.wire.states import STATE_TRANSITIONS, RestartReason, State
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Failure, Supervisor

@@ -32,9 +32,7 @@ a local target every gang shares the one host, so each gets its own port.
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -46,7 +44,8 @@ from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.hosts import Host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferChannel, TransferError, transfer_channel
+from dynamoctl.supervisor.transfer import TransferError, member_channel
+from dynamoctl.supervisor.worker_plan import PlanError, engine_arguments, python_for, worker_spec
 
 RENDEZVOUS_PORT = 29501
 """The leader's rendezvous port (vLLM's ``--master-port``, SGLang's ``--dist-init-addr``
@@ -119,8 +118,6 @@ def gang_specs(
 ) -> list[InstanceSpec]:
     """The members of replica ``index`` of pool ``role`` on ``members`` (leader first);
     also what ``scale`` adds."""
-    from dynamoctl.supervisor.plan import engine_arguments, worker_spec
-
     pool = recipe.workers.pools()[role]
     if pool.engine == "trtllm":
         return [_mpi_world_spec(recipe, role, index, members, url, run_dir)]
@@ -182,8 +179,7 @@ def _follower_spec(
 ) -> InstanceSpec:
     """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags;
     the pool's env and secrets (weights need the same token), its node's GPUs."""
-    from dynamoctl.supervisor.plan import PlanError, python_for
-    from dynamoctl.worker.options import render_engine_args
+    from dynamoctl.wire.engine_args import render_engine_args
 
     role, index = member.role, member.index
     pool = recipe.workers.pools()[role]
@@ -235,8 +231,6 @@ def _mpi_world_spec(
     leader) and TensorRT-LLM's worker loop on every other rank; the engine's parallel
     sizes span the world. It expands its command unquoted (``$task_with_command``), so
     JSON values are rendered without spaces and any other blank is refused."""
-    from dynamoctl.supervisor.plan import PlanError, worker_spec
-
     host, gpus = members[0]
     leader = worker_spec(recipe, role, index, host, gpus, url, run_dir)
     argv = [MPI_LAUNCHER, *map(_compact_json, leader.argv)]
@@ -264,38 +258,6 @@ def _compact_json(arg: str) -> str:
         return json.dumps(json.loads(arg), separators=(",", ":"))
     except ValueError:
         return arg
-
-
-def member_channel(
-    engine: str,
-    role: Role,
-    index: int,
-    host: Host,
-    args: Mapping[str, Any],
-    rank_args: Mapping[str, Any],
-) -> TransferChannel:
-    """The KV side channel of one process (raises :class:`TransferError`). A
-    data-parallel gang member runs only its node's ``data-parallel-size-local`` ranks,
-    from ``data-parallel-start-rank``: vLLM's rank ``r`` listens on the side-channel port
-    plus its *global* DP rank, so every member shares the replica's base port and
-    declares (for preflight) only the ports of its own ranks."""
-    channel = transfer_channel(engine, role, index, host, args)
-    local = rank_args.get("data_parallel_size_local")
-    if local is None or not channel.ports:
-        return channel
-    first = int(rank_args.get("data_parallel_start_rank", 0))
-    ports = {
-        name: port
-        for name, port in channel.ports.items()
-        if first <= _dp_rank_of(name) < first + int(local)
-    }
-    return dataclasses.replace(channel, ports=ports)
-
-
-def _dp_rank_of(port_name: str) -> int:
-    """The data-parallel rank a side-channel port is for (``nixl_side_channel_dp3``: 3)."""
-    _, sep, rank = port_name.rpartition("_dp")
-    return int(rank) if sep and rank.isdigit() else 0
 
 
 def _data_parallel(engine: str, args: dict[str, Any]) -> bool:

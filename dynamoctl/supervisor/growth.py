@@ -31,13 +31,13 @@ from dynamoctl.recipe.targets import SlurmGrowth, SlurmTarget
 from dynamoctl.supervisor.hosts import HostError, resolve_host
 from dynamoctl.supervisor.instance import InstanceName
 from dynamoctl.supervisor.plan import PlanError
-from dynamoctl.supervisor.states import (
+from dynamoctl.wire.control import GrowthJob
+from dynamoctl.wire.states import (
     GROWTH_TRANSITIONS,
     GrowthState,
     IllegalTransition,
     check_transition,
 )
-from dynamoctl.wire.control import GrowthJob
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor

@@ -8,10 +8,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from dynamoctl.launch.api import InstanceSpec, Launched
-from dynamoctl.supervisor.states import RestartReason, State
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.planner import PlannerStatus
+from dynamoctl.wire.states import RestartReason, State
 
 
 @dataclass(frozen=True, order=True)

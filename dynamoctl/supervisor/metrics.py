@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dynamoctl.supervisor.states import SUPERVISOR_PHASES, GrowthState, RestartReason, State
+from dynamoctl.wire.states import SUPERVISOR_PHASES, GrowthState, RestartReason, State
 
 if TYPE_CHECKING:
     from dynamoctl.supervisor.supervisor import Supervisor

@@ -14,10 +14,8 @@ GPUs are spread round-robin, so a CPU deployment still uses every host.
 from __future__ import annotations
 
 import shlex
-import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
 
 import msgspec
 
@@ -25,33 +23,24 @@ from dynamoctl.discovery.registry import etcd_url
 from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
 from dynamoctl.launch.slurm_jobs import sbatch_resources
-from dynamoctl.recipe.kv_offload import OffloadArgs, offload_args
 from dynamoctl.recipe.models import (
     EmbeddedDiscovery,
     EtcdDiscovery,
-    ModelSpec,
     Recipe,
     Role,
-    SecretSource,
-    WorkerPool,
 )
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.commands import frontend_argv, planner_argv, router_argv, worker_argv
-from dynamoctl.supervisor.gang_plan import gang_specs, member_channel
+from dynamoctl.supervisor.commands import frontend_argv, planner_argv, router_argv
+from dynamoctl.supervisor.gang_plan import gang_specs
 from dynamoctl.supervisor.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
 from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferError
-from dynamoctl.util.registry import Registry
+from dynamoctl.supervisor.worker_plan import BASE_ENV, component_env, python_for, worker_spec
+from dynamoctl.supervisor.worker_plan import PlanError as PlanError  # re-exported: its error
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380
-BASE_ENV = {"PYTHONUNBUFFERED": "1"}
-
-
-class PlanError(ValueError):
-    """The recipe cannot be placed on these hosts; the message names the field."""
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -67,68 +56,6 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
 
     def by_pool(self, pool: str) -> list[InstanceSpec]:
         return [spec for spec in self.instances if spec.pool == pool]
-
-
-# -- per-engine model arguments: a registry, not an if/elif chain ----------------------------
-
-
-def _mocker_args(model: ModelSpec) -> dict[str, Any]:
-    # The mocker pretends to be model.name; its tokenizer is shipped with dynamoctl unless
-    # the recipe names one, so the zero-infra default downloads nothing.
-    return {
-        "model": model.name,
-        "tokenizer": model.tokenizer or "builtin",
-        "block_size": model.block_size,
-        "max_model_len": model.context_length,
-    }
-
-
-def _vllm_like_args(model: ModelSpec) -> dict[str, Any]:
-    return {
-        "model": model.path,
-        "served_model_name": model.name,
-        "tokenizer": model.tokenizer,
-        "block_size": model.block_size,
-        "max_model_len": model.context_length,
-    }
-
-
-MODEL_ARGS: Registry[Callable[[ModelSpec], dict[str, Any]]] = Registry("engine")
-"""The engine arguments each engine takes from the recipe's model section."""
-MODEL_ARGS.add("mocker", _mocker_args)
-for _engine in ("vllm", "sglang", "trtllm"):
-    MODEL_ARGS.add(_engine, _vllm_like_args)
-
-
-def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str, Any]:
-    """The pool's ``engine_args`` plus the model's and ``kv_offload``'s, refusing
-    contradictions."""
-    derived = {k: v for k, v in MODEL_ARGS[pool.engine](model).items() if v is not None}
-    offload = _offload(pool, model).args
-    merged = dict(derived)
-    for key, value in pool.engine_args.items():
-        name = key.replace("-", "_")
-        for section, theirs in (("the model section", derived), ("kv_offload", offload)):
-            if name in theirs and not _agrees(value, theirs[name]):
-                raise PlanError(
-                    f"workers.{role}.engine_args.{key}: {value!r} contradicts {section} "
-                    f"({theirs[name]!r}); set it in one place"
-                )
-        merged[name] = value
-    return {**merged, **offload}
-
-
-def _offload(pool: WorkerPool, model: ModelSpec) -> OffloadArgs:
-    return offload_args(
-        pool.engine, pool.kv_offload, pool.gpus_per_replica, pool.engine_args, model.block_size
-    )
-
-
-def _agrees(ours: Any, derived: Any) -> bool:
-    """``derived`` is ``ours``, or a mapping that extends it (kv_offload adds to a dict)."""
-    if isinstance(ours, dict) and isinstance(derived, dict):
-        return all(derived.get(k) == v for k, v in ours.items())
-    return bool(ours == derived)
 
 
 # -- hosts and GPUs ---------------------------------------------------------------------------
@@ -172,15 +99,6 @@ def target_hosts(
         return hosts, target.gpus_per_node
     except HostError as exc:
         raise PlanError(str(exc)) from None
-
-
-def python_for(recipe: Recipe) -> str:
-    if isinstance(recipe.target, SshTarget):
-        return recipe.target.python
-    if isinstance(recipe.target, SlurmTarget) and recipe.target.container is not None:
-        return "python3"  # the image's interpreter, which has dynamoctl installed
-    # Local, and Slurm nodes sharing this environment (a venv on shared storage).
-    return sys.executable
 
 
 # -- the plan ---------------------------------------------------------------------------------
@@ -232,72 +150,6 @@ def _etcd_spec(recipe: Recipe, head: Host, data_dir: str, run_dir: Path) -> Inst
     )
 
 
-def _component_env(recipe: Recipe, run_dir: Path) -> tuple[dict[str, str], dict[str, SecretRef]]:
-    """Environment and secrets every worker, router and frontend gets."""
-    env = {**BASE_ENV, **credentials.component_env(recipe)}
-    return env, credentials.component_secrets(recipe, run_dir)
-
-
-def _split_env(
-    values: Mapping[str, str | SecretSource],
-) -> tuple[dict[str, str], dict[str, SecretRef]]:
-    """A pool's ``env``: plain values, and secrets by reference (never values)."""
-    plain = {k: v for k, v in values.items() if isinstance(v, str)}
-    hidden = {
-        k: credentials.secret_ref(v) for k, v in values.items() if isinstance(v, SecretSource)
-    }
-    return plain, hidden
-
-
-def worker_spec(
-    recipe: Recipe,
-    role: Role,
-    index: int,
-    host: Host,
-    gpus: list[int],
-    url: str,
-    run_dir: Path,
-    extra_args: Mapping[str, Any] = {},
-) -> InstanceSpec:
-    """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds);
-    ``extra_args``: a gang leader's rank flags (:mod:`~dynamoctl.supervisor.gang_plan`)."""
-    from dynamoctl.worker.options import render_engine_args
-
-    pool = recipe.workers.pools()[role]
-    name = str(InstanceName(role, index))
-    argv = [
-        python_for(recipe),
-        "-m",
-        "dynamoctl",
-        *worker_argv(recipe, role, name, host.address, url),
-    ]
-    args = engine_arguments(role, pool, recipe.model)
-    try:
-        channel = member_channel(pool.engine, role, index, host, args, extra_args)
-    except TransferError as exc:
-        raise PlanError(str(exc)) from None
-    argv += render_engine_args({**args, **channel.args, **extra_args})
-    common, secrets = _component_env(recipe, run_dir)
-    plain, hidden = _split_env(pool.env)
-    offload = _offload(pool, recipe.model)
-    env = {**common, **channel.env, **offload.env, **plain}
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
-    return InstanceSpec(
-        name=name,
-        pool=role,
-        component="worker",
-        host=host.name,
-        address=host.address,
-        ports=channel.ports,
-        argv=argv,
-        env=env,
-        gpus=gpus,
-        secrets={**secrets, **hidden},
-        paths=offload.paths,
-    )
-
-
 def _component_spec(
     recipe: Recipe,
     name: InstanceName,
@@ -312,7 +164,7 @@ def _component_spec(
     """A router, frontend or planner instance: ``python -m dynamoctl ARGV`` on ``host``
     (bound to ``address``, by default the host's), with the components' common environment
     and secrets plus ``secrets``."""
-    env, common = _component_env(recipe, run_dir)
+    env, common = component_env(recipe, run_dir)
     return InstanceSpec(
         name=str(name),
         pool=name.pool,

@@ -18,11 +18,11 @@ from dynamoctl.launch.api import ProcessRecord
 from dynamoctl.supervisor.instance import Instance
 from dynamoctl.supervisor.plan import Plan
 from dynamoctl.supervisor.rundir import RunState
-from dynamoctl.supervisor.states import Phase
 from dynamoctl.wire.control import DiscoveryStatus, InstanceStatus, StatusReport
 from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.planner import PlannerStatus
 from dynamoctl.wire.records import Component, Endpoint
+from dynamoctl.wire.states import Phase
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import msgspec
 
 from dynamoctl.launch.api import ProcessRecord
 from dynamoctl.supervisor.plan import Plan
-from dynamoctl.supervisor.states import Phase
+from dynamoctl.wire.states import Phase
 
 JOB_FILE = "slurm-job"
 

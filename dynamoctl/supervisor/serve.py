@@ -12,6 +12,7 @@ import signal
 from collections.abc import Callable
 from pathlib import Path
 
+from dynamoctl.component.http import BoundServer
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.registry import launcher_for
 from dynamoctl.recipe.models import Recipe
@@ -22,7 +23,6 @@ from dynamoctl.supervisor.control import build_app, control_address
 from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.supervisor import ControlAccess, StartupFailed, Supervisor
-from dynamoctl.util.http import BoundServer
 
 log = logging.getLogger(__name__)
 

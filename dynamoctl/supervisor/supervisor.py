@@ -11,7 +11,7 @@ because a typo in engine arguments would otherwise crash-loop.
 
 Every change of state goes through :meth:`Supervisor._transition` (the phase's through
 :meth:`Supervisor._set_phase`), checked against the tables in
-:mod:`dynamoctl.supervisor.states`. The mechanics live beside this module: probes per
+:mod:`dynamoctl.wire.states`. The mechanics live beside this module: probes per
 component (``probes.py``), names and per-instance records (``instance.py``), what is
 reported (``report.py``), placement (``plan.py``).
 """
@@ -43,7 +43,11 @@ from dynamoctl.supervisor.report import (
 )
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.scaling import Scaling
-from dynamoctl.supervisor.states import (
+from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
+from dynamoctl.supervisor.withdraw import RecordWithdrawal
+from dynamoctl.util.backoff import Backoff
+from dynamoctl.wire.control import StatusReport
+from dynamoctl.wire.states import (
     PHASE_TRANSITIONS,
     STATE_TRANSITIONS,
     IllegalTransition,
@@ -53,10 +57,6 @@ from dynamoctl.supervisor.states import (
     StateT,
     check_transition,
 )
-from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
-from dynamoctl.supervisor.withdraw import RecordWithdrawal
-from dynamoctl.util.backoff import Backoff
-from dynamoctl.wire.control import StatusReport
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ on; preflight checks that they are free on their node.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,3 +121,35 @@ def transfer_channel(
         args={k: v for k, v in channel.args.items() if k not in args},
         ports=channel.ports,
     )
+
+
+def member_channel(
+    engine: str,
+    role: str,
+    index: int,
+    host: Host,
+    args: Mapping[str, Any],
+    rank_args: Mapping[str, Any],
+) -> TransferChannel:
+    """The KV side channel of one process (raises :class:`TransferError`). A
+    data-parallel gang member runs only its node's ``data-parallel-size-local`` ranks,
+    from ``data-parallel-start-rank``: vLLM's rank ``r`` listens on the side-channel port
+    plus its *global* DP rank, so every member shares the replica's base port and
+    declares (for preflight) only the ports of its own ranks."""
+    channel = transfer_channel(engine, role, index, host, args)
+    local = rank_args.get("data_parallel_size_local")
+    if local is None or not channel.ports:
+        return channel
+    first = int(rank_args.get("data_parallel_start_rank", 0))
+    ports = {
+        name: port
+        for name, port in channel.ports.items()
+        if first <= _dp_rank_of(name) < first + int(local)
+    }
+    return dataclasses.replace(channel, ports=ports)
+
+
+def _dp_rank_of(port_name: str) -> int:
+    """The data-parallel rank a side-channel port is for (``nixl_side_channel_dp3``: 3)."""
+    _, sep, rank = port_name.rpartition("_dp")
+    return int(rank) if sep and rank.isdigit() else 0

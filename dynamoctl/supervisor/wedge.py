@@ -22,7 +22,7 @@ import signal
 from collections import Counter
 
 from dynamoctl.launch.api import InstanceSpec, Launched
-from dynamoctl.supervisor.states import RestartReason
+from dynamoctl.wire.states import RestartReason
 
 log = logging.getLogger(__name__)
 

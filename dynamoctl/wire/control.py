@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from dynamoctl.supervisor.states import GrowthState, Phase, State
 from dynamoctl.wire.planner import PlannerStatus
+from dynamoctl.wire.states import GrowthState, Phase, State
 
 
 class InstanceStatus(msgspec.Struct, kw_only=True):

@@ -30,7 +30,7 @@ import socket
 import time
 from collections.abc import Sequence
 
-from dynamoctl.worker.options import parse_engine_args
+from dynamoctl.wire.engine_args import parse_engine_args
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.engines.registry import create_engine
 from dynamoctl.settings import WorkerOptions
-from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component
 from dynamoctl.wire.structured import OutputTraits
 from dynamoctl.worker.http import build_app

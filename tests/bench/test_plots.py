@@ -13,7 +13,8 @@ import pytest
 
 from dynamoctl.bench import plots
 from dynamoctl.bench.client import RequestRecord
-from dynamoctl.bench.report import BenchResult, RunResult, write_report
+from dynamoctl.bench.report import write_report
+from dynamoctl.bench.result import BenchResult, RunResult
 from dynamoctl.bench.schedule import RunOutcome
 from dynamoctl.bench.stats import Slo, summarize
 

@@ -10,7 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dynamoctl.bench.client import RequestRecord
-from dynamoctl.bench.report import BenchResult, RunResult, read_json, write_report
+from dynamoctl.bench.report import write_report
+from dynamoctl.bench.result import BenchResult, RunResult, read_json
 from dynamoctl.bench.schedule import RunOutcome
 from dynamoctl.bench.stats import Slo, summarize
 from dynamoctl.cli import app

@@ -12,7 +12,7 @@ import pytest
 
 from dynamoctl.recipe.loader import load_recipe
 from dynamoctl.supervisor.plan import build_plan
-from dynamoctl.worker.options import parse_engine_args
+from dynamoctl.wire.engine_args import parse_engine_args
 from tests.engines.vllm_required import require
 from tests.supervisor.conftest import REPO
 

@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from dynamoctl.component.http import BoundServer
 from dynamoctl.frontend.app import build_app
 from dynamoctl.frontend.metrics import FrontendMetrics
-from dynamoctl.util.http import BoundServer
 from tests.frontend.rawhttp import exchange, request
 
 

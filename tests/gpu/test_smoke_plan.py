@@ -13,8 +13,8 @@ import pytest
 from dynamoctl.engines.sglang import args as sargs
 from dynamoctl.engines.trtllm import args as targs
 from dynamoctl.recipe.loader import load_recipe_text
-from dynamoctl.supervisor.plan import engine_arguments
-from dynamoctl.worker.options import parse_engine_args, render_engine_args
+from dynamoctl.supervisor.worker_plan import engine_arguments
+from dynamoctl.wire.engine_args import parse_engine_args, render_engine_args
 from tests.gpu import smoke
 
 

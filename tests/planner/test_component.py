@@ -37,11 +37,11 @@ from dynamoctl.recipe.models import Recipe
 from dynamoctl.security import names
 from dynamoctl.settings import flag
 from dynamoctl.supervisor.plan import build_plan
-from dynamoctl.supervisor.states import Phase, State
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import InstanceStatus, StatusReport
 from dynamoctl.wire.engine import LoadMetrics
 from dynamoctl.wire.records import Component, Endpoint, InstanceRecord, encode_json
+from dynamoctl.wire.states import Phase, State
 from tests.planner.helpers import PROFILE
 
 pytestmark = pytest.mark.planner

@@ -15,7 +15,8 @@ import pytest
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.local import LocalLauncher
 from dynamoctl.recipe import RecipeError, load_recipe, load_recipe_text
-from dynamoctl.supervisor.plan import build_plan, engine_arguments
+from dynamoctl.supervisor.plan import build_plan
+from dynamoctl.supervisor.worker_plan import engine_arguments
 
 pytestmark = pytest.mark.kv_tiers
 

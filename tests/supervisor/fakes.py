@@ -23,9 +23,9 @@ from dynamoctl.recipe.loader import load_recipe_text
 from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.probes import Health
 from dynamoctl.supervisor.rundir import RunDir
-from dynamoctl.supervisor.states import Phase, State
 from dynamoctl.supervisor.supervisor import Supervisor
 from dynamoctl.wire.control import DiscoveryStatus
+from dynamoctl.wire.states import Phase, State
 
 FAST = {
     "probe_interval": 0.01,

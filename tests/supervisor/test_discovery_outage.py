@@ -19,8 +19,8 @@ from rich.console import Console
 from dynamoctl.cli.view import status_table
 from dynamoctl.discovery.etcd import EtcdStore
 from dynamoctl.discovery.etcd_server import ManagedEtcd
-from dynamoctl.supervisor.states import Phase, State
 from dynamoctl.wire.control import DiscoveryStatus, InstanceStatus, StatusReport
+from dynamoctl.wire.states import Phase, State
 from tests.supervisor.conftest import Cli, free_port, mocker_recipe, states
 
 FREEZE = 30.0

@@ -11,7 +11,7 @@ from dynamoctl.launch.api import InstanceSpec
 from dynamoctl.recipe.loader import RecipeError, load_recipe_text
 from dynamoctl.supervisor.instance import InstanceName
 from dynamoctl.supervisor.plan import PlanError, build_plan
-from dynamoctl.worker.options import parse_engine_args
+from dynamoctl.wire.engine_args import parse_engine_args
 
 SLURM = "target: {kind: slurm, partition: gpu, nodes: NODES, gpus_per_node: 8}"
 

@@ -15,7 +15,10 @@ import pytest
 from dynamoctl.supervisor.instance import InstanceName, free_indices
 from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.probes import Health
-from dynamoctl.supervisor.states import (
+from dynamoctl.supervisor.supervisor import StartupFailed
+from dynamoctl.util.backoff import Backoff
+from dynamoctl.wire.health import WorkerHealth
+from dynamoctl.wire.states import (
     PHASE_TRANSITIONS,
     STATE_TRANSITIONS,
     IllegalTransition,
@@ -23,9 +26,6 @@ from dynamoctl.supervisor.states import (
     RestartReason,
     State,
 )
-from dynamoctl.supervisor.supervisor import StartupFailed
-from dynamoctl.util.backoff import Backoff
-from dynamoctl.wire.health import WorkerHealth
 from tests.supervisor.fakes import (
     FakeLauncher,
     FakeProber,

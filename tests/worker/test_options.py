@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dynamoctl.worker.options import parse_engine_args, render_engine_args
+from dynamoctl.wire.engine_args import parse_engine_args, render_engine_args
 
 
 def test_parse_examples() -> None:

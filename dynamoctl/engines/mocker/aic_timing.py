@@ -25,9 +25,7 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Literal, Protocol
-
-import msgspec
+from typing import TYPE_CHECKING, Protocol
 
 if TYPE_CHECKING:
     from dynamoctl.engines.mocker.config import MockerConfig
@@ -38,34 +36,6 @@ class StepTiming(Protocol):
     :class:`AicTiming`)."""
 
     def step_ms(self, prefill_tokens: int, num_decode: int, kv_usage: float) -> float: ...
-
-
-class PerfModelOptions(msgspec.Struct, frozen=True, kw_only=True):
-    """Which timing source a mocker uses (recipe ``engine_args``; inherited by
-    :class:`~dynamoctl.engines.mocker.config.MockerConfig`)."""
-
-    perf_model: Literal["polynomial", "aic"] = "polynomial"
-    """``polynomial``: Dynamo's published curves (:mod:`.timing`); ``aic``: AI
-    Configurator's step latencies for the ``aic_*`` model, system, engine and parallelism
-    (needs ``pip install 'dynamoctl[configure]'``)."""
-    aic_model: str | None = None
-    """``aic``: a model id AI Configurator ships, or a directory with its config.json."""
-    aic_system: str = "h100_sxm"
-    """``aic``: GPU system (``h100_sxm``, ``h200_sxm``, ``b200_sxm``, ...)."""
-    aic_engine: str = "vllm"
-    """``aic``: whose performance data (``vllm``, ``sglang``, ``trtllm``)."""
-    aic_engine_version: str | None = None
-    """``aic``: version of that data (default: AI Configurator's current)."""
-    aic_tp_size: int = 1
-    """``aic``: tensor parallelism of the simulated instance."""
-    aic_pp_size: int = 1
-    """``aic``: pipeline parallelism (stages are not overlapped: a step is a full pass)."""
-    aic_dp_size: int = 1
-    """``aic``: attention data parallelism (MoE models)."""
-    aic_moe_tp_size: int = 1
-    """``aic``: MoE tensor parallelism."""
-    aic_moe_ep_size: int = 1
-    """``aic``: MoE expert parallelism."""
 
 
 def _interp(xs: Sequence[float], ys: Sequence[float], x: float) -> float:

@@ -4,13 +4,40 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
-from dynamoctl.engines.mocker.aic_timing import PerfModelOptions
 from dynamoctl.engines.mocker.sampling import EosDistribution
 from dynamoctl.kv.tiers import DEFAULT_DISK_GBPS, DEFAULT_HOST_GBPS
+
+
+class PerfModelOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Which timing source a mocker uses (recipe ``engine_args``; inherited by
+    :class:`MockerConfig`; the sources are :mod:`.timing` and :mod:`.aic_timing`)."""
+
+    perf_model: Literal["polynomial", "aic"] = "polynomial"
+    """``polynomial``: Dynamo's published curves (:mod:`.timing`); ``aic``: AI
+    Configurator's step latencies for the ``aic_*`` model, system, engine and parallelism
+    (needs ``pip install 'dynamoctl[configure]'``)."""
+    aic_model: str | None = None
+    """``aic``: a model id AI Configurator ships, or a directory with its config.json."""
+    aic_system: str = "h100_sxm"
+    """``aic``: GPU system (``h100_sxm``, ``h200_sxm``, ``b200_sxm``, ...)."""
+    aic_engine: str = "vllm"
+    """``aic``: whose performance data (``vllm``, ``sglang``, ``trtllm``)."""
+    aic_engine_version: str | None = None
+    """``aic``: version of that data (default: AI Configurator's current)."""
+    aic_tp_size: int = 1
+    """``aic``: tensor parallelism of the simulated instance."""
+    aic_pp_size: int = 1
+    """``aic``: pipeline parallelism (stages are not overlapped: a step is a full pass)."""
+    aic_dp_size: int = 1
+    """``aic``: attention data parallelism (MoE models)."""
+    aic_moe_tp_size: int = 1
+    """``aic``: MoE tensor parallelism."""
+    aic_moe_ep_size: int = 1
+    """``aic``: MoE expert parallelism."""
 
 
 class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):

@@ -26,7 +26,7 @@ from typing import Any
 
 from dynamoctl.engines import gang_network
 from dynamoctl.engines.sglang import args as sargs
-from dynamoctl.worker.options import parse_engine_args
+from dynamoctl.wire.engine_args import parse_engine_args
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from typing import Any, Final
 
 from dynamoctl.engines.api import EngineError, FinishReason, GenerateRequest, KvEventSource
 from dynamoctl.wire.engine import TokenLogprobs
-from dynamoctl.worker.options import render_engine_args
+from dynamoctl.wire.engine_args import render_engine_args
 
 ANY_PORT: Final = "tcp://*:0"
 """vLLM >= 0.32 binds this on the node's IP (``VLLM_HOST_IP``) with a free port, and

@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.discovery import keys
 from dynamoctl.router.standalone.http import build_app
 from dynamoctl.router.standalone.server import ROUTE, RouteServer
 from dynamoctl.settings import RouterOptions
-from dynamoctl.util.runtime import ComponentRuntime
 from dynamoctl.wire.records import Component
 
 log = logging.getLogger(__name__)

@@ -26,10 +26,10 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from dynamoctl.discovery import Discovery
+from dynamoctl.component.http import BoundServer
+from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.settings import ComponentSettings
 from dynamoctl.util.aio import AsyncService
-from dynamoctl.util.http import BoundServer
 from dynamoctl.wire.records import Component, InstanceRecord, encode_json
 
 log = logging.getLogger(__name__)
@@ -41,7 +41,7 @@ class ComponentRuntime(AsyncService):
     def __init__(self, component: Component, options: ComponentSettings) -> None:
         self.component = component
         self.options = options
-        self.discovery: Discovery = options.open_discovery()
+        self.discovery = Discovery(store_from_url(options.discovery), lease_ttl=options.lease_ttl)
         self.stop = asyncio.Event()
         self.signals = 0
         self.on_signal: Callable[[int], None] = lambda count: None

@@ -1,0 +1,1 @@
+"""Reaching a running deployment's supervisor from outside it."""
