@@ -27,6 +27,6 @@ PYTEST_ARGS ?=
 pytest:
 	[ "$${DYNAMOCTL_SKIP_VLLM:-0}" = 1 ] || export DYNAMOCTL_REQUIRE_VLLM=1; \
 	export DYNAMOCTL_REQUIRE_CONFIGURE=1; rc=0; \
-	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" $(PYTEST_ARGS) || rc=$$?; \
-	$(PYTHON) -m pytest -m serial $(PYTEST_ARGS) || { c=$$?; [ $$c = 5 ] || rc=$$c; }; \
+	$(PYTHON) -m pytest -n $(PYTEST_WORKERS) --dist loadfile -m "not serial" --durations=30 $(PYTEST_ARGS) || rc=$$?; \
+	$(PYTHON) -m pytest -m serial --durations=30 $(PYTEST_ARGS) || { c=$$?; [ $$c = 5 ] || rc=$$c; }; \
 	[ $$rc = 5 ] && rc=0; exit $$rc
