@@ -10,7 +10,11 @@ from typing import Any
 import httpx
 import pytest
 
+from dynamoctl.frontend.choices import Choices
+from dynamoctl.frontend.errors import OpenAIError
+from dynamoctl.frontend.generate import Job
 from dynamoctl.tokenizer import load_tokenizer
+from dynamoctl.wire.engine import GenerateRequest, TokenLogprobs
 from tests.frontend.conftest import MODEL, Deployment
 
 pytestmark = pytest.mark.openai_compat
@@ -112,3 +116,16 @@ async def test_vllm_prompt_logprobs(deployment: Deployment) -> None:
         assert ranks == ([1, 2] if own["rank"] > 2 else [r for r in (1, 2) if r != own["rank"]])
         assert len(entry) == (3 if own["rank"] > 2 else 2)
     assert streamed.status_code == 400 and streamed.json()["error"]["param"] == "echo"
+
+
+def test_an_engine_without_prompt_scores_fails_the_request() -> None:
+    """An engine that ignores ``prompt_logprobs`` (SGLang's and TensorRT-LLM's adapters
+    today) fails the request with a 501 naming the parameter, never answers without them."""
+    job = Job("cmpl-1", MODEL, GenerateRequest("", [1, 2, 3], 1, prompt_logprobs=1))
+    choices = Choices("cmpl-1", [job], 3, logprobs=True)
+    choices.echo_logprobs = True
+    with pytest.raises(OpenAIError) as refused:
+        choices.check_prompt_logprobs()
+    assert (refused.value.status, refused.value.param) == (501, "echo")
+    choices.outcomes[0].prompt_logprobs = [None, TokenLogprobs(-1.0), TokenLogprobs(-2.0)]
+    choices.check_prompt_logprobs()  # all there
