@@ -288,7 +288,10 @@ class _Completions:
         jobs = planned(jobs_of(model, body, batch, rid, self._max_choices), plan)
         echo = [texts[job.index // body.choices()] for job in jobs] if body.echo else []
         logprobs = body.logprobs is not None
-        return model, body, Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
+        choices = Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
+        choices.echo_logprobs = body.echo and logprobs
+        choices.prompt_logprobs = body.prompt_logprobs is not None
+        return model, body, choices
 
     @property
     def long_text(self) -> LongTextEncoder:

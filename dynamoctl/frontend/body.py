@@ -157,4 +157,7 @@ def engine_request(
         min_tokens=body.min_tokens,
         user_stop_token_ids=list(body.stop_token_ids or ()),
         logprobs=body.top_logprobs_count(),
+        prompt_logprobs=(
+            body.prompt_logprobs_count() if isinstance(body, CompletionRequest) else None
+        ),
     )

@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from dynamoctl.frontend.errors import OpenAIError
 from dynamoctl.frontend.generate import Generator, Job, Outcome
-from dynamoctl.frontend.logprobs import LogprobsRenderer
+from dynamoctl.frontend.logprobs import LogprobsRenderer, PromptEntries
 from dynamoctl.frontend.models import ServedModel
 from dynamoctl.parsers.shaper import ChatShaper
 
@@ -36,21 +37,33 @@ class Choices:
     """Per choice, the prompt text that precedes its completion (``echo``); empty: none."""
     logprobs: bool = False
     """The client asked for log-probabilities."""
+    echo_logprobs: bool = False
+    """``echo`` with ``logprobs``: the prompt's tokens lead each choice's ``logprobs``."""
+    prompt_logprobs: bool = False
+    """vLLM's ``prompt_logprobs``: each choice has its own list of them."""
     shapers: list[ChatShaper] = field(default_factory=list)
     """Per choice, the reader of its reasoning and tool calls (:mod:`dynamoctl.structured`);
     empty: a choice's text is its content."""
     outcomes: list[Outcome] = field(init=False)
     renderers: list[LogprobsRenderer] = field(init=False, default_factory=list)
+    prompt_renderer: LogprobsRenderer | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         self.outcomes = [Outcome() for _ in self.jobs]
 
     def setup_logprobs(self, model: ServedModel, chat: bool) -> None:
+        if self.prompt_logprobs:
+            self.prompt_renderer = LogprobsRenderer(model.tokenizer, chat)
         if self.logprobs:
             self.renderers = [
-                LogprobsRenderer(model.tokenizer, chat, len(self.echo[i]) if self.echo else 0)
+                LogprobsRenderer(model.tokenizer, chat, self._text_offset(i))
                 for i in range(len(self.jobs))
             ]
+
+    def _text_offset(self, index: int) -> int:
+        """Where the choice's first scored token starts: after an echoed prompt, unless
+        the prompt's tokens are scored too."""
+        return len(self.echo[index]) if self.echo and not self.echo_logprobs else 0
 
     def cached_tokens(self, n: int) -> int:
         """Prompt tokens served from cache: each prompt's first choice's."""
@@ -80,7 +93,34 @@ class Choices:
     def all_logprobs(self, index: int) -> Any:
         if not self.logprobs:
             return None
+        if self.echo_logprobs:
+            return self.renderers[index].echoed(self._prompt(index), self.outcomes[index].logprobs)
         return self.renderers[index].render(self.outcomes[index].logprobs)
+
+    def check_prompt_logprobs(self) -> None:
+        """Every choice got its prompt's log-probabilities (an engine that gives none, or
+        too few, fails the request rather than answer without them)."""
+        for job, outcome in zip(self.jobs, self.outcomes, strict=True):
+            if len(outcome.prompt_logprobs) != len(job.prompt_ids):
+                raise OpenAIError(
+                    501,
+                    f"the engine returned {len(outcome.prompt_logprobs)} prompt "
+                    f"log-probabilities for {len(job.prompt_ids)} prompt tokens (vLLM and "
+                    "the mocker return them)",
+                    type="server_error",
+                    param="prompt_logprobs" if self.prompt_logprobs else "echo",
+                )
+
+    def add_prompt_logprobs(self, whole: dict[str, Any]) -> None:
+        """vLLM's ``prompt_logprobs`` in each choice of the whole response."""
+        renderer = self.prompt_renderer
+        assert renderer is not None  # setup_logprobs made it
+        for i, choice in enumerate(whole["choices"]):
+            choice["prompt_logprobs"] = renderer.prompt_logprobs(self._prompt(i))
+
+    def _prompt(self, index: int) -> PromptEntries:
+        ids = self.jobs[index].prompt_ids
+        return list(zip(ids, self.outcomes[index].prompt_logprobs, strict=False))
 
     def run(self, generator: Generator, model: ServedModel) -> AsyncIterator[Delta]:
         streams = [

@@ -180,13 +180,28 @@ POLICY: tuple[Param, ...] = (
         "OpenAI",
         "text, token ids, or a batch of either (choice index: prompt index * n + i)",
     ),
-    Param("echo", COMPLETIONS, S, "OpenAI", "the prompt's text precedes the completion"),
+    Param(
+        "echo",
+        COMPLETIONS,
+        S,
+        "OpenAI",
+        "the prompt's text precedes the completion; with `logprobs`, the prompt's tokens lead "
+        "`logprobs` (the first's `token_logprobs` and `top_logprobs` null), not with `stream`",
+    ),
     Param(
         "best_of", COMPLETIONS, N, "OpenAI", "server-side best-of is not implemented; use `n`", (1,)
     ),
     Param("suffix", COMPLETIONS, N, "OpenAI", "no fill-in-the-middle", ("",)),
     # -- vLLM extensions ------------------------------------------------------------------
     Param("top_k", BOTH, S, "vLLM", "passed to the engine (-1 or 0: off)"),
+    Param(
+        "prompt_logprobs",
+        COMPLETIONS,
+        S,
+        "vLLM",
+        "each choice's `prompt_logprobs`: per prompt token `{id: {logprob, rank, "
+        "decoded_token}}` (first null), 0 to 20 alternatives, not with `stream`",
+    ),
     Param("min_p", BOTH, S, "vLLM", "passed to the engine"),
     Param("repetition_penalty", BOTH, S, "vLLM", "passed to the engine"),
     Param(
@@ -209,7 +224,7 @@ POLICY: tuple[Param, ...] = (
     Param("length_penalty", BOTH, N, "vLLM", "only meaningful with beam search", (1, 1.0)),
     Param("bad_words", BOTH, N, "vLLM", "not implemented", ([],)),
     Param("allowed_token_ids", BOTH, R, "vLLM", "not implemented"),
-    Param("prompt_logprobs", BOTH, R, "vLLM", "prompt log-probabilities are not returned"),
+    Param("prompt_logprobs", CHAT, R, "vLLM", "not implemented on chat (completions has it)"),
     Param(
         "truncate_prompt_tokens",
         BOTH,

@@ -132,6 +132,8 @@ class Outcome:
     """Output tokens with their log-probabilities, when the request asked for them."""
     logprobs_sent: int = 0
     """How many of :attr:`logprobs` a stream has written."""
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
+    """The prompt tokens' log-probabilities, when the request asked for them."""
 
     def new_logprobs(self) -> list[tuple[int, TokenLogprobs]]:
         """The entries not written yet (streams)."""
@@ -325,6 +327,9 @@ class _TokenStream:
             self.generated += chunk.token_ids
             if chunk.logprobs is not None:
                 self.outcome.logprobs += zip(chunk.token_ids, chunk.logprobs, strict=False)
+        if chunk.prompt_logprobs is not None:  # a retried attempt's come again: keep one
+            self.outcome.prompt_logprobs += chunk.prompt_logprobs
+            del self.outcome.prompt_logprobs[len(self.job.prompt_ids) :]
         shown = chunk.token_ids
         if chunk.finish_reason == "stop" and shown and shown[-1] in self.user_stops:
             shown = shown[:-1]  # a client's stop token ends the text, as a stop string does

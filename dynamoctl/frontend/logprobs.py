@@ -13,6 +13,8 @@ from dynamoctl.wire.engine import TokenLogprobs
 
 Entries = Sequence[tuple[int, TokenLogprobs]]
 """Output tokens with their log-probabilities."""
+PromptEntries = Sequence[tuple[int, TokenLogprobs | None]]
+"""Prompt tokens with theirs (None: the first token, which nothing precedes)."""
 
 
 class LogprobsRenderer:
@@ -43,20 +45,53 @@ class LogprobsRenderer:
             content.append({**entry, "top_logprobs": top})
         return {"content": content, "refusal": None}
 
-    def _completion(self, entries: Entries) -> dict[str, Any]:
-        tokens, logprobs, tops, offsets = [], [], [], []
+    def echoed(self, prompt: PromptEntries, output: Entries) -> dict[str, Any]:
+        """``echo`` with ``logprobs``: the prompt's tokens, then the output's, as vLLM
+        lists them (a prompt token's ``top_logprobs`` include the token itself)."""
+        head = self._completion(prompt, with_token=True)
+        tail = self._completion(output)
+        return {key: head[key] + tail[key] for key in head}
+
+    def prompt_logprobs(self, prompt: PromptEntries) -> list[dict[str, Any] | None]:
+        """vLLM's ``prompt_logprobs``: per prompt token, ``{token id: {logprob, rank,
+        decoded_token}}`` for the token and its ranked alternatives."""
+        out: list[dict[str, Any] | None] = []
+        for token_id, lp in prompt:
+            if lp is None:
+                out.append(None)
+                continue
+            entry = {str(token_id): _scored(lp.logprob, lp.rank, self.token(token_id))}
+            for rank, (i, p) in enumerate(zip(lp.top_ids, lp.top_logprobs, strict=False), 1):
+                entry.setdefault(str(i), _scored(p, rank, self.token(i)))
+            out.append(entry)
+        return out
+
+    def _completion(self, entries: PromptEntries, with_token: bool = False) -> dict[str, Any]:
+        tokens: list[str] = []
+        logprobs: list[float | None] = []
+        tops: list[dict[str, float] | None] = []
+        offsets: list[int] = []
         for token_id, lp in entries:
             text = self.token(token_id)
             tokens.append(text)
-            logprobs.append(lp.logprob)
-            tops.append(
-                {self.token(i): p for i, p in zip(lp.top_ids, lp.top_logprobs, strict=False)}
-            )
             offsets.append(self.offset)
             self.offset += len(text)
+            if lp is None:
+                logprobs.append(None)
+                tops.append(None)
+                continue
+            logprobs.append(lp.logprob)
+            top = {text: lp.logprob} if with_token else {}
+            for i, p in zip(lp.top_ids, lp.top_logprobs, strict=False):
+                top.setdefault(self.token(i), p)
+            tops.append(top)
         return {
             "tokens": tokens,
             "token_logprobs": logprobs,
             "top_logprobs": tops,
             "text_offset": offsets,
         }
+
+
+def _scored(logprob: float, rank: int | None, token: str) -> dict[str, Any]:
+    return {"logprob": logprob, "rank": rank, "decoded_token": token}

@@ -237,13 +237,25 @@ class CompletionRequest(_Request, StructuredOutputFields):  # dynamoctl.structur
             return value
         raise ValueError("must be text, token ids, or a list of either (not a mix)")
 
+    prompt_logprobs: Annotated[int, Field(ge=0, le=MAX_LOGPROBS)] | None = None
+    """Each choice's ``prompt_logprobs``: every prompt token's log-probability and this
+    many alternatives (vLLM's)."""
+
     @model_validator(mode="after")
-    def _echo_without_logprobs(self) -> CompletionRequest:
-        if self.echo and self.logprobs is not None:
-            raise ParamError(
-                "echo", "echo with logprobs needs prompt log-probabilities, which are not returned"
-            )
+    def _prompt_scores_not_streamed(self) -> CompletionRequest:
+        # vLLM's rule for prompt_logprobs; echo with logprobs is likewise whole-only here.
+        if self.stream and self.prompt_logprobs is not None:
+            raise ParamError("prompt_logprobs", "prompt_logprobs is not available with stream")
+        if self.stream and self.echo and self.logprobs is not None:
+            raise ParamError("echo", "echo with logprobs is not available with stream")
         return self
+
+    def prompt_logprobs_count(self) -> int | None:
+        """Alternatives per prompt token to ask the engine for (``echo`` with ``logprobs``
+        needs the prompt's, as vLLM does); None: none."""
+        if self.prompt_logprobs is not None:
+            return self.prompt_logprobs
+        return self.logprobs if self.echo else None
 
     def prompts(self) -> list[str] | list[list[int]]:
         """The batch: one prompt per entry."""

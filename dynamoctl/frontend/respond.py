@@ -154,6 +154,8 @@ async def whole(
         async for index, text in deltas:
             if text:
                 texts[index] += text
+        if choices.echo_logprobs or choices.prompt_logprobs:
+            choices.check_prompt_logprobs()
     except BaseException as exc:
         error = exc
     finally:
@@ -179,6 +181,8 @@ async def whole(
     ]
     whole = shape.full(parts, choices.prompt_tokens, choices.cached_tokens(n))
     shape_messages(whole, choices, texts)  # reasoning, tool calls
+    if choices.prompt_logprobs:
+        choices.add_prompt_logprobs(whole)
     await JSONResponse(whole)(scope, receive, send)
 
 

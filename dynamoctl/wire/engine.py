@@ -60,6 +60,9 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     # -- structured outputs and tools (dynamoctl.structured; docs/api.md) --
     output: OutputSpec | None = None
     """Guided decoding and what a simulator needs to shape its output; None: free text."""
+    prompt_logprobs: int | None = None
+    """Return each prompt token's log-probability (the first has none) and this many most
+    likely alternatives (vLLM's ``prompt_logprobs``); None: none."""
 
 
 class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -78,6 +81,10 @@ class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
     SGLang): pass it on in the decode worker's :attr:`GenerateRequest.kv_transfer_params`."""
     logprobs: list[TokenLogprobs] | None = None
     """With :attr:`GenerateRequest.logprobs`: one entry per token of ``token_ids``."""
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    """With :attr:`GenerateRequest.prompt_logprobs`: the next prompt tokens' entries, in
+    order from the first (None: the first token, which nothing precedes); an engine may
+    spread them over several chunks."""
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
@@ -89,6 +96,9 @@ class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
     """The most likely tokens, most likely first."""
     top_logprobs: list[float] = []
     """Their log-probabilities, aligned with ``top_ids``."""
+    rank: int | None = None
+    """The token's rank among all (1: the most likely); None: not known. Prompt tokens
+    carry it (vLLM's ``prompt_logprobs`` reports it)."""
 
 
 class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -11,7 +11,12 @@ import pytest
 
 from dynamoctl.engines.api import GenerateRequest
 from dynamoctl.engines.mocker import MockerConfig
-from dynamoctl.engines.mocker.sampling import MockSampler, mock_token, output_length
+from dynamoctl.engines.mocker.sampling import (
+    MockSampler,
+    mock_token,
+    output_length,
+    prompt_logprobs,
+)
 
 EOS = 8191
 VOCAB = MockerConfig().vocab_size
@@ -102,6 +107,28 @@ def test_logprobs_are_plausible() -> None:
         assert lp == s.logprobs_of(token, i)  # deterministic
     only = sampler(seed=3, logprobs=0).logprobs_of(7, 0)
     assert only.top_ids == [] and only.logprob <= 0
+
+
+def test_prompt_logprobs_are_plausible_and_follow_the_tokens() -> None:
+    """Each prompt token after the first is scored from itself and the token before it:
+    equal prompts score equally, the token sits at its rank, probabilities sum to <= 1."""
+    ids = [mock_token(9, i, 1000) for i in range(200)]
+    entries = prompt_logprobs(ids, 3, 1000)
+    assert len(entries) == len(ids) and entries[0] is None
+    ranks = []
+    for token, lp in zip(ids[1:], entries[1:], strict=True):
+        assert lp is not None and lp.rank is not None and lp.logprob <= 0
+        assert lp.top_logprobs == sorted(lp.top_logprobs, reverse=True)
+        if lp.rank <= 3:
+            assert lp.top_ids[lp.rank - 1] == token
+            assert lp.top_logprobs[lp.rank - 1] == lp.logprob
+        else:
+            assert lp.logprob < lp.top_logprobs[-1]
+        assert sum(math.exp(p) for p in lp.top_logprobs) <= 1 + 1e-9
+        ranks.append(lp.rank)
+    assert 0.4 < ranks.count(1) / len(ranks) < 0.8  # mostly the most likely, not always
+    assert prompt_logprobs(ids[:50], 3, 1000) == entries[:50]  # a prefix scores the same
+    assert prompt_logprobs([], 3, 1000) == []
 
 
 async def test_the_engine_streams_eos_and_logprobs(make_mocker: Any) -> None:

@@ -202,3 +202,24 @@ def test_vllm_logprobs_become_ours() -> None:
     assert (first.logprob, first.top_ids, first.top_logprobs) == (-0.2, [11, 4], [-0.2, -1.9])
     # The sampled token outside the top 2 keeps its log-probability, not a place in the top.
     assert (second.logprob, second.top_ids) == (-3.0, [6, 7])
+
+
+def test_vllm_prompt_logprobs_become_ours() -> None:
+    """``SamplingParams.prompt_logprobs`` is asked for; vLLM's per-position dicts (None
+    first) become ours with the prompt token's rank, and travel in the chunk."""
+    from vllm.logprobs import Logprob
+
+    request = GenerateRequest("r", [1, 2, 3], 1, prompt_logprobs=1)
+    assert vargs.sampling_kwargs(request, {})["prompt_logprobs"] == 1
+    assert "prompt_logprobs" not in vargs.sampling_kwargs(GenerateRequest("r", [1], 1), {})
+    positions = [
+        None,
+        {2: Logprob(-0.3, rank=1)},
+        {3: Logprob(-4.0, rank=7), 9: Logprob(-0.2, rank=1)},
+    ]
+    first, second, third = vargs.prompt_token_logprobs([1, 2, 3], positions, 1)
+    assert first is None
+    assert second is not None and (second.logprob, second.rank, second.top_ids) == (-0.3, 1, [2])
+    assert third is not None and (third.logprob, third.rank, third.top_ids) == (-4.0, 7, [9])
+    chunk = GenerateChunk([5], prompt_logprobs=[first, second, third])
+    assert wire_engine.decode_chunk(wire_engine.encode(chunk)) == chunk

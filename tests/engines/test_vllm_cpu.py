@@ -223,6 +223,38 @@ def test_sampling_and_logprobs_reach_vllm(deployment: Deployment) -> None:
     assert logprobs is not None and len(logprobs.token_logprobs or []) == 6
 
 
+def test_prompt_logprobs_are_vllms(deployment: Deployment) -> None:
+    """docs/api.md, "Prompt log-probabilities": lm-evaluation-harness's loglikelihood
+    request (echo, logprobs 1, max_tokens 1 on token ids) gets vLLM's prompt scores, the
+    same as ``prompt_logprobs`` gives, and the most likely token after a prefix scores
+    there as it does when vLLM generates it (the model's own values, not stand-ins)."""
+    prompt = load_tokenizer(str(deployment.model_dir)).encode("the ships came in with the tide")
+    k = len(prompt) - 1
+    base = {"model": MODEL, "temperature": 0, "max_tokens": 1, "logprobs": 1}
+    with httpx.Client(base_url=deployment.base_url, timeout=60) as http:
+        replies = [
+            http.post("/completions", json={**base, **fields})
+            for fields in ({"prompt": prompt, "echo": True},
+                           {"prompt": prompt, "prompt_logprobs": 1},
+                           {"prompt": prompt[:k]})
+        ]  # fmt: skip
+    assert [r.status_code for r in replies] == [200] * 3, [r.text for r in replies]
+    echoed, scored, greedy = (r.json()["choices"][0] for r in replies)
+    lp = echoed["logprobs"]
+    assert len(lp["tokens"]) == len(prompt) + 1 and lp["token_logprobs"][0] is None
+    assert all(p <= 0 for p in lp["token_logprobs"][1:])
+    entries = scored["prompt_logprobs"]
+    assert len(entries) == len(prompt) and entries[0] is None
+    for i in range(1, len(prompt)):
+        own = entries[i][str(prompt[i])]
+        assert own["logprob"] == pytest.approx(lp["token_logprobs"][i], abs=1e-3)
+        assert own["rank"] >= 1
+    best = next(e for e in entries[k].values() if e["rank"] == 1)
+    out = greedy["logprobs"]
+    assert out["tokens"][0] == best["decoded_token"]
+    assert out["token_logprobs"][0] == pytest.approx(best["logprob"], abs=1e-2)
+
+
 ANSWER = {  # bounded, so that random weights under guided decoding finish it
     "type": "object",
     "properties": {

@@ -55,6 +55,7 @@ from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.output import Scripts
+from dynamoctl.engines.mocker.sampling import prompt_logprobs
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput, request_seed
 from dynamoctl.engines.mocker.transfer import KvTransfers
 from dynamoctl.kv.tiers import TierStats
@@ -92,6 +93,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
         "_handoff",
         "_header",
         "_logprobs",
+        "_prompt_logprobs",
         "_tokens",
         "_waiter",
         "request_id",
@@ -106,6 +108,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
         self._header: tuple[int, int] | None = (0, prompt_tokens)
         self._handoff: dict[str, Any] | None = None  # on the last chunk
         self._logprobs: list[TokenLogprobs] | None = None  # aligned with _tokens, if asked
+        self._prompt_logprobs: list[TokenLogprobs | None] | None = None  # first chunk's
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._done = False
@@ -152,6 +155,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             chunk.kv_transfer_params = self._handoff
         if self._header is not None:
             chunk.cached_tokens, chunk.prompt_tokens = self._header
+            chunk.prompt_logprobs = self._prompt_logprobs
             self._header = None
         self._tokens = []
         self._done = self._finish is not None
@@ -288,6 +292,10 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
         except (RequestRejected, ValueError) as exc:
             stream._fail(exc if isinstance(exc, EngineError) else RequestRejected(str(exc)))
             return stream
+        if request.prompt_logprobs is not None:  # computed, as a model's prefill would
+            stream._prompt_logprobs = prompt_logprobs(
+                request.token_ids, request.prompt_logprobs, self.config.vocab_size
+            )
         self._streams[rid] = stream
         if handoff is None:
             self._work.set()

@@ -10,7 +10,9 @@ a request when a drawn token is one of them, and ``min_tokens`` holds back both 
 enough tokens were produced (a stop token drawn too early is redrawn, as a model's masked
 logits would). Log-probabilities are plausible, not a model's: the sampled token is the
 most likely one, with a probability drawn from the seed, and the alternatives share the
-rest in decreasing halves.
+rest in decreasing halves. A prompt token's log-probability (``prompt_logprobs``) is drawn
+from it and the token before it, so equal prompts score equally: usually the most likely
+token, sometimes ranked a few places down, below alternatives that take what it leaves.
 
 Temperature, top-p/top-k/min-p, penalties and logit bias are accepted and change nothing:
 the tokens carry no meaning to sample from.
@@ -18,6 +20,7 @@ the tokens carry no meaning to sample from.
 
 from __future__ import annotations
 
+import itertools
 import math
 import struct
 from typing import Final, Literal
@@ -31,6 +34,7 @@ _U64: Final = (1 << 64) - 1
 _pack_seed_index: Final = struct.Struct("<QQ").pack
 _EOS_SALT: Final = 0x5EED_E05
 _LOGPROB_SALT: Final = 0x1060_9A0B
+_PROMPT_SALT: Final = 0x9807_4C0B
 
 EosDistribution = Literal["geometric", "uniform", "fixed", "none"]
 """How a request's output length (end-of-sequence included) is drawn, with mean
@@ -140,3 +144,23 @@ class MockSampler:
                 ids.append(alt)
                 probs.append(min(rest, probs[-1]))
         return TokenLogprobs(math.log(p), ids, [math.log(q) for q in probs])
+
+
+def prompt_logprobs(token_ids: list[int], top: int, vocab_size: int) -> list[TokenLogprobs | None]:
+    """Plausible log-probabilities of each prompt token after the one before it (the first
+    has none), with ``top`` alternatives ranked 1..top: rank ``k`` has probability
+    ``head`` for k = 1 and ``(1 - head) / 2**(k-1)`` after, the token sits at its rank."""
+    entries: list[TokenLogprobs | None] = [None] if token_ids else []
+    for prev, token in itertools.pairwise(token_ids):
+        seed = _PROMPT_SALT ^ (prev << 20)
+        head = 0.35 + 0.6 * _unit(seed, token)
+        u = _unit(seed ^ _EOS_SALT, token)
+        rank = 1 if u > 0.4 else 2 + int(u * 10)
+        ids, probs = [], []
+        for k in range(1, top + 1):
+            alt = mock_token(seed, token * 64 + k, vocab_size)
+            ids.append(token if k == rank else alt if alt != token else (alt + 1) % vocab_size)
+            probs.append(math.log(head if k == 1 else (1 - head) / 2 ** (k - 1)))
+        p = head if rank == 1 else (1 - head) / 2 ** (rank - 1)
+        entries.append(TokenLogprobs(math.log(p), ids, probs, rank))
+    return entries

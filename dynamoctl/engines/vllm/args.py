@@ -122,6 +122,8 @@ def sampling_kwargs(request: GenerateRequest, defaults: Mapping[str, Any]) -> di
             kwargs[name] = value
     if request.min_tokens:
         kwargs["min_tokens"] = request.min_tokens
+    if request.prompt_logprobs is not None:
+        kwargs["prompt_logprobs"] = request.prompt_logprobs
     if request.kv_transfer_params is not None:
         kwargs["extra_args"] = {"kv_transfer_params": request.kv_transfer_params}
     return kwargs
@@ -156,6 +158,23 @@ def token_logprobs(
                 top_logprobs=[p for _, _, p in ranked],
             )
         )
+    return entries
+
+
+def prompt_token_logprobs(
+    token_ids: Sequence[int], positions: Sequence[Mapping[int, Any] | None], top: int
+) -> list[TokenLogprobs | None]:
+    """Ours from vLLM's ``prompt_logprobs`` (None where vLLM has none: the first token),
+    each with the prompt token's rank."""
+    entries: list[TokenLogprobs | None] = []
+    for token_id, position in zip(token_ids, positions, strict=False):
+        if position is None:
+            entries.append(None)
+            continue
+        entry = token_logprobs([token_id], [position], top)[0]
+        sampled = position.get(token_id)
+        entry.rank = sampled.rank if sampled is not None else None
+        entries.append(entry)
     return entries
 
 

@@ -271,11 +271,18 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         prompt = TokensPrompt(prompt_token_ids=request.token_ids)
         self._load.started(rid, len(request.token_ids))
         first = True
+        scored = 0  # prompt tokens whose log-probabilities were sent (prompt_logprobs)
         try:
             async with contextlib.aclosing(engine.generate(prompt, params, rid)) as outputs:
                 async for out in outputs:
                     completion = out.outputs[0]
                     chunk = GenerateChunk(list(completion.token_ids))
+                    if request.prompt_logprobs is not None and out.prompt_logprobs:
+                        ids = request.token_ids[scored : scored + len(out.prompt_logprobs)]
+                        scored += len(ids)
+                        chunk.prompt_logprobs = vargs.prompt_token_logprobs(
+                            ids, out.prompt_logprobs, request.prompt_logprobs
+                        )
                     if request.logprobs is not None:
                         chunk.logprobs = vargs.token_logprobs(
                             chunk.token_ids, completion.logprobs or [], request.logprobs
