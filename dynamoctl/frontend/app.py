@@ -34,6 +34,8 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from dynamoctl import __version__
+from dynamoctl.frontend.anthropic.handler import AnthropicMessages
+from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dynamoctl.frontend.asgi import ASGIApp, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
@@ -49,7 +51,7 @@ from dynamoctl.frontend.respond import stream, whole
 from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
 from dynamoctl.frontend.tokenization import Tokenization
-from dynamoctl.structured.plan import plan_chat, plan_completion
+from dynamoctl.structured.plan import OutputPlan, plan_chat, plan_completion
 from dynamoctl.tokenizer import Tokenizer
 from dynamoctl.tokenizer.prefix import PrefixCache
 
@@ -139,18 +141,30 @@ def build_app(
     async def completions(request: Request) -> Response:
         return _Raw(hot.completions)
 
-    return FrontendApp(app, hot, api_keys, refusals)
+    anthropic = AnthropicMessages(hot)  # Anthropic's Messages API, on the chat pipeline
+
+    @app.post("/v1/messages", openapi_extra=_schema(MessagesRequest))
+    async def messages(request: Request) -> Response:
+        return _Raw(anthropic.messages)
+
+    @app.post("/v1/messages/count_tokens", openapi_extra=_schema(CountTokensRequest))
+    async def count_tokens(request: Request) -> Response:
+        return _Raw(anthropic.count_tokens)
+
+    return FrontendApp(app, hot, anthropic, api_keys, refusals)
 
 
 class FrontendApp:
     """The frontend's ASGI application: API keys checked first (when configured), then
-    the hot POST routes go straight to :class:`_Completions`; everything else (and any
-    other method) to FastAPI."""
+    the hot POST routes go straight to :class:`_Completions` (and Anthropic's Messages
+    routes to :class:`AnthropicMessages`); everything else (and any other method) to
+    FastAPI."""
 
     def __init__(
         self,
         api: FastAPI,
         hot: _Completions,
+        messages: AnthropicMessages,
         api_keys: ApiKeys | None = None,
         refusals: Refusals | None = None,
     ) -> None:
@@ -158,11 +172,14 @@ class FrontendApp:
         self.hot = hot
         self.api_keys = api_keys
         self.refusals = refusals or hot.refusals
+        self.messages = messages
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.api_keys is not None and scope["type"] == "http":
             refused = self.api_keys.check(scope["path"], scope["headers"])
             if refused is not None:
+                if scope["path"].startswith("/v1/messages"):  # in Anthropic's shape
+                    return await self.messages.refuse(scope, receive, send, refused)
                 self.refusals.refused(scope["method"], scope["path"], refused)
                 return await refused.response()(scope, receive, send)
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
@@ -171,6 +188,10 @@ class FrontendApp:
                 return await self.hot.completions(scope, receive, send)
             if path == "/v1/chat/completions":
                 return await self.hot.chat(scope, receive, send)
+            if path == "/v1/messages":
+                return await self.messages.messages(scope, receive, send)
+            if path == "/v1/messages/count_tokens":
+                return await self.messages.count_tokens(scope, receive, send)
         await self.api(scope, receive, send)
 
 
@@ -250,6 +271,14 @@ class _Completions:
 
     async def _chat(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, ChatCompletionRequest)
+        model, choices = await self.chat_choices(body, f"chatcmpl-{uuid.uuid4().hex}")
+        return model, body, choices
+
+    async def chat_prompt(
+        self, body: ChatCompletionRequest
+    ) -> tuple[ServedModel, OutputPlan, list[int]]:
+        """The served model, output plan and prompt ids of a chat request (also the
+        Messages API's, :mod:`dynamoctl.frontend.anthropic`)."""
         model = _model(self.registry, body.model)
         # Structured outputs, tools, reasoning (dynamoctl.structured): 400s before any work.
         plan = plan_chat(body, body.output_constraint(), model.card.traits, body.messages[-1].role)
@@ -260,14 +289,19 @@ class _Completions:
             )
         except Exception as exc:  # a template that raises on these messages
             raise bad_request(f"chat template failed: {exc}", "messages") from exc
-        ids = await self._encode_chat(model, prompt)
-        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        return model, plan, await self._encode_chat(model, prompt)
+
+    async def chat_choices(
+        self, body: ChatCompletionRequest, rid: str
+    ) -> tuple[ServedModel, Choices]:
+        """A chat request's choices, named ``rid``, ready to run."""
+        model, plan, ids = await self.chat_prompt(body)
         jobs = planned(jobs_of(model, body, [ids], rid, self._max_choices), plan)
         logprobs = body.top_logprobs_count() is not None
         choices = Choices(rid, jobs, len(ids), logprobs=logprobs)
         shapers = [plan.new_shaper() for _ in jobs]
         choices.shapers = [s for s in shapers if s is not None]
-        return model, body, choices
+        return model, choices
 
     async def _completion(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, CompletionRequest)

@@ -1,5 +1,6 @@
-"""API keys of the OpenAI endpoint: ``Authorization: Bearer KEY`` against every
-configured key, in constant time; the probes' paths stay open.
+"""API keys of the OpenAI endpoint: ``Authorization: Bearer KEY`` (or ``x-api-key: KEY``,
+as Anthropic's clients send it) against every configured key, in constant time; the
+probes' paths stay open.
 
 Keys are kept only as SHA-256 digests: the comparison is then of equal-length strings
 (``hmac.compare_digest`` leaks lengths), and a memory dump holds no key. Nothing here
@@ -35,10 +36,14 @@ class ApiKeys:
                 if scheme.lower() != b"bearer":
                     token = b""
                 break
+            if name == b"x-api-key":  # Anthropic's clients
+                token = value
+                break
         token = token.strip()
         if not token:
             return invalid_api_key(
-                "You didn't provide an API key. Send it as 'Authorization: Bearer KEY'."
+                "You didn't provide an API key. Send it as 'Authorization: Bearer KEY' "
+                "(or 'x-api-key: KEY')."
             )
         digest = hashlib.sha256(token).digest()
         match = False

@@ -29,16 +29,19 @@ from typing import Any, Literal
 
 from pydantic_core import PydanticCustomError
 
-Endpoint = Literal["chat", "completions", "tokenize", "detokenize"]
+Endpoint = Literal["chat", "completions", "tokenize", "detokenize", "messages", "count_tokens"]
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 CHAT: tuple[Endpoint, ...] = ("chat",)
 COMPLETIONS: tuple[Endpoint, ...] = ("completions",)
 TOKENIZE: tuple[Endpoint, ...] = ("tokenize",)
 DETOKENIZE: tuple[Endpoint, ...] = ("detokenize",)
 TOKENIZATION: tuple[Endpoint, ...] = ("tokenize", "detokenize")
-ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION)
-"""``POST /v1/chat/completions``, ``/v1/completions``, and vLLM's ``/tokenize`` and
-``/detokenize`` (:mod:`dynamoctl.frontend.tokenization`)."""
+MESSAGES: tuple[Endpoint, ...] = ("messages",)
+CONVERSATION: tuple[Endpoint, ...] = ("messages", "count_tokens")
+ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION, *CONVERSATION)
+"""``POST /v1/chat/completions``, ``/v1/completions``, vLLM's ``/tokenize`` and
+``/detokenize`` (:mod:`dynamoctl.frontend.tokenization`), and Anthropic's
+``/v1/messages`` and ``/v1/messages/count_tokens`` (:mod:`dynamoctl.frontend.anthropic`)."""
 
 
 class Support(enum.Enum):
@@ -54,7 +57,7 @@ class Param:
     name: str
     endpoints: tuple[Endpoint, ...]
     support: Support
-    origin: Literal["OpenAI", "vLLM"]
+    origin: Literal["OpenAI", "vLLM", "Anthropic"]
     why: str
     """What it does here, or why it is not implemented."""
     neutral: tuple[Any, ...] = ()
@@ -296,6 +299,76 @@ POLICY: tuple[Param, ...] = (
     Param("media_io_kwargs", TOKENIZE, R, "vLLM", "text only"),
     Param("mm_processor_kwargs", TOKENIZE, R, "vLLM", "text only"),
     Param("tokens", DETOKENIZE, S, "vLLM", "token ids, each below the vocabulary's size"),
+    # -- Anthropic's /v1/messages and /v1/messages/count_tokens -----------------------------
+    Param("model", CONVERSATION, S, "Anthropic", "served model name (`GET /v1/models`)"),
+    Param(
+        "messages",
+        CONVERSATION,
+        S,
+        "Anthropic",
+        "`text`, `tool_use`, `tool_result` and `thinking` blocks (earlier thinking is left "
+        "out of the prompt); `cache_control` is accepted: prefix caching is automatic",
+    ),
+    Param("system", CONVERSATION, S, "Anthropic", "a string or text blocks: the system message"),
+    Param(
+        "tools",
+        CONVERSATION,
+        S,
+        "Anthropic",
+        "client tools (`input_schema`); server tools (web search, code execution) are refused",
+    ),
+    Param(
+        "tool_choice",
+        CONVERSATION,
+        S,
+        "Anthropic",
+        "`auto`, `any` (OpenAI's `required`), `tool` (a named function), `none`; "
+        "`disable_parallel_tool_use`",
+    ),
+    Param(
+        "thinking",
+        CONVERSATION,
+        S,
+        "Anthropic",
+        "`enabled`: the reasoning parser's thinking as `thinking` blocks (`budget_tokens` < "
+        "`max_tokens`, a target: both share `max_tokens`); otherwise thinking is not shown",
+    ),
+    Param("max_tokens", MESSAGES, S, "Anthropic", "required: most tokens to generate"),
+    Param(
+        "stop_sequences",
+        MESSAGES,
+        S,
+        "Anthropic",
+        "up to 4 strings; the one that matched is the answer's `stop_sequence`",
+    ),
+    Param("stream", MESSAGES, S, "Anthropic", "Anthropic's stream events"),
+    Param("temperature", MESSAGES, S, "Anthropic", "0-1, passed to the engine"),
+    Param("top_p", MESSAGES, S, "Anthropic", "passed to the engine"),
+    Param("top_k", MESSAGES, S, "Anthropic", "passed to the engine"),
+    Param("metadata", MESSAGES, S, "Anthropic", "`user_id`: informational, recorded nowhere"),
+    Param(
+        "service_tier",
+        MESSAGES,
+        N,
+        "Anthropic",
+        "one tier: every request is served alike",
+        ("auto", "standard_only"),
+    ),
+    Param(
+        "cache_control",
+        MESSAGES,
+        S,
+        "Anthropic",
+        "accepted (here and on blocks): prefix caching is automatic, by the KV router and "
+        "the engines' prefix caches",
+    ),
+    Param("speed", MESSAGES, N, "Anthropic", "one speed", ("standard",)),
+    Param("inference_geo", MESSAGES, R, "Anthropic", "the deployment runs where it runs"),
+    Param("output_config", MESSAGES, R, "Anthropic", "not implemented"),
+    Param("diagnostics", MESSAGES, R, "Anthropic", "not implemented"),
+    Param("container", MESSAGES, R, "Anthropic", "no code-execution containers"),
+    Param("mcp_servers", CONVERSATION, R, "Anthropic", "no MCP connector"),
+    Param("context_management", CONVERSATION, R, "Anthropic", "no context editing"),
 )
 
 

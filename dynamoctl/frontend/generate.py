@@ -125,6 +125,8 @@ class Outcome:
     reports usage in every chunk (``continuous_usage_stats``) at no cost to others."""
     cached_tokens: int = 0
     migrations: int = 0
+    stop_string: str | None = None
+    """The stop string that ended the choice, if one did (Anthropic's ``stop_sequence``)."""
     probe: StreamProbe = field(default_factory=StreamProbe)
     """The current worker stream's buffer: while it holds chunks, more text is coming
     without waiting, so the SSE writer may hold its write and send several events at once."""
@@ -336,8 +338,10 @@ class _TokenStream:
         text, stopped = self.stops.push(self.detok.push(shown))
         if stopped:
             self.outcome.finish_reason = "stop"
+            self.outcome.stop_string = self.stops.matched
         elif chunk.finish_reason is not None:
             text += self.stops.flush(self.detok.flush())
             # A stop string can complete in the held-back tail.
             self.outcome.finish_reason = "stop" if self.stops.stopped else chunk.finish_reason
+            self.outcome.stop_string = self.stops.matched
         return text

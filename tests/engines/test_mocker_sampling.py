@@ -16,6 +16,7 @@ from dynamoctl.engines.mocker.sampling import (
     mock_token,
     output_length,
     prompt_logprobs,
+    request_seed,
 )
 
 EOS = 8191
@@ -144,3 +145,14 @@ async def test_the_engine_streams_eos_and_logprobs(make_mocker: Any) -> None:
     assert capped.finish == "length" and len(capped.tokens) == 3
     exact = await m.run("c", list(range(40)), 60, seed=seed, stop_token_ids=[EOS], ignore_eos=True)
     assert exact.finish == "length" and len(exact.tokens) == 60 and exact.chunks[0].logprobs is None
+
+
+def test_a_greedy_answer_is_a_function_of_its_prompt() -> None:
+    def seed(rid: str, ids: list[int], **fields: Any) -> int:
+        return request_seed(GenerateRequest(rid, ids, 10, **fields))
+
+    assert seed("a", [1, 2, 3], temperature=0.0) == seed("b", [1, 2, 3], temperature=0.0)
+    assert seed("a", [1, 2, 3], temperature=0.0) != seed("a", [1, 2, 4], temperature=0.0)
+    assert seed("a", [1, 2, 3], temperature=0.7) != seed("b", [1, 2, 3], temperature=0.7)
+    assert seed("a", [1, 2, 3]) != seed("b", [1, 2, 3])  # engine default: not greedy
+    assert seed("a", [1], temperature=0.0, seed=5) == 5  # a seed wins

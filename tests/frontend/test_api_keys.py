@@ -7,7 +7,9 @@ import asyncio
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
+import anthropic
 import httpx
 import openai
 import psutil
@@ -102,6 +104,26 @@ async def test_every_key_from_file_and_env_works(secured: Deployment, key: str) 
             assert tokens.status_code == 200 and tokens.json()["count"] > 0
     finally:
         await oai.close()
+    # Anthropic's clients send the key as x-api-key.
+    async with anthropic.AsyncAnthropic(
+        base_url=secured.frontend_url, api_key=key, max_retries=0
+    ) as claude:
+        ask: Any = [{"role": "user", "content": "hi"}]
+        message = await claude.messages.create(model=MODEL, max_tokens=2, messages=ask)
+        assert message.usage.output_tokens >= 1
+
+
+async def test_anthropic_client_with_a_wrong_key_gets_authentication_error(
+    secured: Deployment,
+) -> None:
+    async with anthropic.AsyncAnthropic(
+        base_url=secured.frontend_url, api_key=WRONG, max_retries=0
+    ) as claude:
+        with pytest.raises(anthropic.AuthenticationError) as caught:
+            ask: Any = [{"role": "user", "content": "hi"}]
+            await claude.messages.create(model=MODEL, max_tokens=2, messages=ask)
+    assert caught.value.body["error"]["type"] == "authentication_error"  # type: ignore[index]
+    assert WRONG not in str(caught.value.body)
 
 
 async def test_openai_client_with_a_wrong_key_gets_authentication_error(

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 from dynamoctl.frontend import compat
+from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dynamoctl.frontend.body import decode_body, engine_request
 from dynamoctl.frontend.errors import OpenAIError
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
@@ -25,6 +26,8 @@ MODELS: dict[str, type[Any]] = {
     "completions": CompletionRequest,
     "tokenize": TokenizeRequest,
     "detokenize": DetokenizeRequest,
+    "messages": MessagesRequest,
+    "count_tokens": CountTokensRequest,
 }
 OBJECTS = {"stream_options": StreamOptions}
 """The object parameters whose keys have rows of their own (``stream_options.include_usage``)."""
@@ -33,6 +36,8 @@ BASE: dict[str, dict[str, Any]] = {
     "completions": {"model": "m", "prompt": "hi"},
     "tokenize": {"prompt": "hi"},
     "detokenize": {"tokens": [1]},
+    "messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    "count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
 }
 ROWS = [(e, p) for e in compat.ENDPOINTS for p in compat.params(e).values()]
 UNSUPPORTED = [(e, p) for e, p in ROWS if p.support is not compat.Support.SUPPORTED]

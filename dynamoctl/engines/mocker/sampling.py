@@ -55,10 +55,17 @@ def _unit(seed: int, index: int) -> float:
 
 
 def request_seed(request: GenerateRequest) -> int:
-    """The request's seed, or one derived from its id."""
+    """The request's seed; else, greedy (temperature 0), one derived from its prompt, as a
+    model's greedy answer is a function of its prompt; else one derived from its id."""
     if request.seed is not None:
         return request.seed
+    if request.temperature == 0:
+        return xxhash.xxh3_64_intdigest(_pack_ids(request.token_ids))
     return xxhash.xxh3_64_intdigest(request.request_id.encode())
+
+
+def _pack_ids(ids: list[int]) -> bytes:
+    return struct.pack(f"<{len(ids)}I", *ids)
 
 
 def output_length(seed: int, distribution: EosDistribution, mean: float) -> int | None:

@@ -1,0 +1,200 @@
+"""``POST /v1/messages`` and ``/v1/messages/count_tokens`` as raw ASGI handlers beside
+the chat ones (:class:`dynamoctl.frontend.app.FrontendApp` routes them): the same body
+limits, refusal counting, admission, routing, migration and metrics (endpoint label
+``messages``), and errors in Anthropic's shape (:func:`.events.error_body`)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator, Sequence
+from typing import TYPE_CHECKING
+
+from starlette.responses import JSONResponse
+
+from dynamoctl.frontend.anthropic.events import (
+    BlockStream,
+    error_body,
+    event,
+    message_blocks,
+    stop_reason,
+    usage,
+)
+from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
+from dynamoctl.frontend.anthropic.translate import chat_fields, to_chat
+from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send, read_body
+from dynamoctl.frontend.body import decode_body
+from dynamoctl.frontend.choices import Choices, Delta
+from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
+from dynamoctl.frontend.protocol import ChatCompletionRequest
+from dynamoctl.frontend.respond import count_outcomes
+
+if TYPE_CHECKING:
+    from dynamoctl.frontend.app import _Completions
+
+log = logging.getLogger(__name__)
+
+ENDPOINT = "messages"
+_SSE_START: Message = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+}
+
+
+class AnthropicMessages:
+    def __init__(self, chat: _Completions) -> None:
+        self.chat = chat
+
+    async def refuse(self, scope: Scope, receive: Receive, send: Send, exc: OpenAIError) -> None:
+        """Counts the refusal (as the other endpoints') and answers it in Anthropic's shape."""
+        self.chat.refusals.refused("POST", scope["path"], exc)
+        headers = dict(exc.headers)
+        if exc.retry_after is not None:
+            headers["Retry-After"] = str(max(1, round(exc.retry_after)))
+        await JSONResponse(error_body(exc), exc.status, headers)(scope, receive, send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+        return await read_body(scope, receive, self.chat.max_body_bytes)
+
+    async def count_tokens(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """``{"input_tokens": N}``: the prompt the conversation renders to, counted."""
+        try:
+            raw = await self._read(scope, receive)
+            if raw is None:
+                return
+            body = decode_body(raw, CountTokensRequest)
+            try:
+                chat = ChatCompletionRequest.model_validate(chat_fields(body))
+            except ValueError as exc:
+                raise bad_request(str(exc), "messages") from None
+            _, _, ids = await self.chat.chat_prompt(chat)
+        except OpenAIError as exc:
+            return await self.refuse(scope, receive, send, exc)
+        await JSONResponse({"input_tokens": len(ids)})(scope, receive, send)
+
+    async def messages(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            raw = await self._read(scope, receive)
+            if raw is None:
+                return
+            body = decode_body(raw, MessagesRequest)
+            model, choices = await self.chat.chat_choices(to_chat(body), f"msg_{uuid.uuid4().hex}")
+        except OpenAIError as exc:
+            return await self.refuse(scope, receive, send, exc)
+        except Exception:
+            log.exception("messages request failed")
+            return await self.refuse(scope, receive, send, internal_error())
+        metrics = self.chat.metrics
+        metrics.received.labels(model.name).inc()
+        metrics.input_tokens.labels(model.name).inc(choices.prompt_tokens)
+        deltas = choices.run(self.chat.generator, model)
+        answer = _Answer(body, model.name, choices)
+        metrics.inflight.labels(model.name).inc()
+        try:
+            if body.stream:
+                await answer.stream(receive, send, deltas)
+            else:
+                await answer.whole(scope, receive, send, deltas)
+        finally:
+            metrics.inflight.labels(model.name).dec()
+            status = answer.status or ("200" if choices.done() else "error")
+            count_outcomes(metrics, model.name, ENDPOINT, choices.outcomes, status)
+            if answer.cancelled:
+                metrics.cancellations.labels(model.name).inc()
+
+
+class _Answer:
+    """One request's answer, whole or streamed; a client that leaves cancels it."""
+
+    def __init__(self, body: MessagesRequest, model: str, choices: Choices) -> None:
+        self.body = body
+        self.model = model
+        self.choices = choices
+        self.status: str | None = None
+        self.cancelled = False
+
+    def _message(self, content: Sequence[object], reason: str | None, sequence: str | None,
+                 usage: dict[str, int]) -> dict[str, object]:  # fmt: skip
+        return {
+            "id": self.choices.request_id, "type": "message", "role": "assistant",
+            "model": self.model, "content": content, "stop_reason": reason,
+            "stop_sequence": sequence, "usage": usage,
+        }  # fmt: skip
+
+    async def whole(self, scope: Scope, receive: Receive, send: Send,
+                    deltas: AsyncIterator[Delta]) -> None:  # fmt: skip
+        watch = Disconnect(receive)
+        text = ""
+        try:
+            async for _, piece in deltas:
+                text += piece or ""
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            watch.absorb()
+            self.cancelled = True
+            return
+        except OpenAIError as exc:
+            self.status = str(exc.status)
+            await JSONResponse(error_body(exc), exc.status)(scope, receive, send)
+            return
+        finally:
+            watch.stop()
+        outcome = self.choices.outcomes[0]
+        shapers = self.choices.shapers
+        message = shapers[0].message(text) if shapers else {"content": text}
+        reason, sequence = stop_reason(outcome, bool(message.get("tool_calls")))
+        blocks = message_blocks(message, self.body.thinks())
+        whole = self._message(blocks, reason, sequence, usage(self.choices.prompt_tokens, outcome))
+        await JSONResponse(whole)(scope, receive, send)
+
+    async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None:
+        await send(_SSE_START)
+        watch = Disconnect(receive)
+        outcome = self.choices.outcomes[0]
+        start = usage(self.choices.prompt_tokens, outcome)
+        opening = self._message([], None, None, start)
+        events = [event("message_start", {"message": opening})]
+        blocks = BlockStream(self.body.thinks())
+        shaper = self.choices.shapers[0] if self.choices.shapers else None
+        try:
+            try:
+                async for _, piece in deltas:
+                    if piece is None:
+                        for delta in shaper.close() if shaper else []:
+                            events += blocks.feed(delta)
+                    elif piece:
+                        for delta in shaper.push(piece) if shaper else [{"content": piece}]:
+                            events += blocks.feed(delta)
+                    if events and not self.choices.done():
+                        body = b"".join(events)
+                        events.clear()
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
+                events += blocks.close()
+                reason, sequence = stop_reason(outcome, blocks.tool_called)
+                final = usage(self.choices.prompt_tokens, outcome)
+                events.append(event("message_delta", {
+                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
+                    "usage": final,
+                }))  # fmt: skip
+                events.append(event("message_stop", {}))
+            except OpenAIError as exc:  # headers are sent: an error event, as Anthropic's
+                self.status = str(exc.status)
+                events += [event("error", {"error": error_body(exc)["error"]})]
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("stream of %s failed", self.choices.request_id)
+                self.status = "500"
+                events += [event("error", {"error": error_body(internal_error())["error"]})]
+            watch.stop()
+            await send({"type": "http.response.body", "body": b"".join(events), "more_body": False})
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            watch.absorb()
+            self.cancelled = True
+        finally:
+            watch.stop()
