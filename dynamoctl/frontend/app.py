@@ -48,6 +48,9 @@ from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.refusals import Refusals
 from dynamoctl.frontend.respond import stream, whole
+from dynamoctl.frontend.responses.handler import Responses
+from dynamoctl.frontend.responses.protocol import ResponsesRequest
+from dynamoctl.frontend.responses.store import ResponseStore
 from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
 from dynamoctl.frontend.tokenization import Tokenization
@@ -72,6 +75,7 @@ def build_app(
     *,
     api_keys: ApiKeys | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
+    max_stored_responses: int = 1024,
 ) -> FrontendApp:
     """The frontend's ASGI app; with ``api_keys``, every path but the probes' needs one."""
     refusals = Refusals(metrics)
@@ -151,7 +155,21 @@ def build_app(
     async def count_tokens(request: Request) -> Response:
         return _Raw(anthropic.count_tokens)
 
-    return FrontendApp(app, hot, anthropic, api_keys, refusals)
+    responses = Responses(hot, ResponseStore(max_stored_responses))  # OpenAI's Responses API
+
+    @app.post("/v1/responses", openapi_extra=_schema(ResponsesRequest))
+    async def create_response(request: Request) -> Response:
+        return _Raw(responses.create)
+
+    @app.get("/v1/responses/{response_id}")
+    async def get_response(response_id: str) -> dict[str, Any]:
+        return responses.get(response_id)
+
+    @app.delete("/v1/responses/{response_id}")
+    async def delete_response(response_id: str) -> dict[str, Any]:
+        return responses.delete(response_id)
+
+    return FrontendApp(app, hot, anthropic, responses, api_keys, refusals)
 
 
 class FrontendApp:
@@ -165,6 +183,7 @@ class FrontendApp:
         api: FastAPI,
         hot: _Completions,
         messages: AnthropicMessages,
+        responses: Responses,
         api_keys: ApiKeys | None = None,
         refusals: Refusals | None = None,
     ) -> None:
@@ -173,6 +192,7 @@ class FrontendApp:
         self.api_keys = api_keys
         self.refusals = refusals or hot.refusals
         self.messages = messages
+        self.responses = responses
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self.api_keys is not None and scope["type"] == "http":
@@ -188,6 +208,8 @@ class FrontendApp:
                 return await self.hot.completions(scope, receive, send)
             if path == "/v1/chat/completions":
                 return await self.hot.chat(scope, receive, send)
+            if path == "/v1/responses":
+                return await self.responses.create(scope, receive, send)
             if path == "/v1/messages":
                 return await self.messages.messages(scope, receive, send)
             if path == "/v1/messages/count_tokens":

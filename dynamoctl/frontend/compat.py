@@ -29,7 +29,9 @@ from typing import Any, Literal
 
 from pydantic_core import PydanticCustomError
 
-Endpoint = Literal["chat", "completions", "tokenize", "detokenize", "messages", "count_tokens"]
+Endpoint = Literal[
+    "chat", "completions", "tokenize", "detokenize", "messages", "count_tokens", "responses"
+]
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 CHAT: tuple[Endpoint, ...] = ("chat",)
 COMPLETIONS: tuple[Endpoint, ...] = ("completions",)
@@ -38,10 +40,12 @@ DETOKENIZE: tuple[Endpoint, ...] = ("detokenize",)
 TOKENIZATION: tuple[Endpoint, ...] = ("tokenize", "detokenize")
 MESSAGES: tuple[Endpoint, ...] = ("messages",)
 CONVERSATION: tuple[Endpoint, ...] = ("messages", "count_tokens")
-ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION, *CONVERSATION)
+RESPONSES: tuple[Endpoint, ...] = ("responses",)
+ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION, *CONVERSATION, *RESPONSES)
 """``POST /v1/chat/completions``, ``/v1/completions``, vLLM's ``/tokenize`` and
 ``/detokenize`` (:mod:`dynamoctl.frontend.tokenization`), and Anthropic's
-``/v1/messages`` and ``/v1/messages/count_tokens`` (:mod:`dynamoctl.frontend.anthropic`)."""
+``/v1/messages`` and ``/v1/messages/count_tokens`` (:mod:`dynamoctl.frontend.anthropic`),
+and OpenAI's ``/v1/responses`` (:mod:`dynamoctl.frontend.responses`)."""
 
 
 class Support(enum.Enum):
@@ -369,6 +373,53 @@ POLICY: tuple[Param, ...] = (
     Param("container", MESSAGES, R, "Anthropic", "no code-execution containers"),
     Param("mcp_servers", CONVERSATION, R, "Anthropic", "no MCP connector"),
     Param("context_management", CONVERSATION, R, "Anthropic", "no context editing"),
+    # -- OpenAI's /v1/responses -------------------------------------------------------------
+    Param("model", RESPONSES, S, "OpenAI", "served model name (`GET /v1/models`)"),
+    Param(
+        "input",
+        RESPONSES,
+        S,
+        "OpenAI",
+        "text, or items: messages (`input_text`, `output_text` parts), `function_call`, "
+        "`function_call_output`, `reasoning` (left out of the prompt)",
+    ),
+    Param("instructions", RESPONSES, S, "OpenAI", "a leading system message, this response only"),
+    Param("max_output_tokens", RESPONSES, S, "OpenAI", "most tokens to generate"),
+    Param("temperature", RESPONSES, S, "OpenAI", "passed to the engine"),
+    Param("top_p", RESPONSES, S, "OpenAI", "passed to the engine"),
+    Param("stream", RESPONSES, S, "OpenAI", "the typed stream events"),
+    Param("tools", RESPONSES, S, "OpenAI", "function tools; built-in tools are refused"),
+    Param("tool_choice", RESPONSES, S, "OpenAI", "`none`, `auto`, `required`, a named function"),
+    Param("parallel_tool_calls", RESPONSES, S, "OpenAI", "`false`: at most one call"),
+    Param(
+        "text",
+        RESPONSES,
+        S,
+        "OpenAI",
+        "`format`: `text`, `json_object`, `json_schema` (enforced by the engine)",
+    ),
+    Param(
+        "previous_response_id",
+        RESPONSES,
+        S,
+        "OpenAI",
+        "continue a stored response (this frontend's store; unknown: 404)",
+    ),
+    Param("store", RESPONSES, S, "OpenAI", "keep the response (bounded, in memory)"),
+    Param("metadata", RESPONSES, S, "OpenAI", "up to 16 string pairs, returned as given"),
+    Param("user", RESPONSES, S, "OpenAI", "informational: asks for no behaviour"),
+    Param("safety_identifier", RESPONSES, S, "OpenAI", "informational, like `user`"),
+    Param("reasoning", RESPONSES, N, "OpenAI", "the model reasons as it does", ({},)),
+    Param("truncation", RESPONSES, N, "OpenAI", "too long is a 400", ("disabled",)),
+    Param("background", RESPONSES, N, "OpenAI", "answered in the foreground", (False,)),
+    Param("include", RESPONSES, N, "OpenAI", "nothing extra to include", ([],)),
+    Param("service_tier", RESPONSES, N, "OpenAI", "one tier", ("auto", "default")),
+    Param("conversation", RESPONSES, R, "OpenAI", "no Conversations API; use previous_response_id"),
+    Param("prompt", RESPONSES, R, "OpenAI", "no stored prompt templates"),
+    Param("max_tool_calls", RESPONSES, R, "OpenAI", "not implemented"),
+    Param("top_logprobs", RESPONSES, R, "OpenAI", "not implemented on this endpoint"),
+    Param("prompt_cache_key", RESPONSES, R, "OpenAI", "prefix caching is automatic"),
+    Param("prompt_cache_retention", RESPONSES, R, "OpenAI", "prefix caching is automatic"),
 )
 
 

@@ -49,7 +49,12 @@ async def run_frontend(opts: FrontendOptions) -> None:
         prefiller=Prefiller(client, metrics, opts.disagg),
     )
     app = build_app(
-        registry, generator, metrics, api_keys=api_keys, max_body_bytes=opts.http.max_body_bytes
+        registry,
+        generator,
+        metrics,
+        api_keys=api_keys,
+        max_body_bytes=opts.http.max_body_bytes,
+        max_stored_responses=opts.responses.max_stored_responses,
     )
     http = runtime.serve_http(
         app,

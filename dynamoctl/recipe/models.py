@@ -31,6 +31,7 @@ from dynamoctl.settings import (
     AdmissionSettings,
     DisaggSettings,
     ReplicaSettings,
+    ResponsesSettings,
     RouterSettings,
     StreamSettings,
 )
@@ -211,7 +212,14 @@ class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):
     the prefill and decode pools alike. At most 64, far more than failover needs."""
 
 
-class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings, StreamSettings):
+class Frontend(
+    RecipeModel,
+    HttpLimitSettings,
+    ApiKeySettings,
+    AdmissionSettings,
+    StreamSettings,
+    ResponsesSettings,
+):
     """The OpenAI-compatible HTTP endpoint."""
 
     host: NonEmptyStr | None = None

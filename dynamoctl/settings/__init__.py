@@ -9,6 +9,7 @@ from dynamoctl.settings.frontend import (
     ApiKeySettings,
     DisaggSettings,
     FrontendOptions,
+    ResponsesSettings,
     StreamSettings,
 )
 from dynamoctl.settings.http import HttpLimitSettings
@@ -32,6 +33,7 @@ __all__ = [
     "Options",
     "OutputParserSettings",
     "ReplicaSettings",
+    "ResponsesSettings",
     "Role",
     "RouterMode",
     "RouterOptions",

@@ -59,6 +59,15 @@ class StreamSettings(Options):
     keeps a frozen worker's streams silent for under 2 s, re-prefill included."""
 
 
+class ResponsesSettings(Options):
+    """The Responses API's store (docs/api.md, "Responses")."""
+
+    max_stored_responses: int = Field(default=1024, ge=0)
+    """Responses kept in the frontend's memory for ``previous_response_id`` and ``GET
+    /v1/responses/{id}``, the oldest dropped first; 0 keeps none (then ``store: true``
+    answers as usual and a later reference is a 404). Each frontend process keeps its own."""
+
+
 class ApiKeySettings(Options):
     """Who may call the OpenAI API: with neither field set, anyone who reaches the port.
 
@@ -122,6 +131,8 @@ class FrontendOptions(ComponentSettings):
     """The queue in front of busy workers."""
     streams: StreamSettings = Field(default_factory=StreamSettings)
     """When a silent worker's streams migrate."""
+    responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
+    """The Responses API's store."""
     api_keys: ApiKeySettings = Field(default_factory=ApiKeySettings)
     """API keys of the OpenAI endpoint."""
     http: HttpLimitSettings = Field(default_factory=HttpLimitSettings)

@@ -17,6 +17,7 @@ from dynamoctl.settings import (
     HttpLimitSettings,
     Options,
     OutputParserSettings,
+    ResponsesSettings,
     RouterOptions,
     RouterSettings,
     StreamSettings,
@@ -87,6 +88,7 @@ def frontend_argv(recipe: Recipe, label: str, listen: str, url: str) -> list[str
         router=_part(RouterSettings, router),
         admission=_part(AdmissionSettings, recipe.frontend),
         streams=_part(StreamSettings, recipe.frontend),
+        responses=_part(ResponsesSettings, recipe.frontend),
         api_keys=_part(ApiKeySettings, recipe.frontend),  # names of the sources, not keys
         http=_part(HttpLimitSettings, recipe.frontend),
         **extra,

@@ -16,6 +16,7 @@ from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRe
 from dynamoctl.frontend.body import decode_body, engine_request
 from dynamoctl.frontend.errors import OpenAIError
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
+from dynamoctl.frontend.responses.protocol import ResponsesRequest
 from dynamoctl.frontend.tokenization import DetokenizeRequest, TokenizeRequest
 
 pytestmark = pytest.mark.openai_compat
@@ -28,6 +29,7 @@ MODELS: dict[str, type[Any]] = {
     "detokenize": DetokenizeRequest,
     "messages": MessagesRequest,
     "count_tokens": CountTokensRequest,
+    "responses": ResponsesRequest,
 }
 OBJECTS = {"stream_options": StreamOptions}
 """The object parameters whose keys have rows of their own (``stream_options.include_usage``)."""
@@ -38,6 +40,7 @@ BASE: dict[str, dict[str, Any]] = {
     "detokenize": {"tokens": [1]},
     "messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
     "count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
+    "responses": {"model": "m", "input": "hi"},
 }
 ROWS = [(e, p) for e in compat.ENDPOINTS for p in compat.params(e).values()]
 UNSUPPORTED = [(e, p) for e, p in ROWS if p.support is not compat.Support.SUPPORTED]

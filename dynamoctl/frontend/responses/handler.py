@@ -1,0 +1,211 @@
+"""``POST /v1/responses`` as a raw ASGI handler beside the chat ones (routed by
+:class:`dynamoctl.frontend.app.FrontendApp`), and the stored responses' ``GET`` and
+``DELETE``: the same body limits, refusals, admission, routing, migration and metrics
+(endpoint label ``responses``) as chat completions, and OpenAI's error objects."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+from starlette.responses import JSONResponse
+
+from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send, read_body
+from dynamoctl.frontend.body import decode_body
+from dynamoctl.frontend.choices import Choices, Delta
+from dynamoctl.frontend.errors import OpenAIError, internal_error
+from dynamoctl.frontend.respond import count_outcomes
+from dynamoctl.frontend.responses.events import (
+    OutputItems,
+    ResponseObject,
+    assistant_message,
+    sse,
+    usage,
+)
+from dynamoctl.frontend.responses.protocol import ResponsesRequest
+from dynamoctl.frontend.responses.store import ResponseStore, Stored
+from dynamoctl.frontend.responses.translate import to_chat
+
+if TYPE_CHECKING:
+    from dynamoctl.frontend.app import _Completions
+
+log = logging.getLogger(__name__)
+
+ENDPOINT = "responses"
+_SSE_START: Message = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+}
+
+
+def not_found(response_id: str, param: str | None = None) -> OpenAIError:
+    return OpenAIError(404, f"Response with id '{response_id[:100]}' not found.",
+                       type="not_found_error", param=param)  # fmt: skip
+
+
+class Responses:
+    def __init__(self, chat: _Completions, store: ResponseStore) -> None:
+        self.chat = chat
+        self.store = store
+
+    def get(self, response_id: str) -> dict[str, Any]:
+        kept = self.store.get(response_id)
+        if kept is None:
+            raise not_found(response_id)
+        return kept.response
+
+    def delete(self, response_id: str) -> dict[str, Any]:
+        if not self.store.delete(response_id):
+            raise not_found(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
+
+    async def create(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            raw = await read_body(scope, receive, self.chat.max_body_bytes)
+            if raw is None:
+                return
+            body = decode_body(raw, ResponsesRequest)
+            history: list[dict[str, Any]] = []
+            if body.previous_response_id is not None:
+                kept = self.store.get(body.previous_response_id)
+                if kept is None:
+                    raise not_found(body.previous_response_id, "previous_response_id")
+                history = kept.conversation
+            chat, conversation = to_chat(body, history)
+            model, choices = await self.chat.chat_choices(chat, f"resp_{_hex()}")
+        except OpenAIError as exc:
+            self.chat.refusals.refused("POST", scope["path"], exc)
+            return await exc.response()(scope, receive, send)
+        except Exception:
+            log.exception("responses request failed")
+            bug = internal_error()
+            self.chat.refusals.refused("POST", scope["path"], bug)
+            return await bug.response()(scope, receive, send)
+        metrics = self.chat.metrics
+        metrics.received.labels(model.name).inc()
+        metrics.input_tokens.labels(model.name).inc(choices.prompt_tokens)
+        answer = _Answer(body, ResponseObject(body, choices.request_id, model.name), choices)
+        deltas = choices.run(self.chat.generator, model)
+        metrics.inflight.labels(model.name).inc()
+        try:
+            if body.stream:
+                await answer.stream(receive, send, deltas)
+            else:
+                await answer.whole(scope, receive, send, deltas)
+        finally:
+            metrics.inflight.labels(model.name).dec()
+            status = answer.status or ("200" if choices.done() else "error")
+            count_outcomes(metrics, model.name, ENDPOINT, choices.outcomes, status)
+            if answer.cancelled:
+                metrics.cancellations.labels(model.name).inc()
+        if answer.final is not None and body.store:
+            reply = assistant_message(answer.final["output"])
+            self.store.put(Stored(answer.final, [*conversation, *([reply] if reply else [])]))
+
+
+def _hex() -> str:
+    return uuid.uuid4().hex
+
+
+class _Answer:
+    """One request's answer, whole or streamed; a client that leaves cancels it."""
+
+    def __init__(self, body: ResponsesRequest, response: ResponseObject, choices: Choices) -> None:
+        self.body = body
+        self.response = response
+        self.choices = choices
+        self.items = OutputItems(response)
+        self.status: str | None = None
+        self.cancelled = False
+        self.final: dict[str, Any] | None = None
+
+    def _pieces(self, piece: str | None) -> list[dict[str, Any]]:
+        """A choice's next text (None: its end) as chat deltas."""
+        shaper = self.choices.shapers[0] if self.choices.shapers else None
+        if piece is None:
+            return shaper.close() if shaper else []
+        if not piece:
+            return []
+        return shaper.push(piece) if shaper else [{"content": piece}]
+
+    def _finish(self) -> dict[str, Any]:
+        outcome = self.choices.outcomes[0]
+        incomplete = "max_output_tokens" if outcome.finish_reason == "length" else None
+        self.final = self.response.render(
+            "incomplete" if incomplete else "completed",
+            usage(self.choices.prompt_tokens, outcome),
+            incomplete,
+        )
+        return self.final
+
+    async def whole(self, scope: Scope, receive: Receive, send: Send,
+                    deltas: AsyncIterator[Delta]) -> None:  # fmt: skip
+        watch = Disconnect(receive)
+        try:
+            async for _, piece in deltas:
+                for delta in self._pieces(piece):
+                    self.items.feed(delta)
+            self.items.close()
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            watch.absorb()
+            self.cancelled = True
+            return
+        except OpenAIError as exc:
+            self.status = str(exc.status)
+            await exc.response()(scope, receive, send)
+            return
+        finally:
+            watch.stop()
+        await JSONResponse(self._finish())(scope, receive, send)
+
+    async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None:
+        await send(_SSE_START)
+        watch = Disconnect(receive)
+        items = self.items
+        started = self.response.render("in_progress")
+        events = [items.event("response.created", response=started),
+                  items.event("response.in_progress", response=started)]  # fmt: skip
+        try:
+            try:
+                async for _, piece in deltas:
+                    for delta in self._pieces(piece):
+                        events += items.feed(delta)
+                    if events and not self.choices.done():
+                        body = b"".join(map(sse, events))
+                        events.clear()
+                        await send({"type": "http.response.body", "body": body, "more_body": True})
+                events += items.close()
+                final = self._finish()
+                kind = (
+                    "response.completed"
+                    if final["status"] == "completed"
+                    else ("response.incomplete")
+                )
+                events.append(items.event(kind, response=final))
+            except OpenAIError as exc:  # headers are sent: an error event, as OpenAI's
+                self.status = str(exc.status)
+                events.append(items.event("error", code=exc.code, message=exc.message,
+                                          param=exc.param))  # fmt: skip
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("stream of %s failed", self.response.id)
+                self.status = "500"
+                bug = internal_error()
+                events.append(items.event("error", code=None, message=bug.message, param=None))
+            watch.stop()
+            body = b"".join(map(sse, events))
+            await send({"type": "http.response.body", "body": body, "more_body": False})
+        except asyncio.CancelledError:
+            if not watch.gone:
+                raise
+            watch.absorb()
+            self.cancelled = True
+        finally:
+            watch.stop()
