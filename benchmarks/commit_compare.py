@@ -1,6 +1,7 @@
 """Two commits of dynamoctl side by side in one run: what a change to the hot path costs.
 
     python benchmarks/commit_compare.py BASE HEAD [--concurrency 1,8,32,128] [--seconds 4]
+        [--workload short|multiturn]
         [--rounds 3] [--out benchmarks/results/commit_compare.json]
 
 Each commit is checked out into a git worktree of its own in a temporary directory and runs
@@ -30,7 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from dynamo_compare import REPO, dynamoctl_commands, serve_and_load
+from dynamo_compare import REPO, WORKLOADS, dynamoctl_commands, serve_and_load
 
 
 def checkout(commit: str, into: Path) -> tuple[str, Path]:
@@ -52,27 +53,35 @@ def measure(
     tree: Path,
     levels: list[int],
     seconds: float,
+    workload: str,
     barrier: threading.Barrier | None = None,
 ) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         commands, extra = dynamoctl_commands(tmp)
         extra = {**extra, "PYTHONPATH": str(tree)}
-        return serve_and_load(
-            f"commit-cmp{label}", commands, extra, levels, seconds, tmp, barrier=barrier
-        )
+        name = f"commit-cmp{label}-{os.getpid()}"
+        load_args = ["--workload", workload]
+        return serve_and_load(name, commands, extra, levels, seconds, tmp, load_args, barrier)
 
 
 def run_round(
-    order: list[str], trees: dict[str, Path], levels: list[int], seconds: float, together: bool
+    order: list[str],
+    trees: dict[str, Path],
+    levels: list[int],
+    seconds: float,
+    together: bool,
+    workload: str,
 ) -> dict[str, list[dict[str, float]]]:
     """One round: each commit's deployment under the load, one after the other, or both at
     once (``together``: each level starts at the same moment for both)."""
     if not together:
-        return {c: measure(str(i), trees[c], levels, seconds) for i, c in enumerate(order)}
+        return {
+            c: measure(str(i), trees[c], levels, seconds, workload) for i, c in enumerate(order)
+        }
     barrier = threading.Barrier(len(order))
     with ThreadPoolExecutor(len(order)) as pool:
         futures = {
-            c: pool.submit(measure, str(i), trees[c], levels, seconds, barrier)
+            c: pool.submit(measure, str(i), trees[c], levels, seconds, workload, barrier)
             for i, c in enumerate(order)
         }
         return {c: f.result() for c, f in futures.items()}
@@ -124,6 +133,7 @@ def main() -> None:
         "both see the same machine load: on a shared machine the ratio is what is steady",
     )
     parser.add_argument("--out", default="benchmarks/results/commit_compare.json")
+    parser.add_argument("--workload", choices=sorted(WORKLOADS), default="short")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     load_before = os.getloadavg()
@@ -136,7 +146,9 @@ def main() -> None:
             results: dict[str, list[list[dict[str, float]]]] = {args.base: [], args.head: []}
             for round_ in range(args.rounds):
                 order = [args.base, args.head] if round_ % 2 == 0 else [args.head, args.base]
-                measured = run_round(order, trees, levels, args.seconds, args.together)
+                measured = run_round(
+                    order, trees, levels, args.seconds, args.together, args.workload
+                )
                 for commit in order:
                     rows = measured[commit]
                     results[commit].append(rows)
@@ -168,7 +180,7 @@ def main() -> None:
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
                     "cpus": os.cpu_count()},
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
-        "workload": "streamed completions, 16 tokens, 4 mocker workers at speedup 1000, kv router",
+        "workload": WORKLOADS[args.workload],
         "base": args.base, "head": args.head, "seconds": args.seconds,
         "together": args.together,
         "rounds": results,

@@ -227,7 +227,9 @@ def measure(
             dynamo_commands(tmp, venv) if system == "dynamo" else dynamoctl_commands(tmp)
         )
         load_args = ["--workload", workload]
-        return serve_and_load(f"cmp-{system}", commands, extra, levels, seconds, tmp, load_args)
+        return serve_and_load(
+            f"cmp-{system}-{os.getpid()}", commands, extra, levels, seconds, tmp, load_args
+        )
 
 
 def serve_and_load(

@@ -368,7 +368,7 @@ class _Completions:
         cache = held[1]
         cached, rest = cache.split(prompt)
         ids = cached + await self._encode(model, rest, False, "messages") if rest else list(cached)
-        cache.remember(prompt, ids)
+        cache.remember(prompt, ids, len(prompt) - len(rest))
         return ids
 
     async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:

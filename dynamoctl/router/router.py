@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
-from dynamoctl.kv.hashing import sequence_hashes
+from dynamoctl.kv.hash_cache import HashCache
 from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT, Tier, tier_of
 from dynamoctl.router.errors import AllWorkersBusy, NoWorkers
 from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
@@ -107,6 +107,8 @@ class KvRouter:
         )
         self.index = KvIndex(block_size)
         """Blocks cached per worker, from KV events."""
+        self.hashes = HashCache(block_size)
+        """Prompts' block hashes, so a conversation's next turn hashes only its new blocks."""
         self.approx: ApproxIndex | None = (
             ApproxIndex(approx_ttl, clock) if self.policy.kv_source == "approx" else None
         )
@@ -183,7 +185,7 @@ class KvRouter:
     def find_matches(self, token_ids: Sequence[int]) -> dict[str, int]:
         """Per worker, the leading blocks of ``token_ids`` cached there (as ``pick`` sees
         them); workers with none are left out."""
-        return self._overlap_index().find_matches(sequence_hashes(token_ids, self.block_size))
+        return self._overlap_index().find_matches(self.hashes.sequence_hashes(token_ids))
 
     def pick(
         self,
@@ -213,7 +215,7 @@ class KvRouter:
             names = [w for w in names if not self.is_busy(w)]
             if not names:
                 raise AllWorkersBusy(considered)
-        hashes = sequence_hashes(token_ids, bs)
+        hashes = self.hashes.sequence_hashes(token_ids)
         index = self._overlap_index()
         if isinstance(index, ApproxIndex):
             index.expire()

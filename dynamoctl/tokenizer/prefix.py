@@ -42,7 +42,8 @@ class PrefixCache:
 
     def __init__(self, tokenizer: Tokenizer, max_tokens: int = 1 << 19) -> None:
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[str, list[int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        """prefix -> (its ids, how many of them are cut tokens)"""
         self._tokens = 0
         cuts = {
             i: t.content
@@ -67,11 +68,13 @@ class PrefixCache:
             return [], text
         self._entries.move_to_end(best)
         self.hits += 1
-        return self._entries[best], text[len(best) :]
+        return self._entries[best][0], text[len(best) :]
 
-    def remember(self, text: str, ids: list[int]) -> None:
+    def remember(self, text: str, ids: list[int], reused: int = 0) -> None:
         """Cache ``text``'s prefix up to its last special token, with its ids (``ids`` are
-        ``text``'s, encoded without the post-processor)."""
+        ``text``'s, encoded without the post-processor). ``reused``: the characters of
+        ``text`` whose ids :meth:`split` gave (those ids start ``ids``; their cut tokens
+        were counted when cached, so only the rest is counted again)."""
         cut = max((text.rfind(t) + len(t) for t in self._cut_texts if t in text), default=-1)
         too_big = len(ids) > self.max_tokens // 4
         if cut < MIN_PREFIX_CHARS or too_big or text[:cut] in self._entries:
@@ -79,11 +82,16 @@ class PrefixCache:
         cut_ids = self._cut_ids
         last = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in cut_ids), -1)
         prefix, prefix_ids = text[:cut], ids[: last + 1]
-        specials = sum(prefix.count(t) for t in self._cut_texts)
-        if last < 0 or specials != sum(1 for i in prefix_ids if i in cut_ids):
+        # The base prefix ends just after a special token, and its two counts agreed.
+        base = self._entries.get(text[:reused]) if 0 < reused <= cut else None
+        done, specials = (len(base[0]), base[1]) if base is not None else (0, 0)
+        start = reused if base is not None else 0
+        texts = specials + sum(text.count(t, start, cut) for t in self._cut_texts)
+        specials += sum(map(cut_ids.__contains__, prefix_ids[done:]))
+        if last < 0 or specials != texts:
             return  # the text's special tokens and the ids' do not line up: do not guess
-        self._entries[prefix] = prefix_ids
+        self._entries[prefix] = (prefix_ids, specials)
         self._tokens += len(prefix_ids)
         while self._tokens > self.max_tokens:
-            _, dropped = self._entries.popitem(last=False)
+            _, (dropped, _) = self._entries.popitem(last=False)
             self._tokens -= len(dropped)

@@ -91,3 +91,37 @@ async def test_refusals_name_the_parameter_and_are_counted(deployment: Deploymen
             expected[key] = expected.get(key, 0) + 1
         counts = requests_total((await http.get("/metrics")).text)
     assert {k: counts[k] for k in expected} == expected
+
+
+async def test_long_conversation_turns_count_what_a_whole_tokenisation_counts(
+    deployment: Deployment,
+) -> None:
+    """An agent's turns (history long enough for the tokenisation prefix cache and the
+    router's hash cache): each turn's prompt tokens are the whole rendered prompt's."""
+    local = load_tokenizer("builtin")
+    words = [
+        "the",
+        "agent",
+        "reads",
+        "a",
+        "file",
+        "then",
+        "calls",
+        "a",
+        "tool",
+        "and",
+        "waits",
+        "for",
+        "its",
+        "output",
+    ]
+    messages = [{"role": "user", "content": " ".join(words * 400)}]  # ~5.6k tokens
+    async with httpx.AsyncClient(base_url=deployment.frontend_url, timeout=60) as http:
+        for turn in range(4):
+            ask = {"model": MODEL, "messages": messages, "max_tokens": 1}
+            chat = (await http.post("/v1/chat/completions", json=ask)).json()
+            prompt = local.apply_chat_template(messages, add_generation_prompt=True)
+            whole = local.encode(prompt, add_special_tokens=False)
+            assert chat["usage"]["prompt_tokens"] == len(whole), turn
+            messages += [{"role": "assistant", "content": " ".join(words[turn:] * 3)},
+                         {"role": "user", "content": " ".join(words[: turn + 2] * 20)}]  # fmt: skip

@@ -46,10 +46,13 @@ def _turns(tokenizer: Tokenizer, seed: int, turns: int = 5) -> list[str]:
     return prompts
 
 
-def _encode(cache: PrefixCache, tokenizer: Tokenizer, prompt: str) -> list[int]:
+def _encode(
+    cache: PrefixCache, tokenizer: Tokenizer, prompt: str, incremental: bool = True
+) -> list[int]:
+    """As the frontend does: the cached prefix's ids, then the rest's."""
     cached, rest = cache.split(prompt)
     ids = cached + tokenizer.encode(rest, add_special_tokens=False)
-    cache.remember(prompt, ids)
+    cache.remember(prompt, ids, len(prompt) - len(rest) if incremental else 0)
     return ids
 
 
@@ -97,3 +100,19 @@ def test_one_huge_prompt_is_not_kept(builtin: Tokenizer) -> None:
     cache = PrefixCache(builtin, max_tokens=size * 3)  # one entry may be a quarter of it
     _encode(cache, builtin, prompt)
     assert not cache._entries
+
+
+def test_counting_only_the_new_part_keeps_what_counting_all_keeps(builtin: Tokenizer) -> None:
+    """``remember`` told which prefix it reused counts special tokens only after it, and
+    keeps the same entries as when it counts the whole prompt (a user's special-token
+    text included, which makes some prefixes unfit)."""
+    caches = {True: PrefixCache(builtin), False: PrefixCache(builtin)}
+    for seed in (4, 5):
+        for turn, prompt in enumerate(_turns(builtin, seed, turns=6)):
+            if turn == 3:
+                prompt = prompt.replace("agent", "<|eot_id|>agent", 1)
+            for incremental, cache in caches.items():
+                ids = _encode(cache, builtin, prompt, incremental)
+                assert ids == builtin.encode(prompt, add_special_tokens=False)
+    assert caches[True]._entries == caches[False]._entries
+    assert caches[True].hits == caches[False].hits > 0
