@@ -93,6 +93,11 @@ def pool_metrics(
             kv_usage=sum(w.metrics.kv_usage for w in samples) / len(samples),
             ttft=span.ttft if role in ("prefill", "agg") else None,
             itl=span.itl if role in ("decode", "agg") else None,
+            inflight=sum(w.metrics.num_waiting + w.metrics.num_running for w in samples),
+            startup_s=max(
+                (w.metrics.startup_s for w in samples if w.metrics.startup_s is not None),
+                default=None,
+            ),
         )
     return metrics
 
