@@ -17,7 +17,13 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from dynamoctl.planner.perf import PerfModel, replicas_for
+from dynamoctl.planner.perf import (
+    PerfModel,
+    agg_need,
+    decode_need,
+    prefill_need,
+    replicas_for,
+)
 from dynamoctl.planner.records import Forecast, PoolMetrics
 from dynamoctl.planner.settings import PlannerSettings
 from dynamoctl.settings.component import Role
@@ -28,12 +34,20 @@ nothing (no capacity in the profile, nothing in flight)."""
 
 
 def backlog_need(
-    role: Role, metrics: PoolMetrics, model: PerfModel, settings: PlannerSettings
+    role: Role,
+    metrics: PoolMetrics,
+    model: PerfModel,
+    settings: PlannerSettings,
+    startup_s: float | None = None,
 ) -> tuple[int, str]:
-    """Replicas that carry the pool's backlog within the targets, and the arithmetic:
-    prefill work queued, drained within one TTFT target at the profile's prefill rate;
-    requests in flight, at the largest batch whose ITL is within the target at their
-    mean context. An aggregated replica does both, so its shares add up."""
+    """Replicas that carry the pool's load and backlog within the targets, and the
+    arithmetic. With the window's arrival rate and lengths: what that rate needs (the
+    throughput loop's sizing, :mod:`~dynamoctl.planner.perf`) plus the queued prefill work
+    drained within one start-up (replicas asked now help no sooner). Without them: the
+    queued prefill work drained within one TTFT target, plus the requests in flight at
+    the largest batch whose ITL meets the target at their mean context."""
+    if metrics.arrival_rate is not None and metrics.mean_isl > 0:
+        return _rate_need(role, metrics, model, settings, startup_s)
     prefill = decode = 0.0
     notes = []
     if role in ("prefill", "agg") and metrics.queued_prefill_tokens:
@@ -49,6 +63,32 @@ def backlog_need(
         notes.append(f"{metrics.inflight} in flight / batch {max(batch, 1)} = {decode:.2f}")
     needed = replicas_for(prefill + decode)
     return needed, "backlog: " + (" + ".join(notes) or "none") + f" -> {needed}"
+
+
+def _rate_need(
+    role: Role,
+    metrics: PoolMetrics,
+    model: PerfModel,
+    settings: PlannerSettings,
+    startup_s: float | None,
+) -> tuple[int, str]:
+    rate = metrics.arrival_rate or 0.0
+    now = Forecast(rate=rate, isl=metrics.mean_isl, osl=max(metrics.mean_osl, 1.0))
+    if role == "prefill":
+        steady = prefill_need(model, now, settings.ttft_target)
+    elif role == "decode":
+        steady = decode_need(model, now, settings.itl_target)
+    else:
+        steady = agg_need(model, now, settings.ttft_target, settings.itl_target)
+    queue = 0.0
+    if role != "decode":
+        horizon = max(settings.ttft_target, startup_s or 0.0)
+        queue = metrics.queued_prefill_tokens / (model.prefill_tokens_per_second() * horizon)
+    needed = replicas_for(steady.replicas + queue)
+    arithmetic = f"{rate:.2f} req/s needs {steady.replicas}"
+    if queue:
+        arithmetic += f" + queue {queue:.2f} (drained within a start-up)"
+    return needed, f"load: {arithmetic} -> {needed}"
 
 
 def lead_time(settings: PlannerSettings, startup_s: float | None) -> float:

@@ -228,7 +228,8 @@ def _up_to(
     than the target (sized in one step), else one more."""
     if model is None:
         return pool.target + 1, ""
-    need, why = backlog_need(spec.role, metrics, model, settings)
+    startup = pool.startup_s or metrics.startup_s
+    need, why = backlog_need(spec.role, metrics, model, settings, startup)
     return max(pool.target + 1, need), why
 
 

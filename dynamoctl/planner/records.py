@@ -68,6 +68,12 @@ class PoolMetrics(msgspec.Struct, frozen=True, kw_only=True):
     """Recent mean inter-token latency of requests decoded by this pool."""
     inflight: int = 0
     """Requests waiting or running on the ready replicas (the backlog a step is sized to)."""
+    arrival_rate: float | None = None
+    """Requests per second the frontends received in the window; None: unknown."""
+    mean_isl: float = 0.0
+    """Mean prompt length of those requests, tokens."""
+    mean_osl: float = 0.0
+    """Mean output length of the requests that ended in the window, tokens."""
     startup_s: float | None = None
     """Longest start-up (seconds from start to ready) its replicas reported; None: none
     reports one."""

@@ -340,3 +340,23 @@ def test_lead_and_trend_arithmetic() -> None:
     assert rate_trend([(0.0, 1.0), (10.0, 2.0), (20.0, 3.0)]) == pytest.approx(0.1)
     assert rate_trend([(0.0, 1.0)]) == 0.0
     assert down_hold(settings, 47.0) == 10 and down_hold(settings, None) == 2
+
+
+def test_with_the_window_s_rate_a_step_is_sized_for_that_rate_plus_the_queue() -> None:
+    # 30 req/s of 1000-token prompts: 3.0 replicas busy / 0.947 (M/D/1 at 0.1 s of a 0.5 s
+    # target) -> 4; 100k queued tokens at 10k tok/s are 10 s of work, over a 60 s
+    # start-up 0.17 of a replica: 5 in all (the queue alone, within a TTFT: 20).
+    current = PlannerState(pools={"agg": PoolState(target=1, startup_s=60.0)})
+    agg = [spec("agg")]
+    settings = SETTINGS.model_copy(update={"stable_intervals": 1, "itl_target_ms": 50.0})
+    load = {
+        "agg": PoolMetrics(
+            at=100.0, ready=1, queued_prefill_tokens=100_000, ttft=3.0,
+            arrival_rate=30.0, mean_isl=1000.0, mean_osl=1.0,
+        )
+    }  # fmt: skip
+    decision, after = decide_load(
+        settings=settings, specs=agg, state=current, model=model(), load=load, now=100.0
+    )
+    assert after.pools["agg"].target == 5
+    assert "30.00 req/s needs 4 + queue 0.17" in decision.reason
