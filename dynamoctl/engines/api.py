@@ -20,6 +20,7 @@ from dynamoctl.wire.engine import (
     LoadMetrics,
     ModelCard,
 )
+from dynamoctl.wire.health import StartupReport
 from dynamoctl.wire.kv_events import KVEventBatch
 
 __all__ = [
@@ -213,6 +214,16 @@ class HoldsPeerWork(Protocol):
 
     def pending_peer_work(self) -> int:
         """Hand-offs not yet taken by a peer (0: closing loses nothing)."""
+        ...
+
+
+@runtime_checkable
+class ReportsStartup(Protocol):
+    """An :class:`Engine` that knows where its start-up stands (the mocker); the worker
+    reports it in ``/health`` and ``/metrics`` (docs/metrics.md)."""
+
+    def startup_report(self) -> StartupReport:
+        """The current phase, bytes read and seconds so far."""
         ...
 
 

@@ -5,21 +5,26 @@
   performance model → bounds → GPU budget. That is each pool's *floor*; a pool under its
   floor is raised to it at once. Above the floor it is left to the load loop (mode
   ``both``), or set to the floor exactly (mode ``throughput``).
-- :func:`decide_load` (seconds): ±1 per pool from live signals (queued prefill work, KV
-  usage, TTFT/ITL against target), never under the floor, never over ``max_replicas`` or
-  the budget. A signal must hold for ``stable_intervals`` in a row, a pool that just
-  changed is left alone for ``cooldown``, a pool whose new replicas are not ready yet
-  gets no more, and missing or stale metrics hold the pool (never a scale-down on
-  missing data).
+  The forecast is carried one start-up time ahead along the rate's trend
+  (:mod:`~dynamoctl.planner.ahead`), so replicas are ready when the load arrives.
+- :func:`decide_load` (seconds): up from live signals (queued prefill work, KV usage,
+  TTFT/ITL against target) to what the backlog needs, in one step (one more when the
+  backlog says no more); down by one, never under the floor, never over
+  ``max_replicas`` or the budget. A signal must hold for ``stable_intervals`` in a row
+  (a scale-down: also ``scale_down_hold`` start-up times, so a short dip is held
+  through); a pool that just changed is left alone for ``cooldown`` and one whose new
+  replicas are not ready yet gets no more, unless its backlog needs more than it asked;
+  missing or stale metrics hold the pool (never a scale-down on missing data).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import msgspec
 
 from dynamoctl.planner import budget as budgets
+from dynamoctl.planner.ahead import backlog_need, down_hold, lead_time, rate_ahead
 from dynamoctl.planner.perf import (
     PerfModel,
     PoolNeed,
@@ -113,7 +118,10 @@ def decide_throughput(
     if observed is None or now - observed.at > settings.throughput_interval + settings.stale_after:
         reason = "hold: no traffic sample from the last interval (metrics missing or stale)"
         return _hold_all("throughput", specs, state, now, reason, budget), state
-    needs = {spec.role: _need(spec.role, settings, model, forecast, observed) for spec in specs}
+    startup = max(filter(None, (pool.startup_s for pool in state.pools.values())), default=None)
+    lead = lead_time(settings, startup)
+    ahead = rate_ahead(forecast, lead)  # replicas asked now are ready a start-up from now
+    needs = {spec.role: _need(spec.role, settings, model, ahead, observed) for spec in specs}
     bounded = {
         spec.role: min(max(needs[spec.role].replicas, spec.min_replicas), spec.max_replicas)
         for spec in specs
@@ -129,6 +137,8 @@ def decide_throughput(
     for spec in specs:
         role, need, pool = spec.role, needs[spec.role], state.pools[spec.role]
         notes = [need.reason]
+        if ahead is not forecast:
+            notes.insert(0, f"{forecast.rate:.2f} req/s rising: {ahead.rate:.2f} in {lead:.0f} s")
         if not need.meets_target:
             notes.append("target unreachable at any size")
         if need.replicas > spec.max_replicas:
@@ -207,6 +217,22 @@ def _signals(
     return up, keep
 
 
+def _up_to(
+    spec: PoolSpec,
+    pool: PoolState,
+    metrics: PoolMetrics,
+    model: PerfModel | None,
+    settings: PlannerSettings,
+) -> tuple[int, str]:
+    """How many replicas a scale-up asks for: what the backlog needs when that is more
+    than the target (sized in one step), else one more."""
+    if model is None:
+        return pool.target + 1, ""
+    startup = pool.startup_s or metrics.startup_s
+    need, why = backlog_need(spec.role, metrics, model, settings, startup)
+    return max(pool.target + 1, need), why
+
+
 def _decide_pool(
     spec: PoolSpec,
     pool: PoolState,
@@ -244,33 +270,56 @@ def _decide_pool(
         stale = f"{now - metrics.at:.0f} s old (stale after {settings.stale_after:.0f} s)"
         return settle(pool.target, f"hold: metrics {stale}", quiet)
     up, keep = _signals(spec.role, metrics, settings, model)
+    startup = max(filter(None, (pool.startup_s, metrics.startup_s)), default=None)
+    wanted, backlog = _up_to(spec, pool, metrics, model, settings) if up else (0, "")
+    sized = wanted > pool.target + 1  # the backlog needs more than one: a sized step
     pool = msgspec.structs.replace(
         pool,
         up_streak=pool.up_streak + 1 if up else 0,
         down_streak=pool.down_streak + 1 if not up and not keep else 0,
+        startup_s=startup,
     )
     if up:
-        step, streak, reason = 1, pool.up_streak, ", ".join(up)
+        streak, needed, reason = pool.up_streak, settings.stable_intervals, ", ".join(up)
+        reason += f"; {backlog}" if sized else ""
     elif not keep:
-        step, streak, reason = -1, pool.down_streak, "every signal low"
+        streak, needed, reason = pool.down_streak, down_hold(settings, startup), "every signal low"
     else:
         return settle(pool.target, "hold: " + ", ".join(keep), pool)
-    if streak < settings.stable_intervals:
-        return settle(pool.target, f"{reason} ({streak}/{settings.stable_intervals})", pool)
-    if pool.changed_at is not None and now - pool.changed_at < settings.cooldown:
+    if streak < needed:
+        return settle(pool.target, f"{reason} ({streak}/{needed})", pool)
+    if not sized and pool.changed_at is not None and now - pool.changed_at < settings.cooldown:
         left = settings.cooldown - (now - pool.changed_at)
         return settle(pool.target, f"{reason}; cool-down, {left:.0f} s left", pool)
-    if step > 0 and metrics.ready < pool.target:
+    if up and not sized and metrics.ready < pool.target:
         waiting = f"{pool.target - metrics.ready} of {pool.target} replicas not ready yet"
         return settle(pool.target, f"{reason}; {waiting}", pool)
-    if step > 0 and pool.target >= spec.max_replicas:
-        return settle(pool.target, f"{reason}; at {spec.role}_max_replicas", pool)
-    if step > 0 and gpus_elsewhere + (pool.target + 1) * spec.budget_units > settings.gpu_budget:
+    if not up:
+        if pool.target <= floor:
+            return settle(pool.target, f"{reason}; at its floor {floor}", pool)
+        return settle(pool.target - 1, reason, pool)
+    return _grow(spec, pool, wanted, reason, gpus_elsewhere, settings, settle)
+
+
+def _grow(
+    spec: PoolSpec,
+    pool: PoolState,
+    wanted: int,
+    reason: str,
+    gpus_elsewhere: int,
+    settings: PlannerSettings,
+    settle: Callable[[int, str, PoolState, bool], tuple[PoolDecision, PoolState]],
+) -> tuple[PoolDecision, PoolState]:
+    """A scale-up to ``wanted``, within ``max_replicas`` and the GPU budget."""
+    if pool.target >= spec.max_replicas:
+        return settle(pool.target, f"{reason}; at {spec.role}_max_replicas", pool, False)
+    room = (settings.gpu_budget - gpus_elsewhere) // spec.budget_units
+    if room <= pool.target:
         budget = f"budget-bound: gpu_budget {settings.gpu_budget} is spent"
-        return settle(pool.target, f"{reason}; {budget}", pool, bound=True)
-    if step < 0 and pool.target <= floor:
-        return settle(pool.target, f"{reason}; at its floor {floor}", pool)
-    return settle(pool.target + step, reason, pool)
+        return settle(pool.target, f"{reason}; {budget}", pool, True)
+    desired = min(wanted, spec.max_replicas, room)
+    bound = desired < wanted and desired == room
+    return settle(desired, reason, pool, bound)
 
 
 def decide_load(

@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
+from dynamoctl.planner.ahead import rate_trend
 from dynamoctl.planner.records import Forecast, TrafficSample
 from dynamoctl.util.registry import Registry
 
@@ -30,6 +31,9 @@ class Predictor(Protocol):
     def predict(self) -> float | None:
         """The next interval's value; ``None`` before any observation."""
 
+
+TREND_INTERVALS = 4
+"""Intervals the rate's trend is fitted over (short: a ramp is seen within a minute or two)."""
 
 PredictorFactory = Callable[[int], Predictor]
 """Builds a predictor that keeps ``window`` values of history."""
@@ -162,11 +166,14 @@ class TrafficForecaster:
         self.kind = kind
         """The predictors' name (for decisions' reasons)."""
         self._rate, self._isl, self._osl = factory(window), factory(window), factory(window)
+        self._rates: deque[tuple[float, float]] = deque(maxlen=TREND_INTERVALS)
+        """(when, requests/s) of the latest intervals: the rate's trend."""
 
     def observe(self, sample: TrafficSample) -> None:
         """Add an interval. One with no request says nothing about lengths: only its rate
         (0) is added."""
         self._rate.observe(sample.requests / sample.interval)
+        self._rates.append((sample.at, sample.requests / sample.interval))
         if sample.requests > 0:
             self._isl.observe(sample.mean_isl)
             self._osl.observe(sample.mean_osl)
@@ -176,4 +183,5 @@ class TrafficForecaster:
         rate, isl, osl = self._rate.predict(), self._isl.predict(), self._osl.predict()
         if rate is None or isl is None or osl is None:
             return None
-        return Forecast(rate=max(rate, 0.0), isl=max(isl, 0.0), osl=max(osl, 0.0))
+        trend = rate_trend(list(self._rates))
+        return Forecast(rate=max(rate, 0.0), isl=max(isl, 0.0), osl=max(osl, 0.0), trend=trend)

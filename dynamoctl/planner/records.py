@@ -46,6 +46,9 @@ class Forecast(msgspec.Struct, frozen=True, kw_only=True):
     """Mean prompt (input) length, tokens."""
     osl: float
     """Mean output length, tokens."""
+    trend: float = 0.0
+    """Recent slope of the rate, requests/s per second (the forecast looks a start-up
+    ahead along it, :func:`~dynamoctl.planner.ahead.rate_ahead`)."""
 
 
 class PoolMetrics(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,6 +66,17 @@ class PoolMetrics(msgspec.Struct, frozen=True, kw_only=True):
     """Recent mean time to first token of requests prefilled by this pool."""
     itl: float | None = None
     """Recent mean inter-token latency of requests decoded by this pool."""
+    inflight: int = 0
+    """Requests waiting or running on the ready replicas (the backlog a step is sized to)."""
+    arrival_rate: float | None = None
+    """Requests per second the frontends received in the window; None: unknown."""
+    mean_isl: float = 0.0
+    """Mean prompt length of those requests, tokens."""
+    mean_osl: float = 0.0
+    """Mean output length of the requests that ended in the window, tokens."""
+    startup_s: float | None = None
+    """Longest start-up (seconds from start to ready) its replicas reported; None: none
+    reports one."""
 
 
 class PoolSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,6 +107,8 @@ class PoolState(msgspec.Struct, frozen=True, kw_only=True):
     """Load intervals in a row that called for one more replica."""
     down_streak: int = 0
     """Load intervals in a row that allowed one fewer."""
+    startup_s: float | None = None
+    """The pool's start-up time, the longest its replicas reported (kept once seen)."""
 
 
 class PlannerState(msgspec.Struct, frozen=True, kw_only=True):

@@ -93,6 +93,14 @@ def pool_metrics(
             kv_usage=sum(w.metrics.kv_usage for w in samples) / len(samples),
             ttft=span.ttft if role in ("prefill", "agg") else None,
             itl=span.itl if role in ("decode", "agg") else None,
+            inflight=sum(w.metrics.num_waiting + w.metrics.num_running for w in samples),
+            arrival_rate=span.requests / span.seconds,
+            mean_isl=span.mean_isl,
+            mean_osl=span.mean_osl,
+            startup_s=max(
+                (w.metrics.startup_s for w in samples if w.metrics.startup_s is not None),
+                default=None,
+            ),
         )
     return metrics
 

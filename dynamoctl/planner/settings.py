@@ -78,6 +78,14 @@ class PlannerSettings(Options):
     prefill_queue_down: float = Field(default=0.1, ge=0.0, le=100.0)
     """Queued prefill work per replica, in TTFT targets, under which a pool that prefills
     may scale down."""
+    scale_down_hold: float = Field(default=1.0, ge=0.0, le=100.0)
+    """Start-up times every signal must stay low before a pool loses a replica (at least
+    ``stable_intervals``): a dip shorter than that is held through, since a replica
+    removed and asked back costs one start-up of missed targets."""
+    forecast_startups: float = Field(default=1.0, ge=0.0, le=100.0)
+    """How many start-up times ahead the throughput loop forecasts (along the rate's
+    trend), so replicas it asks for are ready when the load comes; never less than one
+    ``throughput_interval``."""
     stale_after: float = Field(default=15.0, ge=0.1, le=86_400.0)
     """Seconds after which a pool's metrics are stale: the planner then holds the pool (it
     never scales down on missing data)."""

@@ -139,6 +139,9 @@ class LoadMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Prompt tokens accepted but not yet prefilled (waiting and partly prefilled)."""
     kv_usage: float
     """``active_blocks / total_blocks``."""
+    startup_s: float | None = None
+    """Seconds (engine time) it took from start to ready, when the engine simulates its
+    start-up (the mocker): what the planner reads as the pool's start-up time."""
 
 
 _encoder = msgspec.msgpack.Encoder()

@@ -8,6 +8,22 @@ from typing import Literal
 import msgspec
 
 HealthStatus = Literal["starting", "ready", "draining"]
+StartupPhase = Literal["weights", "init", "ready"]
+
+
+class StartupReport(msgspec.Struct, frozen=True, kw_only=True):
+    """Where an engine's start-up stands (engines that simulate it: the mocker)."""
+
+    phase: StartupPhase
+    """Reading the weights, initialising (compile, graphs), or ready."""
+    elapsed_s: float
+    """Engine seconds since start-up began (the whole start-up once ready)."""
+    expected_s: float
+    """Engine seconds the whole start-up takes."""
+    weights_bytes: int
+    """Bytes of weights this replica reads."""
+    loaded_bytes: int
+    """Of those, bytes read so far."""
 
 
 class WorkerHealth(msgspec.Struct, kw_only=True):
@@ -23,3 +39,5 @@ class WorkerHealth(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     """Tokens generated since it started, over all its instances: a hung engine's stops
     moving while requests are in flight."""
+    startup: StartupReport | None = None
+    """Its first instance's engine start-up, when the engine reports one (the mocker)."""

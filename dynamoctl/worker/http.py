@@ -18,10 +18,12 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from dynamoctl.engines.api import ReportsStartup
 from dynamoctl.planes.curve import RefusalCollector
 from dynamoctl.wire.health import HealthStatus, WorkerHealth
 from dynamoctl.worker.instance import WorkerInstance
 from dynamoctl.worker.kv_tier_metrics import KvTierCollector
+from dynamoctl.worker.startup_metrics import StartupCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 _LABELS = ["instance", "name", "model", "role"]
@@ -104,12 +106,14 @@ def worker_health(instances: Sequence[WorkerInstance], ready: bool) -> WorkerHea
     if any(inst.draining for inst in instances):
         status = "draining"
     usage = [inst.engine.load_metrics().kv_usage for inst in instances]
+    starting = [i.engine for i in instances if isinstance(i.engine, ReportsStartup)]
     return WorkerHealth(
         status=status,
         instances=[inst.instance_id for inst in instances],
         inflight=sum(inst.inflight for inst in instances),
         kv_usage=sum(usage) / len(usage) if usage else 0.0,
         output_tokens=sum(inst.tokens_total for inst in instances),
+        startup=starting[0].startup_report() if starting else None,
     )
 
 
@@ -118,6 +122,7 @@ def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlet
     registry = CollectorRegistry()
     registry.register(WorkerCollector(instances))
     registry.register(KvTierCollector(instances))  # engines that know their KV tiers
+    registry.register(StartupCollector(instances))  # engines that simulate their start-up
     registry.register(RefusalCollector())  # peers the planes' CURVE refused
 
     async def metrics(_: Request) -> Response:

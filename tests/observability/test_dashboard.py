@@ -13,6 +13,7 @@ from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.worker.http import WorkerCollector
 from dynamoctl.worker.kv_tier_metrics import KvTierCollector
+from dynamoctl.worker.startup_metrics import StartupCollector
 
 ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "dynamoctl.json"
@@ -34,6 +35,7 @@ def code_metrics() -> dict[str, str]:
         **exported(FrontendMetrics().registry),
         **exported(WorkerCollector([])),
         **exported(KvTierCollector([])),
+        **exported(StartupCollector([])),
         **exported(SupervisorCollector(None)),
     }
 

@@ -280,6 +280,18 @@ def test_incomplete_data_leaves_a_pool_out_so_it_holds() -> None:
     assert pool_metrics(["decode"], {"decode": 0}, workers, span) == {}  # nothing READY
     agg = pool_metrics(["agg"], {"agg": 1}, [_load("agg", "agg-0", 1.0, kv=0.9)], span)["agg"]
     assert (agg.ttft, agg.itl, agg.kv_usage) == (0.3, 0.02, 0.9)
+    assert (prefill.inflight, prefill.startup_s) == (2, None)  # one running on each
+
+
+def test_a_pool_s_start_up_is_the_longest_its_replicas_reported() -> None:
+    span = Window(seconds=1.0, requests=4, mean_isl=100, mean_osl=10, ttft=0.3, itl=0.02)
+    workers = [_load("agg", "agg-0", 1.0), _load("agg", "agg-1", 1.0)]
+    workers[0] = WorkerLoad(
+        role="agg", label="agg-0", at=1.0,
+        metrics=msgspec.structs.replace(workers[0].metrics, startup_s=46.0, num_waiting=3),
+    )  # fmt: skip
+    agg = pool_metrics(["agg"], {"agg": 2}, workers, span)["agg"]
+    assert (agg.startup_s, agg.inflight) == (46.0, 5)
 
 
 def _totals(at: float, arrived: float, ended: float) -> FrontendTotals:

@@ -8,9 +8,16 @@ import itertools
 import numpy as np
 import pytest
 
+from dynamoctl.planner.ahead import down_hold, lead_time, rate_trend
 from dynamoctl.planner.budget import BudgetError, check_budget, fit_to_budget, units
 from dynamoctl.planner.decide import decide_load, decide_throughput
-from dynamoctl.planner.records import Forecast, PlannerState, PoolState, TrafficSample
+from dynamoctl.planner.records import (
+    Forecast,
+    PlannerState,
+    PoolMetrics,
+    PoolState,
+    TrafficSample,
+)
 from dynamoctl.planner.settings import PlannerSettings
 from tests.planner.helpers import metrics, model, spec, state
 
@@ -227,3 +234,129 @@ def test_random_sequences_never_exceed_the_budget() -> None:
             decision.gpus <= 9
             and units(DISAGG, {r: p.target for r, p in current.pools.items()}) <= 9
         )
+
+
+# -- getting ahead of load (planner/ahead.py) ---------------------------------------------
+
+
+def test_a_backlog_is_met_in_one_step_not_one_replica_per_cool_down() -> None:
+    # 30 requests in flight; at context 1000 a batch of 5 keeps ITL at 15 ms: 6 replicas.
+    current = state(prefill=1, decode=1)
+    for step in range(2):
+        now = 100.0 + 5 * step
+        load = {
+            "decode": PoolMetrics(at=now, ready=1, kv_usage=0.61, inflight=30, itl=0.05),
+            "prefill": metrics(now, 1),
+        }
+        decision, current = decide_load(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+    assert decision.changes == {"decode": 6}
+    assert "30 in flight / batch 5" in decision.pools[1].reason
+    # Still starting (1 of 8 ready) and in cool-down: more backlog still gets its replicas.
+    for step in range(2, 4):
+        now = 100.0 + 5 * step
+        load["decode"] = PoolMetrics(at=now, ready=1, kv_usage=0.61, inflight=40, itl=0.05)
+        decision, current = decide_load(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+    assert current.pools["decode"].target == 8
+    # The same backlog once asked for adds nothing while its replicas start.
+    for now in (120.0, 125.0):
+        load["decode"] = PoolMetrics(at=now, ready=1, kv_usage=0.61, inflight=35, itl=0.05)
+        decision, current = decide_load(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+    assert current.pools["decode"].target == 8 and "cool-down" in decision.pools[1].reason
+
+
+def test_a_sized_step_stays_within_max_replicas_and_the_budget() -> None:
+    tight = SETTINGS.model_copy(update={"gpu_budget": 6, "stable_intervals": 1})
+    load = {
+        "decode": PoolMetrics(at=100.0, ready=1, kv_usage=0.61, inflight=40, itl=0.05),
+        "prefill": metrics(100.0, 1),
+    }
+    decision, after = decide_load(
+        settings=tight, specs=DISAGG, state=state(prefill=1, decode=1), model=model(),
+        load=load, now=100.0,
+    )  # fmt: skip
+    assert after.pools["decode"].target == 5 and decision.budget_bound and decision.gpus == 6
+
+
+def run_dip(startup: float | None, low_intervals: int) -> list[int]:
+    """Decode targets over ``low_intervals`` of idle, then load again."""
+    current = state(prefill=1, decode=4)
+    targets = []
+    for step in range(low_intervals + 3):
+        now = 100.0 + 5 * step
+        kv = 0.1 if step < low_intervals else 0.7
+        load = {
+            "decode": PoolMetrics(at=now, ready=4, kv_usage=kv, startup_s=startup),
+            "prefill": metrics(now, 1),
+        }
+        _, current = decide_load(
+            settings=SETTINGS, specs=DISAGG, state=current, model=model(), load=load, now=now
+        )
+        targets.append(current.pools["decode"].target)
+    return targets
+
+
+def test_a_dip_shorter_than_a_start_up_is_held_through() -> None:
+    # Replicas that take 60 s to start: 12 low intervals of 5 s before one is removed.
+    assert set(run_dip(startup=60.0, low_intervals=11)) == {4}
+    assert run_dip(startup=60.0, low_intervals=12)[11] == 3
+    # Without a reported start-up, stable_intervals (2) as before.
+    assert run_dip(startup=None, low_intervals=11)[1] == 3
+
+
+def test_the_forecast_looks_one_start_up_ahead_along_a_rising_trend() -> None:
+    settings = SETTINGS.model_copy(update={"throughput_interval": 30.0})
+    starting = PlannerState(
+        pools={
+            "prefill": PoolState(target=1, startup_s=60.0),
+            "decode": PoolState(target=1, startup_s=60.0),
+        }
+    )
+
+    def floors(forecast: Forecast) -> tuple[int, str]:
+        decision, _ = decide_throughput(
+            settings=settings, specs=DISAGG, state=starting, model=model(),
+            forecast=forecast, observed=SAMPLE, now=0.0,
+        )  # fmt: skip
+        return decision.pools[1].floor, decision.reason
+
+    flat, _ = floors(Forecast(rate=10, isl=900, osl=200))
+    rising, reason = floors(Forecast(rate=10, isl=900, osl=200, trend=0.1))
+    # 10 req/s now, +0.1/s over the 60 s start-up: sized for 16 req/s (2000 -> 3200 tok/s).
+    assert (flat, rising) == (5, 8) and "16.00 in 60 s" in reason
+    falling, _ = floors(Forecast(rate=10, isl=900, osl=200, trend=-0.1))
+    assert falling == flat  # a falling trend is not followed down early
+
+
+def test_lead_and_trend_arithmetic() -> None:
+    settings = PlannerSettings(throughput_interval=30.0, cooldown=20.0)
+    assert lead_time(settings, None) == 30.0  # never under one interval
+    assert lead_time(settings, 90.0) == 90.0
+    assert rate_trend([(0.0, 1.0), (10.0, 2.0), (20.0, 3.0)]) == pytest.approx(0.1)
+    assert rate_trend([(0.0, 1.0)]) == 0.0
+    assert down_hold(settings, 47.0) == 10 and down_hold(settings, None) == 2
+
+
+def test_with_the_window_s_rate_a_step_is_sized_for_that_rate_plus_the_queue() -> None:
+    # 30 req/s of 1000-token prompts: 3.0 replicas busy / 0.947 (M/D/1 at 0.1 s of a 0.5 s
+    # target) -> 4; 100k queued tokens at 10k tok/s are 10 s of work, over a 60 s
+    # start-up 0.17 of a replica: 5 in all (the queue alone, within a TTFT: 20).
+    current = PlannerState(pools={"agg": PoolState(target=1, startup_s=60.0)})
+    agg = [spec("agg")]
+    settings = SETTINGS.model_copy(update={"stable_intervals": 1, "itl_target_ms": 50.0})
+    load = {
+        "agg": PoolMetrics(
+            at=100.0, ready=1, queued_prefill_tokens=100_000, ttft=3.0,
+            arrival_rate=30.0, mean_isl=1000.0, mean_osl=1.0,
+        )
+    }  # fmt: skip
+    decision, after = decide_load(
+        settings=settings, specs=agg, state=current, model=model(), load=load, now=100.0
+    )
+    assert after.pools["agg"].target == 5
+    assert "30.00 req/s needs 4 + queue 0.17" in decision.reason

@@ -122,3 +122,13 @@ def test_traffic_forecaster_learns_lengths_only_from_intervals_with_requests() -
     forecast = forecaster.forecast()
     assert forecast is not None
     assert (forecast.rate, forecast.isl, forecast.osl) == (0.0, 900, 200)
+
+
+def test_the_forecast_carries_the_rate_trend_of_the_latest_intervals() -> None:
+    forecaster = TrafficForecaster("constant", 8)
+    for i, requests in enumerate([60, 60, 120, 180, 240]):  # +1 req/s each minute from 1
+        sample = TrafficSample(at=60.0 * (i + 1), interval=60, requests=requests, mean_isl=900)
+        forecaster.observe(sample)
+    forecast = forecaster.forecast()
+    assert forecast is not None and forecast.rate == 4.0
+    assert forecast.trend == pytest.approx(1 / 60)  # the last four intervals, per second

@@ -9,10 +9,11 @@ from typing import Any, Literal
 import msgspec
 
 from dynamoctl.engines.mocker.sampling import EosDistribution
+from dynamoctl.engines.mocker.startup import StartupOptions
 from dynamoctl.kv.tiers import DEFAULT_DISK_GBPS, DEFAULT_HOST_GBPS
 
 
-class PerfModelOptions(msgspec.Struct, frozen=True, kw_only=True):
+class PerfModelOptions(StartupOptions, frozen=True, kw_only=True):
     """Which timing source a mocker uses (recipe ``engine_args``; inherited by
     :class:`MockerConfig`; the sources are :mod:`.timing` and :mod:`.aic_timing`)."""
 
@@ -42,7 +43,9 @@ class PerfModelOptions(msgspec.Struct, frozen=True, kw_only=True):
 
 class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """Everything that shapes a simulated engine (recipe ``engine_args`` for ``mocker``);
-    the timing source's options are :class:`PerfModelOptions`'."""
+    the timing source's options are :class:`PerfModelOptions`', which carries the
+    start-up's (:class:`~.startup.StartupOptions`: one chain, as msgspec structs inherit
+    fields from one base)."""
 
     model: str = "mocker"
     """Served model name, as the frontend exposes it."""

@@ -31,6 +31,8 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from dynamoctl.engines.api import (
     Engine,
     EngineDied,
@@ -47,6 +49,7 @@ from dynamoctl.engines.api import (
     PeerHandler,
     PrefillsForRemoteDecode,
     ReportsKvTiers,
+    ReportsStartup,
     RequestRejected,
     ServesPeers,
 )
@@ -57,9 +60,11 @@ from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.output import Scripts
 from dynamoctl.engines.mocker.sampling import prompt_logprobs
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput, request_seed
+from dynamoctl.engines.mocker.startup import Startup
 from dynamoctl.engines.mocker.transfer import KvTransfers
 from dynamoctl.kv.tiers import TierStats
 from dynamoctl.wire.engine import TokenLogprobs
+from dynamoctl.wire.health import StartupReport
 from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
 
@@ -168,7 +173,9 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             await self._engine.abort(self.request_id)
 
 
-class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, ReportsKvTiers):
+class MockerEngine(
+    Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, ReportsKvTiers, ReportsStartup
+):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
     def __init__(
@@ -181,6 +188,8 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
         self.config = config or MockerConfig()
         self.clock: Clock = clock or RealClock(self.config.speedup_ratio)
         self.timing = timing or timing_for(self.config)  # polynomial or AI Configurator
+        self.startup = Startup(self.config, self.config.aic_tp_size)
+        """Weights, then engine initialisation, simulated on the clock (startup.py)."""
         self.stats = MockerStats()
         self._scheduler = Scheduler(self.config)
         self._streams: dict[str, MockerStream] = {}
@@ -235,6 +244,8 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
                 gang.close()
                 raise
             self._gang = gang
+        if self.startup.ready_at is None:  # a restart after stop() is warm
+            await self.startup.run(self.clock)
         self._failure = None
         self._task = asyncio.get_running_loop().create_task(
             self._run(), name=f"mocker[{self.config.model}]"
@@ -316,7 +327,12 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
         self._sink = sink
 
     def load_metrics(self) -> LoadMetrics:
-        return self._scheduler.load_metrics()
+        load = self._scheduler.load_metrics()
+        took = self.startup.took()
+        return load if took is None else msgspec.structs.replace(load, startup_s=took)
+
+    def startup_report(self) -> StartupReport:
+        return self.startup.report(self.clock.now())
 
     # ------------------------------------------------------------------ disaggregation
 
