@@ -7,11 +7,11 @@ import pytest
 from dynamoctl.engines.registry import ENGINES, UnknownEngine
 from dynamoctl.frontend.routing import ROUTINGS
 from dynamoctl.launch.registry import LAUNCHERS
+from dynamoctl.plan.transfer import CHANNELS
+from dynamoctl.plan.worker import MODEL_ARGS
 from dynamoctl.router.errors import UnknownMode
 from dynamoctl.router.policies import POLICIES
 from dynamoctl.supervisor.probes import PROBES
-from dynamoctl.supervisor.transfer import CHANNELS
-from dynamoctl.supervisor.worker_plan import MODEL_ARGS
 from dynamoctl.util.registry import Registry, UnknownName
 
 REGISTRIES = {

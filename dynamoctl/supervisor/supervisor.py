@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
+from dynamoctl.plan.build import GpuMap, Plan
 from dynamoctl.recipe.models import Recipe, Supervision
 from dynamoctl.supervisor.gang import Gangs
 from dynamoctl.supervisor.growth import Growth
 from dynamoctl.supervisor.instance import Instance
 from dynamoctl.supervisor.metrics import RestartKey, TransitionKey
-from dynamoctl.supervisor.plan import GpuMap, Plan
 from dynamoctl.supervisor.probes import DeploymentProber, Prober
 from dynamoctl.supervisor.report import (
     register_control,

@@ -23,6 +23,12 @@ from dynamoctl.discovery.registry import etcd_url
 from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
 from dynamoctl.launch.slurm_jobs import sbatch_resources
+from dynamoctl.plan.commands import frontend_argv, planner_argv, router_argv
+from dynamoctl.plan.gang import gang_specs
+from dynamoctl.plan.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
+from dynamoctl.plan.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
+from dynamoctl.plan.worker import BASE_ENV, component_env, python_for, worker_spec
+from dynamoctl.plan.worker import PlanError as PlanError  # re-exported: its error
 from dynamoctl.recipe.models import (
     EmbeddedDiscovery,
     EtcdDiscovery,
@@ -31,13 +37,7 @@ from dynamoctl.recipe.models import (
 )
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.commands import frontend_argv, planner_argv, router_argv
-from dynamoctl.supervisor.gang_plan import gang_specs
-from dynamoctl.supervisor.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
-from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.worker_plan import BASE_ENV, component_env, python_for, worker_spec
-from dynamoctl.supervisor.worker_plan import PlanError as PlanError  # re-exported: its error
 
 ETCD_CLIENT_PORT = 2379
 ETCD_PEER_PORT = 2380

@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from dynamoctl.supervisor.hosts import Host
+from dynamoctl.plan.hosts import Host
 from dynamoctl.util.registry import Registry
 
 POOL_PORTS = 100

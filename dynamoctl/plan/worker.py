@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from dynamoctl.launch.api import InstanceSpec, SecretRef
+from dynamoctl.plan.commands import worker_argv
+from dynamoctl.plan.hosts import Host
+from dynamoctl.plan.transfer import TransferError, member_channel
 from dynamoctl.recipe.kv_offload import OffloadArgs, offload_args
 from dynamoctl.recipe.models import ModelSpec, Recipe, Role, SecretSource, WorkerPool
 from dynamoctl.recipe.targets import SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.commands import worker_argv
-from dynamoctl.supervisor.hosts import Host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferError, member_channel
 from dynamoctl.util.registry import Registry
 
 BASE_ENV = {"PYTHONUNBUFFERED": "1"}
@@ -128,7 +128,7 @@ def worker_spec(
     extra_args: Mapping[str, Any] = {},
 ) -> InstanceSpec:
     """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds);
-    ``extra_args``: a gang leader's rank flags (:mod:`~dynamoctl.supervisor.gang_plan`)."""
+    ``extra_args``: a gang leader's rank flags (:mod:`~dynamoctl.plan.gang`)."""
     from dynamoctl.wire.engine_args import render_engine_args
 
     pool = recipe.workers.pools()[role]

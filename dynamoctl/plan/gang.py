@@ -1,7 +1,7 @@
 """Multi-node replicas ("gangs") in the plan: one engine instance over several nodes.
 
 A pool with ``nodes_per_replica`` N > 1 places each replica on N whole nodes
-(:meth:`GpuMap.take_nodes <dynamoctl.supervisor.plan.GpuMap.take_nodes>`). The plan stays
+(:meth:`GpuMap.take_nodes <dynamoctl.plan.build.GpuMap.take_nodes>`). The plan stays
 flat: every member is an ordinary :class:`InstanceSpec` (launchers, preflight, logs and
 ``state.json`` are per process), with ``gang``, ``rank`` and ``nnodes`` set. The leader
 (node rank 0) keeps the replica's name (``decode-0``, what discovery, the router and
@@ -40,12 +40,12 @@ from typing import Any
 import msgspec
 
 from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.plan.hosts import Host
+from dynamoctl.plan.transfer import TransferError, member_channel
+from dynamoctl.plan.worker import PlanError, engine_arguments, python_for, worker_spec
 from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.hosts import Host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferError, member_channel
-from dynamoctl.supervisor.worker_plan import PlanError, engine_arguments, python_for, worker_spec
 
 RENDEZVOUS_PORT = 29501
 """The leader's rendezvous port (vLLM's ``--master-port``, SGLang's ``--dist-init-addr``
