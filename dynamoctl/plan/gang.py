@@ -8,8 +8,9 @@ flat: every member is an ordinary :class:`InstanceSpec` (launchers, preflight, l
 ``drain`` know) and runs ``dynamoctl worker``; followers (``decode-0.1`` ..) run
 ``dynamoctl follower``, which never registers.
 
-Every member gets the rank and rendezvous flags its engine reads (docs/engines.md,
-"Multi-node replicas", which cites the engines' launch code):
+Every member gets the rank and rendezvous flags its engine reads (its spec's
+``rank_flags``; docs/engines.md, "Multi-node replicas", which cites the engines' launch
+code):
 
 - vLLM, tensor/pipeline parallel: ``--nnodes --node-rank --master-addr --master-port``
   (the torch world's TCPStore on the leader) with ``--distributed-executor-backend mp``;
@@ -39,6 +40,8 @@ from typing import Any
 
 import msgspec
 
+from dynamoctl.engines.registry import engine_spec
+from dynamoctl.engines.spec import POOL_BLOCK, EngineSpec, GangRank
 from dynamoctl.launch.api import InstanceSpec
 from dynamoctl.plan.hosts import Host
 from dynamoctl.plan.transfer import TransferError, member_channel
@@ -50,15 +53,6 @@ from dynamoctl.supervisor.instance import InstanceName
 RENDEZVOUS_PORT = 29501
 """The leader's rendezvous port (vLLM's ``--master-port``, SGLang's ``--dist-init-addr``
 port, the mocker's step channel)."""
-DP_RPC_PORT = 29550
-"""vLLM's ``--data-parallel-rpc-port`` (its own default), for data-parallel gangs."""
-LOCAL_POOL_OFFSET = {"prefill": 0, "decode": 100, "agg": 200}
-"""Local target only (one host shared by every gang): rendezvous port offsets per pool."""
-MPI_LAUNCHER = "trtllm-llmapi-launch"
-"""TensorRT-LLM's launcher of a multi-node LLM-API process, run by every MPI rank."""
-SGLANG_FOLLOWER_HEALTH_PORT = 30000
-"""An SGLang follower's dummy health check (``--port``, SGLang's default); the ports
-SGLang derives from ``--dist-init-addr`` lie just above the rendezvous port."""
 RENDEZVOUS_TIMEOUT_CAP = 120.0
 """Longest a follower waits for its leader's rendezvous (``start_timeout`` if shorter)."""
 
@@ -69,43 +63,7 @@ Members = list[tuple[Host, list[int]]]
 def rendezvous_port(role: Role, index: int, shared_host: bool) -> int:
     if not shared_host:
         return RENDEZVOUS_PORT
-    return RENDEZVOUS_PORT + LOCAL_POOL_OFFSET[role] + index
-
-
-def rank_flags(
-    engine: str,
-    args: dict[str, Any],
-    rank: int,
-    nnodes: int,
-    leader: str,
-    port: int,
-    member: str = "",
-) -> dict[str, Any]:
-    """The flags member ``rank`` (at address ``member``) of an ``nnodes`` gang adds to
-    the engine's arguments."""
-    flags: dict[str, Any]
-    if engine == "sglang":
-        flags = {"nnodes": nnodes, "node_rank": rank, "dist_init_addr": f"{leader}:{port}"}
-        if rank:  # where SGLang's follower serves its dummy health check
-            flags |= {"host": member, "port": SGLANG_FOLLOWER_HEALTH_PORT}
-        return flags
-    if _data_parallel(engine, args):
-        local = int(args["data_parallel_size"]) // nnodes
-        flags = {
-            "data_parallel_size_local": local,
-            "data_parallel_address": leader,
-            "data_parallel_rpc_port": port,
-        }
-        if rank:
-            flags["data_parallel_start_rank"] = rank * local
-    else:
-        flags = {"nnodes": nnodes, "node_rank": rank, "master_addr": leader, "master_port": port}
-    if engine == "vllm":
-        if "distributed_executor_backend" not in args:  # nnodes needs mp (parallel.py)
-            flags["distributed_executor_backend"] = "mp"
-        if rank:
-            flags["headless"] = True
-    return flags
+    return RENDEZVOUS_PORT + POOL_BLOCK[role] + index  # one host shared by every gang
 
 
 def gang_specs(
@@ -119,16 +77,15 @@ def gang_specs(
     """The members of replica ``index`` of pool ``role`` on ``members`` (leader first);
     also what ``scale`` adds."""
     pool = recipe.workers.pools()[role]
-    if pool.engine == "trtllm":
-        return [_mpi_world_spec(recipe, role, index, members, url, run_dir)]
+    spec = engine_spec(pool.engine)
+    if spec.mpi_launcher is not None:
+        return [_mpi_world_spec(recipe, role, index, members, url, run_dir, spec.mpi_launcher)]
     nnodes = len(members)
     leader_host = members[0][0]
     shared = len({host.name for host, _ in members}) == 1
     args = engine_arguments(role, pool, recipe.model)
     # A data-parallel vLLM gang meets at the leader's DP RPC port, any other at its store.
-    port = (
-        DP_RPC_PORT if _data_parallel(pool.engine, args) else rendezvous_port(role, index, shared)
-    )
+    port = spec.gang_port(args) or rendezvous_port(role, index, shared)
     ports = {"rendezvous": port}
     gang = str(InstanceName(role, index))
     leader = worker_spec(
@@ -139,7 +96,7 @@ def gang_specs(
         members[0][1],
         url,
         run_dir,
-        extra_args=rank_flags(pool.engine, args, 0, nnodes, leader_host.address, port),
+        extra_args=spec.rank_flags(args, GangRank(0, nnodes, leader_host.address, port)),
     )
     specs = [
         msgspec.structs.replace(
@@ -147,12 +104,13 @@ def gang_specs(
             gang=gang,
             nnodes=nnodes,
             ports={**leader.ports, **ports},
-            env=_member_env(pool.engine, leader.env, leader_host),
+            env=_member_env(spec, leader.env, leader_host),
         )
     ]
     rendezvous = f"{leader_host.address}:{port}"
     for rank, (host, gpus) in enumerate(members[1:], start=1):
-        flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port, host.address)
+        at = GangRank(rank, nnodes, leader_host.address, port, host.address)
+        flags = spec.rank_flags(args, at)
         member = _Member(role, index, rank, nnodes, host, gpus)
         specs.append(_follower_spec(recipe, member, args, flags, rendezvous))
     return specs
@@ -202,9 +160,8 @@ def _follower_spec(
     env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
     if member.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, member.gpus))
-    ports = dict(channel.ports)
-    if pool.engine == "sglang":
-        ports["health"] = int(flags["port"])
+    spec = engine_spec(pool.engine)
+    ports = {**channel.ports, **spec.follower_ports(flags)}
     return InstanceSpec(
         name=str(member.name),
         pool=role,
@@ -213,7 +170,7 @@ def _follower_spec(
         address=host.address,
         ports=ports,
         argv=argv,
-        env=_member_env(pool.engine, env, host),
+        env=_member_env(spec, env, host),
         gpus=member.gpus,
         secrets=hidden,
         gang=str(member.name.leader),
@@ -223,7 +180,13 @@ def _follower_spec(
 
 
 def _mpi_world_spec(
-    recipe: Recipe, role: Role, index: int, members: Members, url: str, run_dir: Path
+    recipe: Recipe,
+    role: Role,
+    index: int,
+    members: Members,
+    url: str,
+    run_dir: Path,
+    launcher: str,
 ) -> InstanceSpec:
     """A TensorRT-LLM gang: one instance whose launch is one MPI world over every node of
     ``members`` (``mpi_nodes``), a rank per GPU. ``trtllm-llmapi-launch`` runs the worker
@@ -233,11 +196,11 @@ def _mpi_world_spec(
     JSON values are rendered without spaces and any other blank is refused."""
     host, gpus = members[0]
     leader = worker_spec(recipe, role, index, host, gpus, url, run_dir)
-    argv = [MPI_LAUNCHER, *map(_compact_json, leader.argv)]
+    argv = [launcher, *map(_compact_json, leader.argv)]
     blank = next((arg for arg in argv if any(c.isspace() for c in arg)), None)
     if blank is not None:
         raise PlanError(
-            f"workers.{role}: {blank!r} holds a blank, but {MPI_LAUNCHER} splits the worker "
+            f"workers.{role}: {blank!r} holds a blank, but {launcher} splits the worker "
             "command at blanks; use a path or value without spaces"
         )
     return msgspec.structs.replace(
@@ -260,16 +223,8 @@ def _compact_json(arg: str) -> str:
         return arg
 
 
-def _data_parallel(engine: str, args: dict[str, Any]) -> bool:
-    return engine == "vllm" and int(args.get("data_parallel_size", 1)) > 1
-
-
-HOST_IP_VARIABLES = {"vllm": "VLLM_HOST_IP", "sglang": "SGLANG_HOST_IP"}
-"""Where each engine reads a member's own address (its ``get_ip()``)."""
-
-
-def _member_env(engine: str, env: dict[str, str], host: Host) -> dict[str, str]:
-    # The engines' cross-node message queues connect to get_ip(), which reads these: the
+def _member_env(spec: EngineSpec, env: dict[str, str], host: Host) -> dict[str, str]:
+    # The engines' cross-node message queues connect to get_ip(), which reads this: the
     # member's own address, not whichever interface a multi-homed node reports first.
-    variable = HOST_IP_VARIABLES.get(engine)
+    variable = spec.host_ip_variable
     return {**env, variable: host.address} if variable else env

@@ -26,87 +26,13 @@ on; preflight checks that they are free on their node.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
+from dynamoctl.engines.registry import engine_spec
+from dynamoctl.engines.spec import TransferChannel
+from dynamoctl.engines.spec import TransferError as TransferError  # re-exported: its error
 from dynamoctl.plan.hosts import Host
-from dynamoctl.util.registry import Registry
-
-POOL_PORTS = 100
-"""Ports each pool has for one kind of side channel (replicas times ports per replica)."""
-POOL_BLOCK = {"prefill": 0, "decode": POOL_PORTS, "agg": 2 * POOL_PORTS}
-NIXL_SIDE_CHANNEL_BASE = 5600  # vLLM's default, the first of 300
-SGLANG_BOOTSTRAP_BASE = 8998  # SGLang's default, the first of 300
-
-
-class TransferError(ValueError):
-    """The pool has more replicas than its side-channel port block; names the field."""
-
-
-@dataclass(frozen=True)
-class TransferChannel:
-    """What one worker adds to its command line and environment, and the fixed ports it
-    will listen on (for preflight)."""
-
-    env: dict[str, str] = field(default_factory=dict)
-    args: dict[str, Any] = field(default_factory=dict)
-    ports: dict[str, int] = field(default_factory=dict)
-
-
-def _port_block(base: str, first: int, role: str, index: int, width: int) -> int:
-    """The first of ``width`` ports for replica ``index`` of ``role``."""
-    if (index + 1) * width > POOL_PORTS:
-        raise TransferError(
-            f"workers.{role}.replicas: replica {index} needs {base} ports past the "
-            f"{POOL_PORTS} a pool has ({width} per replica); use fewer replicas per pool"
-        )
-    return first + POOL_BLOCK[role] + index * width
-
-
-def _vllm(role: str, index: int, host: Host, args: Mapping[str, Any]) -> TransferChannel:
-    if "kv_transfer_config" not in args:
-        return TransferChannel()
-    ranks = args.get("data_parallel_size", 1)
-    if not isinstance(ranks, int) or isinstance(ranks, bool) or not 1 <= ranks <= POOL_PORTS:
-        raise TransferError(
-            f"workers.{role}.engine_args.data-parallel-size: {ranks!r} is not a whole number "
-            f"from 1 to {POOL_PORTS}"
-        )
-    port = _port_block("NIXL side-channel", NIXL_SIDE_CHANNEL_BASE, role, index, ranks)
-    ports = {"nixl_side_channel" + (f"_dp{r}" if r else ""): port + r for r in range(ranks)}
-    env = {"VLLM_NIXL_SIDE_CHANNEL_HOST": host.address, "VLLM_NIXL_SIDE_CHANNEL_PORT": str(port)}
-    return TransferChannel(env=env, ports=ports)
-
-
-def _sglang(role: str, index: int, host: Host, args: Mapping[str, Any]) -> TransferChannel:
-    if "disaggregation_mode" not in args:
-        return TransferChannel()
-    env = {"SGLANG_HOST_IP": host.address}
-    if args["disaggregation_mode"] != "prefill":
-        return TransferChannel(env=env)
-    port = args.get("disaggregation_bootstrap_port") or _port_block(
-        "bootstrap", SGLANG_BOOTSTRAP_BASE, role, index, 1
-    )
-    return TransferChannel(
-        env=env,
-        args={"host": host.address, "disaggregation_bootstrap_port": port},
-        ports={"bootstrap": port},
-    )
-
-
-def _none(role: str, index: int, host: Host, args: Mapping[str, Any]) -> TransferChannel:
-    return TransferChannel()
-
-
-CHANNELS: Registry[Callable[[str, int, Host, Mapping[str, Any]], TransferChannel]] = Registry(
-    "engine"
-)
-"""Side-channel settings by engine name (every engine the recipe accepts is here)."""
-CHANNELS.add("mocker", _none)
-CHANNELS.add("vllm", _vllm)
-CHANNELS.add("sglang", _sglang)
-CHANNELS.add("trtllm", _none)
 
 
 def transfer_channel(
@@ -115,7 +41,7 @@ def transfer_channel(
     """The side channel of replica ``index`` of pool ``role`` on ``host``; ``args`` are its
     engine arguments (underscored names). Arguments the recipe gives win; so does the
     pool's ``env`` (the plan merges it last)."""
-    channel = CHANNELS[engine](role, index, host, args)
+    channel = engine_spec(engine).kv_channel(role, index, host.address, args)
     return TransferChannel(
         env=channel.env,
         args={k: v for k, v in channel.args.items() if k not in args},

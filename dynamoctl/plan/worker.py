@@ -6,20 +6,21 @@ What :mod:`.plan` places and :mod:`.gang_plan` makes the members of a gang from.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from dynamoctl.engines.registry import engine_spec
+from dynamoctl.engines.spec import OffloadArgs
 from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.plan.commands import worker_argv
 from dynamoctl.plan.hosts import Host
 from dynamoctl.plan.transfer import TransferError, member_channel
-from dynamoctl.recipe.kv_offload import OffloadArgs, offload_args
+from dynamoctl.recipe.kv_offload import offload_args
 from dynamoctl.recipe.models import ModelSpec, Recipe, Role, SecretSource, WorkerPool
 from dynamoctl.recipe.targets import SlurmTarget, SshTarget
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.util.registry import Registry
 
 BASE_ENV = {"PYTHONUNBUFFERED": "1"}
 """The environment every process of the plan gets (logs reach the keeper line by line)."""
@@ -29,41 +30,11 @@ class PlanError(ValueError):
     """The recipe cannot be placed on these hosts; the message names the field."""
 
 
-# -- per-engine model arguments: a registry, not an if/elif chain ----------------------------
-
-
-def _mocker_args(model: ModelSpec) -> dict[str, Any]:
-    # The mocker pretends to be model.name; its tokenizer is shipped with dynamoctl unless
-    # the recipe names one, so the zero-infra default downloads nothing.
-    return {
-        "model": model.name,
-        "tokenizer": model.tokenizer or "builtin",
-        "block_size": model.block_size,
-        "max_model_len": model.context_length,
-    }
-
-
-def _vllm_like_args(model: ModelSpec) -> dict[str, Any]:
-    return {
-        "model": model.path,
-        "served_model_name": model.name,
-        "tokenizer": model.tokenizer,
-        "block_size": model.block_size,
-        "max_model_len": model.context_length,
-    }
-
-
-MODEL_ARGS: Registry[Callable[[ModelSpec], dict[str, Any]]] = Registry("engine")
-"""The engine arguments each engine takes from the recipe's model section."""
-MODEL_ARGS.add("mocker", _mocker_args)
-for _engine in ("vllm", "sglang", "trtllm"):
-    MODEL_ARGS.add(_engine, _vllm_like_args)
-
-
 def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str, Any]:
     """The pool's ``engine_args`` plus the model's and ``kv_offload``'s, refusing
     contradictions."""
-    derived = {k: v for k, v in MODEL_ARGS[pool.engine](model).items() if v is not None}
+    model_args = engine_spec(pool.engine).model_args(model)
+    derived = {k: v for k, v in model_args.items() if v is not None}
     offload = _offload(pool, model).args
     merged = dict(derived)
     for key, value in pool.engine_args.items():

@@ -14,10 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
 
+from dynamoctl.engines.registry import ENGINES
 from dynamoctl.recipe.fields import (
     DnsLabel,
     LocalPath,
     NonEmptyStr,
+    OneOf,
     Port,
     RecipeModel,
     check_etcd_endpoint,
@@ -43,7 +45,9 @@ from dynamoctl.util.net import is_loopback
 SCHEMA_VERSION = 1
 """The only recipe ``schema`` this dynamoctl reads."""
 
-Engine = Literal["mocker", "vllm", "sglang", "trtllm"]
+_ENGINES = OneOf(ENGINES.names)
+EngineName = Annotated[str, _ENGINES, AfterValidator(_ENGINES)]
+"""An engine registered in :mod:`dynamoctl.engines.registry` (its names, not a copy)."""
 
 # --- secrets and security -------------------------------------------------------------------
 
@@ -228,7 +232,7 @@ class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings
 class WorkerPool(RecipeModel):
     """A set of identical engine replicas in one role."""
 
-    engine: Engine
+    engine: EngineName
     """Engine adapter: ``mocker`` (simulated, no GPU), ``vllm``, ``sglang`` or ``trtllm``."""
     replicas: int = Field(default=1, ge=0, le=1024)
     """Number of replicas; 0 declares the pool with nothing running (``dynamoctl scale``
