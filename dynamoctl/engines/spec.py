@@ -207,6 +207,11 @@ class EngineSpec:
     mpi_launcher: str | None = None
     """A gang is one MPI world started by one launch, this command in front of the worker
     command on every rank (TensorRT-LLM's ``trtllm-llmapi-launch``), not followers."""
+    parallel_sizes: tuple[tuple[str, ...], ...] = ()
+    """The spellings of each parallel size in ``engine_args``; their product is the GPUs
+    one instance uses (a gang's sizes must fill its nodes)."""
+    short_options: Mapping[str, str] = field(default_factory=dict)
+    """Short parallel options an ``engine_args`` key cannot give, by the long name to use."""
     follower: str | None = None
     """``"module:function"`` of a follower's side (``dynamoctl follower``), a
     :data:`FollowerEntry`; None: the engine has none."""

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
 
-from dynamoctl.engines.registry import ENGINES
+from dynamoctl.engines import registry
 from dynamoctl.recipe.fields import (
     DnsLabel,
     LocalPath,
@@ -45,7 +45,7 @@ from dynamoctl.util.net import is_loopback
 SCHEMA_VERSION = 1
 """The only recipe ``schema`` this dynamoctl reads."""
 
-_ENGINES = OneOf(ENGINES.names)
+_ENGINES = OneOf(lambda: registry.ENGINES.names())
 EngineName = Annotated[str, _ENGINES, AfterValidator(_ENGINES)]
 """An engine registered in :mod:`dynamoctl.engines.registry` (its names, not a copy)."""
 

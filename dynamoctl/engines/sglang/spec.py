@@ -110,6 +110,11 @@ SPEC = EngineSpec(
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,
+    # dp-attention lives inside tp
+    parallel_sizes=(
+        ("tp-size", "tp", "tensor-parallel-size"),
+        ("pp-size", "pipeline-parallel-size"),
+    ),
     follower="dynamoctl.engines.sglang.gang:follow_leader",
     follower_check="dynamoctl.engines.sglang.gang:follower_server_args",
     follower_ports=lambda flags: {"health": int(flags["port"])},

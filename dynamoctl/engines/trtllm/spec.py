@@ -53,6 +53,7 @@ SPEC = EngineSpec(
     kv_offload=kv_offload,
     # its cache transceiver binds ports it picks itself (TRTLLM_UCX_INTERFACE names the
     # NIC on multi-NIC nodes: the pool's env): no side channel to assign
+    parallel_sizes=(("tensor-parallel-size", "tp-size"), ("pipeline-parallel-size", "pp-size")),
     mpi_launcher="trtllm-llmapi-launch",  # its multi-node LLM-API launcher, on every rank
     enforcement="xgrammar",
     parallel_args=parallel_args,

@@ -136,6 +136,18 @@ SPEC = EngineSpec(
     kv_channel=kv_channel,
     rank_flags=rank_flags,
     gang_port=lambda args: DP_RPC_PORT if data_parallel(args) else None,
+    # arg_utils.py's world size. The long names only: its short options are -tp/-pp/-dp,
+    # which an engine_args key (rendered --tp) does not reach: the worker's parser refuses.
+    parallel_sizes=(
+        ("tensor-parallel-size",),
+        ("pipeline-parallel-size",),
+        ("data-parallel-size",),
+    ),
+    short_options={
+        "tp": "tensor-parallel-size",
+        "pp": "pipeline-parallel-size",
+        "dp": "data-parallel-size",
+    },
     follower="dynamoctl.engines.vllm.gang:follow_leader",
     host_ip_variable=HOST_IP_VARIABLE,
     enforcement="anything",
