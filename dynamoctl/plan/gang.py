@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -43,11 +42,11 @@ import msgspec
 from dynamoctl.engines.registry import engine_spec
 from dynamoctl.engines.spec import POOL_BLOCK, EngineSpec, GangRank
 from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.plan.context import BASE_ENV, PlanContext, PlanError
 from dynamoctl.plan.hosts import Host
 from dynamoctl.plan.transfer import TransferError, member_channel
-from dynamoctl.plan.worker import PlanError, engine_arguments, python_for, worker_spec
-from dynamoctl.recipe.models import Recipe, Role
-from dynamoctl.supervisor import credentials
+from dynamoctl.plan.worker import engine_arguments, split_env, worker_spec
+from dynamoctl.recipe.models import Role
 from dynamoctl.supervisor.instance import InstanceName
 
 RENDEZVOUS_PORT = 29501
@@ -66,36 +65,27 @@ def rendezvous_port(role: Role, index: int, shared_host: bool) -> int:
     return RENDEZVOUS_PORT + POOL_BLOCK[role] + index  # one host shared by every gang
 
 
-def gang_specs(
-    recipe: Recipe,
-    role: Role,
-    index: int,
-    members: Members,
-    url: str,
-    run_dir: Path,
-) -> list[InstanceSpec]:
+def gang_specs(ctx: PlanContext, role: Role, index: int, members: Members) -> list[InstanceSpec]:
     """The members of replica ``index`` of pool ``role`` on ``members`` (leader first);
     also what ``scale`` adds."""
-    pool = recipe.workers.pools()[role]
+    pool = ctx.pool(role)
     spec = engine_spec(pool.engine)
     if spec.mpi_launcher is not None:
-        return [_mpi_world_spec(recipe, role, index, members, url, run_dir, spec.mpi_launcher)]
+        return [_mpi_world_spec(ctx, role, index, members, spec.mpi_launcher)]
     nnodes = len(members)
     leader_host = members[0][0]
     shared = len({host.name for host, _ in members}) == 1
-    args = engine_arguments(role, pool, recipe.model)
+    args = engine_arguments(role, pool, ctx.recipe.model)
     # A data-parallel vLLM gang meets at the leader's DP RPC port, any other at its store.
     port = spec.gang_port(args) or rendezvous_port(role, index, shared)
     ports = {"rendezvous": port}
     gang = str(InstanceName(role, index))
     leader = worker_spec(
-        recipe,
+        ctx,
         role,
         index,
         leader_host,
         members[0][1],
-        url,
-        run_dir,
         extra_args=spec.rank_flags(args, GangRank(0, nnodes, leader_host.address, port)),
     )
     specs = [
@@ -112,7 +102,7 @@ def gang_specs(
         at = GangRank(rank, nnodes, leader_host.address, port, host.address)
         flags = spec.rank_flags(args, at)
         member = _Member(role, index, rank, nnodes, host, gpus)
-        specs.append(_follower_spec(recipe, member, args, flags, rendezvous))
+        specs.append(_follower_spec(ctx, member, args, flags, rendezvous))
     return specs
 
 
@@ -133,31 +123,30 @@ class _Member:
 
 
 def _follower_spec(
-    recipe: Recipe, member: _Member, args: dict[str, Any], flags: dict[str, Any], rendezvous: str
+    ctx: PlanContext, member: _Member, args: dict[str, Any], flags: dict[str, Any], rendezvous: str
 ) -> InstanceSpec:
     """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags;
     the pool's env and secrets (weights need the same token), its node's GPUs."""
     from dynamoctl.wire.engine_args import render_engine_args
 
     role, index = member.role, member.index
-    pool = recipe.workers.pools()[role]
+    pool = ctx.pool(role)
     host = member.host
     try:
         channel = member_channel(pool.engine, role, index, host, args, flags)
     except TransferError as exc:
         raise PlanError(str(exc)) from None
-    timeout = min(recipe.supervision.start_timeout, RENDEZVOUS_TIMEOUT_CAP)
+    timeout = min(ctx.recipe.supervision.start_timeout, RENDEZVOUS_TIMEOUT_CAP)
     argv = [
-        python_for(recipe),
+        ctx.python,
         *("-m", "dynamoctl", "follower"),
         *("--engine", pool.engine, "--label", str(member.name)),
         *("--rendezvous", rendezvous, "--rendezvous-timeout", f"{timeout:g}"),
         "--",
         *render_engine_args({**args, **channel.args, **flags}),
     ]
-    plain = {k: v for k, v in pool.env.items() if isinstance(v, str)}
-    hidden = {k: credentials.secret_ref(v) for k, v in pool.env.items() if not isinstance(v, str)}
-    env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
+    plain, hidden = split_env(pool.env)
+    env = {**BASE_ENV, **channel.env, **plain}
     if member.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, member.gpus))
     spec = engine_spec(pool.engine)
@@ -180,13 +169,7 @@ def _follower_spec(
 
 
 def _mpi_world_spec(
-    recipe: Recipe,
-    role: Role,
-    index: int,
-    members: Members,
-    url: str,
-    run_dir: Path,
-    launcher: str,
+    ctx: PlanContext, role: Role, index: int, members: Members, launcher: str
 ) -> InstanceSpec:
     """A TensorRT-LLM gang: one instance whose launch is one MPI world over every node of
     ``members`` (``mpi_nodes``), a rank per GPU. ``trtllm-llmapi-launch`` runs the worker
@@ -195,7 +178,7 @@ def _mpi_world_spec(
     sizes span the world. It expands its command unquoted (``$task_with_command``), so
     JSON values are rendered without spaces and any other blank is refused."""
     host, gpus = members[0]
-    leader = worker_spec(recipe, role, index, host, gpus, url, run_dir)
+    leader = worker_spec(ctx, role, index, host, gpus)
     argv = [launcher, *map(_compact_json, leader.argv)]
     blank = next((arg for arg in argv if any(c.isspace() for c in arg)), None)
     if blank is not None:
