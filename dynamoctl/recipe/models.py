@@ -37,7 +37,7 @@ from dynamoctl.settings import (
     StreamSettings,
 )
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
-from dynamoctl.settings.frontend import ApiKeySettings
+from dynamoctl.settings.frontend import DEFAULT_PORT, ApiKeySettings
 from dynamoctl.settings.http import HttpLimitSettings
 from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.util.net import is_loopback
@@ -223,7 +223,7 @@ class Frontend(RecipeModel, HttpLimitSettings, ApiKeySettings, AdmissionSettings
     targets the head node's address, so that the supervisor and clients on other machines
     reach it. ``0.0.0.0`` listens on every interface of the head node. A loopback address
     is refused on ssh and slurm targets (nothing off the head node could reach it)."""
-    port: Port = 8000
+    port: Port = DEFAULT_PORT
     """TCP port to listen on."""
     router: Router = Field(default_factory=Router)
     """Request routing."""
