@@ -1,5 +1,6 @@
 """KV-transfer side channels: what a worker's engine needs so that a peer on another host
-can fetch its KV cache, per engine, decided by the plan (so the dry run shows it).
+can fetch its KV cache, decided by the plan (so the dry run shows it) from each engine's
+spec (``kv_channel`` in ``engines/<engine>/spec.py``).
 
 Engines default to loopback and to one fixed port per host, which breaks as soon as a
 decode worker is on another node than its prefill worker, or two workers share a node:
