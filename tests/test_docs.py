@@ -8,7 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
-# A repository path in backquotes: `dynamoctl/supervisor/plan.py`, `tests/infra/`, ...
+# A repository path in backquotes: `dynamoctl/plan/build.py`, `tests/infra/`, ...
 PATH = re.compile(r"`((?:dynamoctl|tests|benchmarks|deploy|scripts|recipes|slurm|docs)/[\w./-]*)`")
 
 

@@ -5,13 +5,12 @@ from __future__ import annotations
 import pytest
 
 from dynamoctl.engines.registry import ENGINES, UnknownEngine
+from dynamoctl.engines.spec import EngineSpec
 from dynamoctl.frontend.routing import ROUTINGS
 from dynamoctl.launch.registry import LAUNCHERS
 from dynamoctl.router.errors import UnknownMode
 from dynamoctl.router.policies import POLICIES
 from dynamoctl.supervisor.probes import PROBES
-from dynamoctl.supervisor.transfer import CHANNELS
-from dynamoctl.supervisor.worker_plan import MODEL_ARGS
 from dynamoctl.util.registry import Registry, UnknownName
 
 REGISTRIES = {
@@ -40,6 +39,9 @@ def test_a_name_registered_twice_is_refused() -> None:
 
 
 def test_every_engine_has_its_plan_rules() -> None:
-    # An engine the workers can run is one the plan knows how to command.
-    assert set(ENGINES) == set(MODEL_ARGS) == set(CHANNELS)
+    # An engine the workers can run is one the plan knows how to command: its spec holds
+    # every rule, under its own name.
+    assert all(isinstance(ENGINES[name], EngineSpec) for name in ENGINES)
+    assert [ENGINES[name].name for name in ENGINES] == ENGINES.names()
+    assert {"mocker", "vllm", "sglang", "trtllm"} <= set(ENGINES)
     assert set(PROBES) == {"etcd", "frontend", "router", "worker", "planner"}

@@ -82,8 +82,8 @@ class Target(NamedTuple):
 def endpoint_of(target: str) -> Target:
     """The endpoint, model and API key of a URL (it may end in ``/v1``) or a recipe."""
     if Path(target).is_file():
+        from dynamoctl.plan.build import PlanError, client_endpoint
         from dynamoctl.recipe.loader import load_recipe
-        from dynamoctl.supervisor.plan import PlanError, client_endpoint
 
         recipe = load_recipe(target)
         try:

@@ -66,8 +66,8 @@ def up(
 ) -> None:
     """Start the deployment a recipe describes and supervise it (Ctrl-C stops it)."""
     from dynamoctl.launch.registry import launcher_for
-    from dynamoctl.supervisor.hosts import HostError, parse_resolve
-    from dynamoctl.supervisor.plan import PlanError, build_plan, render
+    from dynamoctl.plan.build import PlanError, build_plan, render
+    from dynamoctl.plan.hosts import HostError, parse_resolve
 
     if not dry_run and (nodes or resolve):
         raise typer.BadParameter("only with --dry-run", param_hint="--nodes/--resolve")

@@ -7,17 +7,16 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Callable
 from typing import Any
 
 from ruamel.yaml import YAML
 from ruamel.yaml.comments import CommentedMap
 
 from dynamoctl.configure.models import Answer, Candidate, ConfigureError, Pool
+from dynamoctl.engines.registry import engine_spec
 from dynamoctl.recipe.loader import load_recipe_text
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
-from dynamoctl.util.registry import Registry
 
 # -- where replicas go -----------------------------------------------------------------------
 
@@ -83,7 +82,8 @@ def place(candidate: Candidate, target: Target, engine: str) -> int:
     nodes, per_node = target_shape(target)
     for pool in candidate.pools().values():
         size = pool.parallel.gpus
-        if size > per_node and (size % per_node or engine == "trtllm"):
+        spans = engine_spec(engine).configure_spans_nodes
+        if size > per_node and (size % per_node or not spans):
             return 0  # a gang takes whole nodes; TensorRT-LLM gangs are not supported yet
     units = candidate.units
     while units and not _packs(candidate, units, nodes, per_node):
@@ -114,56 +114,15 @@ def choose(answer: Answer, target: Target, mode: str = "best") -> tuple[Candidat
     )
 
 
-# -- engine arguments, per engine ------------------------------------------------------------
-
-EngineArgs = Callable[[str, Pool], dict[str, Any]]
-ENGINE_ARGS: Registry[EngineArgs] = Registry("engine")
-"""The ``engine_args`` each engine gets for a pool (its role and shape)."""
-
-
-@ENGINE_ARGS.register("vllm")
-def _vllm_args(role: str, pool: Pool) -> dict[str, Any]:
-    p = pool.parallel
-    args: dict[str, Any] = {"tensor-parallel-size": p.tp}
-    if p.pp > 1:
-        args["pipeline-parallel-size"] = p.pp
-    if p.dp > 1:
-        args["data-parallel-size"] = p.dp
-    if p.moe_ep > 1:
-        args["enable-expert-parallel"] = True
-    args["max-num-seqs"] = pool.batch_size
-    if role != "agg":
-        args["kv-transfer-config"] = {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
-    return args
-
-
-@ENGINE_ARGS.register("sglang")
-def _sglang_args(role: str, pool: Pool) -> dict[str, Any]:
-    p = pool.parallel
-    args: dict[str, Any] = {"tp-size": p.tp * p.dp}  # SGLang's dp-attention lives inside tp
-    if p.pp > 1:
-        args["pp-size"] = p.pp
-    if p.dp > 1:
-        args |= {"dp-size": p.dp, "enable-dp-attention": True}
-    if p.moe_ep > 1:
-        args["ep-size"] = p.moe_ep
-    args["max-running-requests"] = pool.batch_size
-    return args
-
-
-@ENGINE_ARGS.register("trtllm")
-def _trtllm_args(role: str, pool: Pool) -> dict[str, Any]:
-    p = pool.parallel
-    args: dict[str, Any] = {"tensor-parallel-size": p.tp}
-    if p.pp > 1:
-        args["pipeline-parallel-size"] = p.pp
-    if p.moe_ep > 1:
-        args["moe-expert-parallel-size"] = p.moe_ep
-    args["max-batch-size"] = pool.batch_size
-    return args
-
-
 # -- the recipe ------------------------------------------------------------------------------
+
+
+def engine_args(engine: str, role: str, pool: Pool) -> dict[str, Any]:
+    """The ``engine_args`` ``engine`` gets for a pool (its role and shape), from its spec."""
+    parallel_args = engine_spec(engine).parallel_args
+    if parallel_args is None:
+        raise ConfigureError(f"configure has no parallel flags for engine {engine!r}")
+    return parallel_args(role, pool.parallel, pool.batch_size)
 
 
 def build_recipe(
@@ -187,7 +146,7 @@ def build_recipe(
             "replicas": pool.workers * units,
             "gpus_per_replica": pool.parallel.gpus,
             **({"nodes_per_replica": spans} if spans > 1 else {}),
-            "engine_args": ENGINE_ARGS[q.engine](role, pool),
+            "engine_args": engine_args(q.engine, role, pool),
         }
     nodes, _ = target_shape(target)
     if discovery is None:

@@ -1,18 +1,22 @@
-"""Engines by name, imported only when asked for.
+"""Engines by name: each engine's spec (``engines/<engine>/spec.py``), one line each at
+the end; its adapter is imported only when a worker asks for it.
 
-An entry names a factory as ``"module:attribute"`` and, for real engines, the pip extra
-that provides it: ``dynamoctl worker --engine vllm`` on a node without vLLM fails with
+A spec names the adapter's factory as ``"module:attribute"`` and, for real engines, the
+pip extra that provides it: ``dynamoctl worker --engine vllm`` on a node without vLLM fails with
 the command that fixes it instead of an ``ImportError`` from deep inside.
 """
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, cast
 
 from dynamoctl.engines.api import Engine, EngineError
+from dynamoctl.engines.mocker import spec as mocker
+from dynamoctl.engines.sglang import spec as sglang
+from dynamoctl.engines.spec import EngineSpec, load_entry
+from dynamoctl.engines.trtllm import spec as trtllm
+from dynamoctl.engines.vllm import spec as vllm
 from dynamoctl.util.registry import Registry
 
 EngineFactory = Callable[..., Engine]
@@ -27,25 +31,18 @@ class EngineUnavailable(EngineError):
     """The engine is registered but its package is not installed."""
 
 
-@dataclass(frozen=True)
-class EngineEntry:
-    """A registered engine."""
-
-    name: str
-    target: str
-    """``"module:attribute"`` (dotted attribute allowed) of the :data:`EngineFactory`."""
-    extra: str | None = None
-    """The dynamoctl extra that installs the engine (``pip install 'dynamoctl[vllm]'``)."""
+ENGINES: Registry[EngineSpec] = Registry("engine", UnknownEngine)
+"""Every engine dynamoctl runs, by name: what the recipe accepts and the plan commands."""
 
 
-ENGINES: Registry[EngineEntry] = Registry("engine", UnknownEngine)
+def register_engine(spec: EngineSpec) -> EngineSpec:
+    """Register engine ``spec.name``; nothing of its adapter is imported."""
+    return ENGINES.add(spec.name, spec)
 
 
-def register_engine(name: str, target: str, *, extra: str | None = None) -> None:
-    """Register ``target`` (``"module:factory"``) as engine ``name``; nothing is imported."""
-    if name in ENGINES and ENGINES[name].target == target:
-        return
-    ENGINES.add(name, EngineEntry(name, target, extra))
+def engine_spec(name: str) -> EngineSpec:
+    """The spec of engine ``name`` (:class:`UnknownEngine` lists the valid ones)."""
+    return ENGINES[name]
 
 
 def engine_names() -> list[str]:
@@ -56,9 +53,8 @@ def engine_names() -> list[str]:
 def load_engine_factory(name: str) -> EngineFactory:
     """Import and return the factory of engine ``name``."""
     entry = ENGINES[name]
-    module_name, _, attr = entry.target.partition(":")
     try:
-        obj: Any = importlib.import_module(module_name)
+        factory = load_entry(entry.adapter)
     except ImportError as exc:
         hint = f": pip install 'dynamoctl[{entry.extra}]'" if entry.extra else ""
         raise EngineUnavailable(f"engine {name!r} is not installed ({exc}){hint}") from exc
@@ -69,9 +65,7 @@ def load_engine_factory(name: str) -> EngineFactory:
         raise EngineUnavailable(
             f"engine {name!r} is installed but fails to import ({type(exc).__name__}: {first})"
         ) from exc
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    return cast(EngineFactory, obj)
+    return cast(EngineFactory, factory)
 
 
 def create_engine(name: str, options: Mapping[str, Any] | None = None, **kwargs: Any) -> Engine:
@@ -80,11 +74,7 @@ def create_engine(name: str, options: Mapping[str, Any] | None = None, **kwargs:
     return load_engine_factory(name)(**dict(options or {}), **kwargs)
 
 
-register_engine("mocker", "dynamoctl.engines.mocker.engine:MockerEngine.from_options")
-register_engine("vllm", "dynamoctl.engines.vllm.engine:VllmEngine.from_options", extra="vllm")
-register_engine(
-    "sglang", "dynamoctl.engines.sglang.engine:SglangEngine.from_options", extra="sglang"
-)
-register_engine(
-    "trtllm", "dynamoctl.engines.trtllm.engine:TrtllmEngine.from_options", extra="trtllm"
-)
+register_engine(mocker.SPEC)
+register_engine(vllm.SPEC)
+register_engine(sglang.SPEC)
+register_engine(trtllm.SPEC)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from dynamoctl.wire import frontend_metrics as names
+
 _LATENCY_BUCKETS = (
     0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 30.0,
 )  # fmt: skip
@@ -19,12 +21,12 @@ class FrontendMetrics:
         labels = ["model"]
         r = self.registry
         self.ttft = Histogram(
-            "dynamoctl_frontend_time_to_first_token_seconds",
+            names.TIME_TO_FIRST_TOKEN,
             "Request arrival to first token.",
             labels, buckets=_LATENCY_BUCKETS, registry=r,
         )  # fmt: skip
         self.itl = Histogram(
-            "dynamoctl_frontend_inter_token_latency_seconds",
+            names.INTER_TOKEN_LATENCY,
             "Time between consecutive tokens of a request.",
             labels, buckets=_ITL_BUCKETS, registry=r,
         )  # fmt: skip
@@ -34,25 +36,21 @@ class FrontendMetrics:
             labels, buckets=_DURATION_BUCKETS, registry=r,
         )  # fmt: skip
         self.requests = Counter(
-            "dynamoctl_frontend_requests", "Requests by outcome.",
+            names.REQUESTS, "Requests by outcome.",
             ["model", "endpoint", "status"], registry=r,
         )  # fmt: skip
         self.received = Counter(
-            "dynamoctl_frontend_requests_received",
+            names.REQUESTS_RECEIVED,
             "Requests accepted for generation, counted on arrival (requests_total counts "
             "them when they end): the arrival rate the planner forecasts.",
             labels, registry=r,
         )  # fmt: skip
-        self.input_tokens = Counter(
-            "dynamoctl_frontend_input_tokens", "Prompt tokens.", labels, registry=r
-        )
+        self.input_tokens = Counter(names.INPUT_TOKENS, "Prompt tokens.", labels, registry=r)
         self.cached_tokens = Counter(
             "dynamoctl_frontend_cached_tokens", "Prompt tokens served from prefix caches.",
             labels, registry=r,
         )  # fmt: skip
-        self.output_tokens = Counter(
-            "dynamoctl_frontend_output_tokens", "Generated tokens.", labels, registry=r
-        )
+        self.output_tokens = Counter(names.OUTPUT_TOKENS, "Generated tokens.", labels, registry=r)
         self.inflight = Gauge(
             "dynamoctl_frontend_inflight_requests", "Requests being served.", labels, registry=r
         )

@@ -37,7 +37,7 @@ from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
 from dynamoctl.frontend.picking import PoolSurvey
 from dynamoctl.planes.request import RemoteError, RequestClient, RequestPlaneError
 from dynamoctl.router.pools import booking_pool
-from dynamoctl.util.aio import AsyncService
+from dynamoctl.util.aio import AsyncService, BackgroundTasks
 from dynamoctl.wire import router as wire_router
 from dynamoctl.wire.records import Component, Endpoint, InstanceRecord, decode_json
 from dynamoctl.wire.router import (
@@ -93,7 +93,7 @@ class RouterReplicas(AsyncService):
         self._turn = itertools.count()
         self._notes: asyncio.Queue[tuple[str, RouteEvent]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._sending = BackgroundTasks()
 
     def replicas(self) -> dict[str, str]:
         """Instance id → request-plane address of every replica in discovery."""
@@ -172,9 +172,7 @@ class RouterReplicas(AsyncService):
                 iid, event = self._notes.get_nowait()
                 batches.setdefault(iid, []).append(event)
             for iid, events in batches.items():  # one slow replica must not hold up others
-                task = asyncio.create_task(self._send_notes(iid, events), name="router-note")
-                self._sending.add(task)
-                task.add_done_callback(self._sending.discard)
+                self._sending.spawn(self._send_notes(iid, events), name="router-note")
 
     async def _send_notes(self, iid: str, events: list[RouteEvent]) -> None:
         address = self._replicas.get(iid)

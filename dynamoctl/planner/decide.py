@@ -47,6 +47,7 @@ from dynamoctl.planner.records import (
 )
 from dynamoctl.planner.settings import PlannerSettings
 from dynamoctl.settings.component import Role
+from dynamoctl.wire.roles import DECODE_ROLES, PREFILL_ROLES
 
 
 def _action(current: int, desired: int) -> Action:
@@ -195,7 +196,7 @@ def _signals(
     """(what calls for one more replica, what forbids one fewer) from a pool's metrics."""
     up: list[str] = []
     keep: list[str] = []
-    if role in ("prefill", "agg"):
+    if role in PREFILL_ROLES:
         if model is not None:  # queued tokens in seconds of work, as a share of the target
             per_replica = metrics.queued_prefill_tokens / max(metrics.ready, 1)
             queue = per_replica / model.prefill_tokens_per_second() / settings.ttft_target
@@ -206,7 +207,7 @@ def _signals(
                 keep.append(text)
         fraction = settings.scale_down_fraction
         _latency("TTFT", metrics.ttft, settings.ttft_target, fraction, up, keep)
-    if role in ("decode", "agg"):
+    if role in DECODE_ROLES:
         text = f"KV usage {metrics.kv_usage:.0%}"
         if metrics.kv_usage >= settings.kv_usage_up:
             up.append(f"{text} >= {settings.kv_usage_up:.0%}")

@@ -26,6 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from dynamoctl.discovery import Discovery, keys
 from dynamoctl.planes.events.subscriber import EventSubscriber
 from dynamoctl.planes.events.tracker import Event, Snapshot
+from dynamoctl.wire import frontend_metrics as names
 from dynamoctl.wire.engine import LoadMetrics, decode_load
 from dynamoctl.wire.records import Component, EventsRecord, InstanceRecord, decode_json
 
@@ -125,19 +126,17 @@ SERVED = frozenset({"200", "error"})
 that failed after its headers); the others were refused (docs/metrics.md)."""
 
 _FAMILIES = {
-    "dynamoctl_frontend_requests_received": {
-        "dynamoctl_frontend_requests_received_total": "received"
+    names.REQUESTS_RECEIVED: {f"{names.REQUESTS_RECEIVED}_total": "received"},
+    names.REQUESTS: {f"{names.REQUESTS}_total": "requests"},
+    names.INPUT_TOKENS: {f"{names.INPUT_TOKENS}_total": "input_tokens"},
+    names.OUTPUT_TOKENS: {f"{names.OUTPUT_TOKENS}_total": "output_tokens"},
+    names.TIME_TO_FIRST_TOKEN: {
+        f"{names.TIME_TO_FIRST_TOKEN}_sum": "ttft_sum",
+        f"{names.TIME_TO_FIRST_TOKEN}_count": "ttft_count",
     },
-    "dynamoctl_frontend_requests": {"dynamoctl_frontend_requests_total": "requests"},
-    "dynamoctl_frontend_input_tokens": {"dynamoctl_frontend_input_tokens_total": "input_tokens"},
-    "dynamoctl_frontend_output_tokens": {"dynamoctl_frontend_output_tokens_total": "output_tokens"},
-    "dynamoctl_frontend_time_to_first_token_seconds": {
-        "dynamoctl_frontend_time_to_first_token_seconds_sum": "ttft_sum",
-        "dynamoctl_frontend_time_to_first_token_seconds_count": "ttft_count",
-    },
-    "dynamoctl_frontend_inter_token_latency_seconds": {
-        "dynamoctl_frontend_inter_token_latency_seconds_sum": "itl_sum",
-        "dynamoctl_frontend_inter_token_latency_seconds_count": "itl_count",
+    names.INTER_TOKEN_LATENCY: {
+        f"{names.INTER_TOKEN_LATENCY}_sum": "itl_sum",
+        f"{names.INTER_TOKEN_LATENCY}_count": "itl_count",
     },
 }
 """Metric family → sample name → :class:`FrontendTotals` field (docs/metrics.md)."""

@@ -45,6 +45,7 @@ from dynamoctl.planner.settings import PlannerOptions
 from dynamoctl.settings.component import Role
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.planner import PlannerPhase, PlannerPool, PlannerStatus
+from dynamoctl.wire.roles import DECODE_ROLES, PREFILL_ROLES
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +92,8 @@ def pool_metrics(
             ready=count,
             queued_prefill_tokens=sum(w.metrics.prefill_tokens_queued for w in samples),
             kv_usage=sum(w.metrics.kv_usage for w in samples) / len(samples),
-            ttft=span.ttft if role in ("prefill", "agg") else None,
-            itl=span.itl if role in ("decode", "agg") else None,
+            ttft=span.ttft if role in PREFILL_ROLES else None,
+            itl=span.itl if role in DECODE_ROLES else None,
             inflight=sum(w.metrics.num_waiting + w.metrics.num_running for w in samples),
             arrival_rate=span.requests / span.seconds,
             mean_isl=span.mean_isl,
@@ -230,7 +231,7 @@ class PlannerService:
         self._apply(decision)
 
     def _traffic(self, span: Window, now: float) -> TrafficSample:
-        decoders = [w for w in self.load.workers() if w.role in ("decode", "agg")]
+        decoders = [w for w in self.load.workers() if w.role in DECODE_ROLES]
         batch = sum(w.metrics.num_running for w in decoders) / len(decoders) if decoders else None
         return TrafficSample(
             at=now,

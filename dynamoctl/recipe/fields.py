@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
@@ -69,3 +71,16 @@ class RecipeModel(BaseModel):
     """Strict (YAML gives real types), unknown keys refused, docstrings as descriptions."""
 
     model_config = ConfigDict(extra="forbid", strict=True, use_attribute_docstrings=True)
+
+
+@dataclass(frozen=True)
+class OneOf:
+    """``Annotated`` metadata of a string field whose valid values a registry holds, asked
+    when a recipe is read (an entry registered later counts too) and by the reference."""
+
+    names: Callable[[], list[str]]
+
+    def __call__(self, value: str) -> str:
+        if value not in self.names():
+            raise ValueError("must be one of " + ", ".join(map(repr, self.names())))
+        return value

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
+from dynamoctl.engines.registry import engine_spec
 from dynamoctl.recipe.fields import rule_error
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 
@@ -42,32 +43,13 @@ GANG_FLAGS = frozenset(
 )
 """Engine flags dynamoctl derives for every member of a gang (never from ``engine_args``)."""
 
-PARALLEL_SIZES: dict[str, tuple[tuple[str, ...], ...]] = {
-    # Each entry: the spellings of one parallel size; their product is the GPUs one engine
-    # instance uses (vLLM: arg_utils.py world size; SGLang: dp-attention lives inside tp).
-    # vLLM: the long names only; its short options are -tp/-pp/-dp, which an engine_args
-    # key (rendered --tp) does not reach: the worker's parser refuses --tp.
-    "vllm": (("tensor-parallel-size",), ("pipeline-parallel-size",), ("data-parallel-size",)),
-    "sglang": (("tp-size", "tp", "tensor-parallel-size"), ("pp-size", "pipeline-parallel-size")),
-    "trtllm": (("tensor-parallel-size", "tp-size"), ("pipeline-parallel-size", "pp-size")),
-    "mocker": (),
-}
-
-
-VLLM_SHORT_OPTIONS = {
-    "tp": "tensor-parallel-size",
-    "pp": "pipeline-parallel-size",
-    "dp": "data-parallel-size",
-}
-"""vLLM's short parallel options (``-tp``) by the long name a recipe must use."""
-
 
 def parallel_product(pool: GangPool) -> tuple[int, list[str]]:
     """The product of the pool's parallel sizes and the ``engine_args`` keys giving them."""
 
     product, named = 1, []
     args = {key.replace("_", "-"): (key, value) for key, value in pool.engine_args.items()}
-    for spellings in PARALLEL_SIZES.get(pool.engine, ()):
+    for spellings in engine_spec(pool.engine).parallel_sizes:
         for spelling in spellings:
             if spelling in args:
                 key, value = args[spelling]
@@ -84,16 +66,17 @@ def check_gang(role: str, pool: GangPool, target: Target) -> None:
 
     nodes = pool.nodes_per_replica
     at = f"workers.{role}"
+    spec = engine_spec(pool.engine)
     if isinstance(target, LocalTarget):
         # One machine: members are processes on it (the mocker's gang, for tests and demos).
-        if pool.engine != "mocker" or pool.gpus_per_replica != 0:
+        if not spec.simulates or pool.gpus_per_replica != 0:
             raise rule_error(
                 f"{at}.nodes_per_replica",
                 "a local target has one node: only the mocker (gpus_per_replica: 0) may "
                 "simulate a multi-node replica there",
             )
         return
-    if pool.engine == "trtllm" and not isinstance(target, SlurmTarget):
+    if spec.mpi_launcher is not None and not isinstance(target, SlurmTarget):
         raise rule_error(
             f"{at}.nodes_per_replica",
             "TensorRT-LLM runs a multi-node replica as one MPI world, which dynamoctl starts "
@@ -116,7 +99,7 @@ def check_gang(role: str, pool: GangPool, target: Target) -> None:
             f"{per_node} = {nodes * per_node} GPUs (or 0 on CPU nodes)",
         )
     for key in pool.engine_args:
-        long = VLLM_SHORT_OPTIONS.get(key) if pool.engine == "vllm" else None
+        long = spec.short_options.get(key)
         if long:
             raise rule_error(
                 f"{at}.engine_args.{key}",

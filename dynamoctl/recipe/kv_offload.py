@@ -1,26 +1,26 @@
 """A worker pool's ``kv_offload`` section: KV cache tiers below GPU memory, and what each
 engine is told to get them (docs/recipes.md, "KV offload"; docs/architecture.md).
 
-One declaration, :class:`KvOffload`; one translator per engine in :data:`OFFLOAD_ARGS`,
-which returns the engine arguments, environment and directories the tiers need, or raises
-:func:`rule_error` naming the field an engine cannot honour. The pool's validator calls
-the translator, so a recipe an engine cannot serve fails when it is loaded, with its line.
+One declaration, :class:`KvOffload`; one translator per engine, in its spec
+(``engines/<engine>/spec.py``, ``kv_offload``), which returns the engine arguments,
+environment and directories the tiers need, or raises
+:class:`~dynamoctl.engines.spec.OffloadRefused` naming the field an engine cannot honour
+(here an error with the recipe's line). The pool's validator calls the translator, so a
+recipe an engine cannot serve fails when it is loaded, with its line.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from dynamoctl.engines.registry import engine_spec
+from dynamoctl.engines.spec import OffloadArgs as OffloadArgs  # re-exported: the result
+from dynamoctl.engines.spec import OffloadRefused
 from dynamoctl.recipe.fields import NonEmptyStr, RecipeModel, rule_error
-from dynamoctl.util.registry import Registry
-
-GIB = 1 << 30
 
 
 class KvOffload(RecipeModel):
@@ -59,143 +59,6 @@ class KvOffload(RecipeModel):
         return self
 
 
-@dataclass
-class OffloadArgs:
-    """What a pool's engine needs for its tiers."""
-
-    args: dict[str, Any] = field(default_factory=dict)
-    """Engine arguments (names as in ``engine_args``)."""
-    env: dict[str, str] = field(default_factory=dict)
-    """Environment of each replica."""
-    paths: dict[str, str] = field(default_factory=dict)
-    """Directories each replica writes, by recipe field: checked on its node first."""
-
-
-Translator = Callable[[KvOffload, int, Mapping[str, Any], int], OffloadArgs]
-"""(section, gpus per replica, the pool's engine_args, model block size) → arguments."""
-OFFLOAD_ARGS: Registry[Translator] = Registry("engine")
-"""Per engine: how it gets the tiers (every engine in the recipe's ``Engine`` has one)."""
-
-
-def _refuse(offload: KvOffload, engine: str, *fields: str) -> None:
-    for name in fields:
-        if getattr(offload, name) not in (None, True):
-            raise rule_error(f"kv_offload.{name}", f"is not supported by {engine}")
-
-
-@OFFLOAD_ARGS.register("mocker")
-def _mocker(
-    offload: KvOffload, gpus: int, engine_args: Mapping[str, Any], block_size: int
-) -> OffloadArgs:
-    from dynamoctl.engines.mocker.config import MockerConfig
-
-    _refuse(offload, "the mocker", "shared_store", "backend")
-    defaults = MockerConfig()
-    get = {k.replace("-", "_"): v for k, v in engine_args.items()}.get
-    block_bytes = block_size * int(get("kv_bytes_per_token", defaults.kv_bytes_per_token))
-    gpu_blocks = int(get("num_gpu_blocks", defaults.num_gpu_blocks))
-    host_blocks = math.floor(offload.host_gib * GIB / block_bytes)
-    if host_blocks < gpu_blocks:
-        raise rule_error(
-            "kv_offload.host_gib",
-            f"{offload.host_gib} GiB ({host_blocks} blocks of {block_bytes} bytes) is "
-            f"smaller than the GPU KV cache ({gpu_blocks} blocks = "
-            f"{gpu_blocks * block_bytes / GIB:.3g} GiB): it would churn",
-        )
-    out = OffloadArgs(
-        args={"num_host_blocks": host_blocks, "disk_offload_filter": offload.disk_offload_filter}
-    )
-    if offload.disk_path is not None:
-        if offload.disk_gib is None:
-            raise rule_error("kv_offload.disk_gib", "is required by the mocker's disk tier")
-        out.args["num_disk_blocks"] = math.floor(offload.disk_gib * GIB / block_bytes)
-        out.args["disk_path"] = out.paths["kv_offload.disk_path"] = offload.disk_path
-    return out
-
-
-@OFFLOAD_ARGS.register("vllm")
-def _vllm(
-    offload: KvOffload, gpus: int, engine_args: Mapping[str, Any], block_size: int
-) -> OffloadArgs:
-    backend = offload.backend or ("native" if gpus else "lmcache")
-    _refuse(offload, "vllm", "shared_store")
-    if backend == "native":
-        if not gpus:
-            raise rule_error(
-                "kv_offload.backend",
-                "native offloading refuses vLLM's CPU build (gpus_per_replica: 0); use lmcache",
-            )
-        if offload.disk_path is not None:
-            raise rule_error("kv_offload.disk_path", "needs backend: lmcache on vllm")
-        return OffloadArgs(
-            args={"kv_offloading_size": offload.host_gib, "kv_offloading_backend": "native"}
-        )
-    out = OffloadArgs(env={"LMCACHE_TRACK_USAGE": "false"})  # no telemetry posted outside
-    if gpus:  # vLLM's own LMCache integration, in the engine's process
-        out.args = {"kv_offloading_size": offload.host_gib, "kv_offloading_backend": "lmcache"}
-    else:  # the CPU build: an LMCache server the worker starts (engines/vllm/lmcache.py)
-        out.args = {"lmcache_l1_gib": offload.host_gib}
-        if offload.disk_path is not None:
-            raise rule_error(
-                "kv_offload.disk_path",
-                "is not supported with LMCache's multi-process server (vLLM's CPU build)",
-            )
-    if offload.disk_path is not None:
-        out.env["LMCACHE_LOCAL_DISK"] = f"file://{offload.disk_path}"
-        if offload.disk_gib is not None:
-            out.env["LMCACHE_MAX_LOCAL_DISK_SIZE"] = f"{offload.disk_gib * GIB / 1e9:g}"
-        out.paths["kv_offload.disk_path"] = offload.disk_path
-    if not offload.disk_offload_filter:
-        raise rule_error("kv_offload.disk_offload_filter", "LMCache has no such filter to turn off")
-    return out
-
-
-@OFFLOAD_ARGS.register("sglang")
-def _sglang(
-    offload: KvOffload, gpus: int, engine_args: Mapping[str, Any], block_size: int
-) -> OffloadArgs:
-    _refuse(offload, "sglang", "backend")
-    if offload.disk_gib is not None:
-        raise rule_error("kv_offload.disk_gib", "SGLang's file store has no size limit; omit it")
-    # write_through_selective writes only blocks hit before: SGLang's frequency filter,
-    # applied from GPU to host (HiCache backs up host blocks to its store).
-    policy = "write_through_selective" if offload.disk_offload_filter else "write_through"
-    out = OffloadArgs(
-        args={
-            "enable_hierarchical_cache": True,
-            "hicache_size": offload.host_gib * GIB / 1e9,
-            "hicache_write_policy": policy,
-        }
-    )
-    if offload.disk_path is not None and offload.shared_store is not None:
-        raise rule_error("kv_offload.shared_store", "SGLang has one store: a disk or a shared one")
-    if offload.disk_path is not None:
-        out.args["hicache_storage_backend"] = "file"
-        out.env["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = offload.disk_path
-        out.paths["kv_offload.disk_path"] = offload.disk_path
-    elif offload.shared_store is not None:
-        out.args["hicache_storage_backend"] = offload.shared_store
-    return out
-
-
-@OFFLOAD_ARGS.register("trtllm")
-def _trtllm(
-    offload: KvOffload, gpus: int, engine_args: Mapping[str, Any], block_size: int
-) -> OffloadArgs:
-    _refuse(offload, "trtllm", "disk_path", "shared_store", "backend")
-    if not offload.disk_offload_filter:
-        raise rule_error("kv_offload.disk_offload_filter", "applies to a disk tier only")
-    cache = dict(engine_args.get("kv_cache_config") or {})
-    size = int(offload.host_gib * GIB)
-    if cache.get("host_cache_size", size) != size:
-        raise rule_error(
-            "engine_args.kv_cache_config",
-            "host_cache_size contradicts kv_offload.host_gib; set it in one place",
-        )
-    cache["host_cache_size"] = size  # bytes of host memory for secondary KV blocks
-    return OffloadArgs(args={"kv_cache_config": cache})
-
-
 def offload_args(
     engine: str,
     offload: KvOffload | None,
@@ -206,7 +69,10 @@ def offload_args(
     """What ``engine`` needs for ``offload`` (nothing without one)."""
     if offload is None:
         return OffloadArgs()
-    return OFFLOAD_ARGS[engine](offload, gpus, engine_args, block_size)
+    try:
+        return engine_spec(engine).kv_offload(offload, gpus, engine_args, block_size)
+    except OffloadRefused as exc:
+        raise rule_error(exc.at, exc.message) from None
 
 
 def check_offload(role: str, engine: str, offload: KvOffload | None, gpus: int,

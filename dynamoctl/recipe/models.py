@@ -14,10 +14,12 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Discriminator, Field, Tag, model_validator
 
+from dynamoctl.engines import registry
 from dynamoctl.recipe.fields import (
     DnsLabel,
     LocalPath,
     NonEmptyStr,
+    OneOf,
     Port,
     RecipeModel,
     check_etcd_endpoint,
@@ -36,7 +38,7 @@ from dynamoctl.settings import (
     StreamSettings,
 )
 from dynamoctl.settings import Role as Role  # the pools' names, re-exported for the plan
-from dynamoctl.settings.frontend import ApiKeySettings
+from dynamoctl.settings.frontend import DEFAULT_PORT, ApiKeySettings
 from dynamoctl.settings.http import HttpLimitSettings
 from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.util.net import is_loopback
@@ -44,7 +46,9 @@ from dynamoctl.util.net import is_loopback
 SCHEMA_VERSION = 1
 """The only recipe ``schema`` this dynamoctl reads."""
 
-Engine = Literal["mocker", "vllm", "sglang", "trtllm"]
+_ENGINES = OneOf(lambda: registry.ENGINES.names())
+EngineName = Annotated[str, _ENGINES, AfterValidator(_ENGINES)]
+"""An engine registered in :mod:`dynamoctl.engines.registry` (its names, not a copy)."""
 
 # --- secrets and security -------------------------------------------------------------------
 
@@ -227,7 +231,7 @@ class Frontend(
     targets the head node's address, so that the supervisor and clients on other machines
     reach it. ``0.0.0.0`` listens on every interface of the head node. A loopback address
     is refused on ssh and slurm targets (nothing off the head node could reach it)."""
-    port: Port = 8000
+    port: Port = DEFAULT_PORT
     """TCP port to listen on."""
     router: Router = Field(default_factory=Router)
     """Request routing."""
@@ -236,7 +240,7 @@ class Frontend(
 class WorkerPool(RecipeModel):
     """A set of identical engine replicas in one role."""
 
-    engine: Engine
+    engine: EngineName
     """Engine adapter: ``mocker`` (simulated, no GPU), ``vllm``, ``sglang`` or ``trtllm``."""
     replicas: int = Field(default=1, ge=0, le=1024)
     """Number of replicas; 0 declares the pool with nothing running (``dynamoctl scale``

@@ -20,6 +20,7 @@ import annotated_types
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
+from dynamoctl.recipe.fields import OneOf
 from dynamoctl.recipe.introspect import models_in, union_tag
 from dynamoctl.recipe.models import Recipe
 
@@ -92,7 +93,9 @@ def _type(field: FieldInfo) -> str:
     ]
     if any(isinstance(constraint, annotated_types.MinLen) for constraint in field.metadata):
         bounds.append("non-empty")
-    return ", ".join([_union_name(field) or _type_name(field.annotation), *bounds])
+    names = next((m.names() for m in field.metadata if isinstance(m, OneOf)), None)
+    kind = " | ".join(f"`{name}`" for name in names) if names else _type_name(field.annotation)
+    return ", ".join([_union_name(field) or kind, *bounds])
 
 
 def _union_name(field: FieldInfo) -> str:

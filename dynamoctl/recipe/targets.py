@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+import sys
+from pathlib import Path
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
@@ -19,8 +21,29 @@ from dynamoctl.recipe.fields import (
 )
 
 
-class LocalTarget(RecipeModel):
+class TargetModel(RecipeModel):
+    """What the plan asks every target kind (each answers for itself, no ``isinstance``)."""
+
+    one_machine: ClassVar[bool] = False
+    """Every host is this machine (gangs share it; the endpoint is its loopback address)."""
+    allocated: ClassVar[bool] = False
+    """Its hosts are known only inside an allocation (Slurm), not where ``up`` runs."""
+
+    def interpreter(self) -> str:
+        """The Python that runs dynamoctl on the hosts: this one (same machine, or nodes
+        sharing this environment on shared storage)."""
+        return sys.executable
+
+    def etcd_data_dir(self, run_dir: Path, name: str) -> str:
+        """Where a managed etcd keeps its data: the run directory (on storage the nodes
+        share, under Slurm)."""
+        return str(run_dir / "etcd")
+
+
+class LocalTarget(TargetModel):
     """Every component on the machine that runs ``dynamoctl up``."""
+
+    one_machine: ClassVar[bool] = True
 
     kind: Literal["local"]
     """``local``: child processes of the supervisor, each in its own process group."""
@@ -29,7 +52,7 @@ class LocalTarget(RecipeModel):
     (0 without it). At most 64, several times the GPUs of the largest machines."""
 
 
-class SshTarget(RecipeModel):
+class SshTarget(TargetModel):
     """Nodes reachable over SSH; remote processes outlive the SSH session."""
 
     kind: Literal["ssh"]
@@ -67,6 +90,13 @@ class SshTarget(RecipeModel):
                 raise rule_error(f"addresses.{name}", "is not one of target.hosts")
         return self
 
+    def interpreter(self) -> str:
+        return self.python
+
+    def etcd_data_dir(self, run_dir: Path, name: str) -> str:
+        """The remote working directory (the run directory is on this machine)."""
+        return f"{self.workdir or '.'}/dynamoctl-{name}-etcd"
+
 
 class SlurmContainer(RecipeModel):
     """A container for every job step (pyxis/enroot ``srun --container-*``)."""
@@ -94,8 +124,10 @@ class SlurmGrowth(RecipeModel):
     it was for are not started (status says so)."""
 
 
-class SlurmTarget(RecipeModel):
+class SlurmTarget(TargetModel):
     """A Slurm allocation; each component is one ``srun`` job step."""
+
+    allocated: ClassVar[bool] = True
 
     kind: Literal["slurm"]
     """``slurm``: run inside an allocation, or submit one with sbatch from a login node."""
@@ -128,6 +160,11 @@ class SlurmTarget(RecipeModel):
     growth: SlurmGrowth = Field(default_factory=SlurmGrowth)
     """Growing beyond the allocation with extra jobs when a scale needs more GPUs than it
     has. Default: off."""
+
+    def interpreter(self) -> str:
+        if self.container is not None:
+            return "python3"  # the image's interpreter, which has dynamoctl installed
+        return super().interpreter()
 
 
 Target = Annotated[LocalTarget | SshTarget | SlurmTarget, Field(discriminator="kind")]

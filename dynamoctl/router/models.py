@@ -21,7 +21,7 @@ from typing import Generic, TypeVar
 import msgspec
 
 from dynamoctl.discovery import Discovery, EventKind, keys
-from dynamoctl.util.aio import AsyncService
+from dynamoctl.util.aio import AsyncService, BackgroundTasks
 from dynamoctl.wire.engine import ModelCard
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class ModelFollower(AsyncService, Generic[T]):
         self.known: set[str] = set()
         """Every model that has been served since the start, with workers now or not."""
         self._task: asyncio.Task[None] | None = None
-        self._closing: set[asyncio.Task[None]] = set()
+        self._closing = BackgroundTasks()
 
     def get(self, model: str) -> T | None:
         return self._values.get(model)
@@ -105,9 +105,7 @@ class ModelFollower(AsyncService, Generic[T]):
             value = self._values.pop(model)
             log.info("model %s has no workers left", model)
             # Off the follow loop: a slow shutdown must not delay the next card.
-            task = asyncio.create_task(self._bounded_close(model, value), name=f"close-{model}")
-            self._closing.add(task)
-            task.add_done_callback(self._closing.discard)
+            self._closing.spawn(self._bounded_close(model, value), name=f"close-{model}")
 
     async def _bounded_close(self, model: str, value: T) -> None:
         try:

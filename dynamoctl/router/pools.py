@@ -17,6 +17,7 @@ from dynamoctl.discovery import Discovery
 from dynamoctl.router.router import Decision, KvRouter
 from dynamoctl.router.service import RouterService
 from dynamoctl.wire.records import InstanceRecord
+from dynamoctl.wire.roles import DECODE_ROLES, PREFILL_ROLES
 from dynamoctl.wire.router import BookingPool, RoutePool
 
 
@@ -46,7 +47,10 @@ class ModelPools:
         def service(roles: tuple[str, ...]) -> RouterService:
             return RouterService(discovery, namespace, model, build(), roles=roles)
 
-        pools = cls(service(("agg", "decode")), service(("prefill",)))
+        # The main router serves every worker that decodes; the prefill router those that
+        # only prefill (an agg worker prefills its own requests).
+        decoders, prefill_only = DECODE_ROLES, PREFILL_ROLES - DECODE_ROLES
+        pools = cls(service(tuple(sorted(decoders))), service(tuple(sorted(prefill_only))))
         await pools.main.start()
         await pools.prefill.start()
         return pools

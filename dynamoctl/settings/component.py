@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from pydantic import Field
 
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.parsers import OutputParserSettings
-
-Role = Literal["agg", "prefill", "decode"]
+from dynamoctl.wire.roles import Role as Role  # re-exported: the settings name it
 
 
 class ComponentSettings(Options):

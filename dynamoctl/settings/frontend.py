@@ -15,6 +15,9 @@ from dynamoctl.settings.component import ComponentSettings
 from dynamoctl.settings.http import HttpLimitSettings
 from dynamoctl.settings.routing import RouterSettings
 
+DEFAULT_PORT = 8000
+"""The frontend's HTTP port unless told (``--port``, a recipe's ``frontend.port``)."""
+
 DisaggMode = Literal["auto", "required", "off"]
 
 
@@ -115,7 +118,7 @@ class FrontendOptions(ComponentSettings):
 
     FLAGS: ClassVar[dict[str, str]] = {"routing": "router", "route_timeout": "router-timeout"}
 
-    port: int = Field(default=8000, ge=0, le=65535)
+    port: int = Field(default=DEFAULT_PORT, ge=0, le=65535)
     """HTTP port; 0 picks a free one (logged and registered)."""
     routing: Literal["embedded", "standalone"] = "embedded"
     """Where routing decisions are made: ``embedded`` (in this process) or ``standalone``

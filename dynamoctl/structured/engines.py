@@ -14,13 +14,13 @@ import random
 import re
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
+from dynamoctl.engines.registry import ENGINES
+from dynamoctl.engines.spec import Enforcement
 from dynamoctl.structured.instances import Unsupported, example_text
-from dynamoctl.util.registry import Registry
 from dynamoctl.wire.structured import OutputConstraint
 
 XGRAMMAR_IGNORES = {
@@ -32,21 +32,6 @@ XGRAMMAR_IGNORES = {
 }
 """JSON Schema keywords xgrammar does not enforce (vLLM's ``xgrammar`` backend lists the
 same), with the type they constrain."""
-
-
-@dataclass(frozen=True)
-class EngineSupport:
-    """What one engine does with an :class:`OutputConstraint`."""
-
-    refusal: Callable[[OutputConstraint], str | None]
-    """Why the engine cannot enforce a constraint, or None when it can."""
-    simulates: bool = False
-    """Whether it simulates a model (and so needs the request's tools and reasoning
-    format to shape its output: :class:`~dynamoctl.wire.structured.OutputSpec`)."""
-
-
-ENFORCEMENT: Registry[EngineSupport] = Registry("engine")
-"""Constraint support by engine adapter name."""
 
 
 def _anything(constraint: OutputConstraint) -> str | None:
@@ -75,19 +60,28 @@ def _generated(constraint: OutputConstraint) -> str | None:
     return None
 
 
-ENFORCEMENT.add("vllm", EngineSupport(_anything))
-ENFORCEMENT.add("sglang", EngineSupport(_xgrammar))
-ENFORCEMENT.add("trtllm", EngineSupport(_xgrammar))
-ENFORCEMENT.add("mocker", EngineSupport(_generated, simulates=True))
+CHECKS: dict[Enforcement, Callable[[OutputConstraint], str | None]] = {
+    "anything": _anything,
+    "xgrammar": _xgrammar,
+    "generated": _generated,
+}
+"""Why an engine that enforces this way cannot enforce a constraint, or None when it can
+(each engine's spec says how it enforces: ``enforcement``)."""
+
+
+def simulates(engine: str | None) -> bool:
+    """Whether ``engine`` simulates a model (and so needs the request's tools and reasoning
+    format to shape its output: :class:`~dynamoctl.wire.structured.OutputSpec`)."""
+    return engine is not None and engine in ENGINES and ENGINES[engine].simulates
 
 
 def refusal(engine: str | None, constraint: OutputConstraint) -> str | None:
     """Why ``engine`` cannot enforce ``constraint`` (None: it can)."""
     if engine is None:
         return "the model's workers do not say which engine serves it (an older dynamoctl)"
-    if engine not in ENFORCEMENT:
+    if engine not in ENGINES:
         return f"dynamoctl does not know what engine '{engine}' can enforce"
-    check = ENFORCEMENT[engine].refusal
+    check = CHECKS[ENGINES[engine].enforcement]
     encoded = msgspec.json.encode(constraint)
     return cached(f"refusal/{engine}", lambda: check(constraint), encoded)
 

@@ -18,7 +18,7 @@ import msgspec
 from dynamoctl.frontend.errors import bad_request
 from dynamoctl.parsers import REASONING_PARSERS, TOOL_PARSERS
 from dynamoctl.parsers.shaper import ChatShaper, ForcedCall
-from dynamoctl.structured.engines import ENFORCEMENT, cached, refusal
+from dynamoctl.structured.engines import cached, refusal, simulates
 from dynamoctl.structured.request import NamedToolChoice, StructuredOutputFields, ToolFields
 from dynamoctl.wire.structured import OutputConstraint, OutputSpec, OutputTraits, ToolOffer
 
@@ -117,8 +117,7 @@ def _spec(
     """The engine's part; the tools and thinking only for an engine that simulates (a
     model after a tool's result answers in words: the mocker is offered no tools then)."""
     engine = traits.engine
-    simulates = engine is not None and engine in ENFORCEMENT and ENFORCEMENT[engine].simulates
-    if not simulates:
+    if not simulates(engine):
         return OutputSpec(constraint=constraint) if constraint is not None else None
     offers = [ToolOffer(t.function.name, t.function.parameters or NO_ARGUMENTS) for t in offered]
     spec = OutputSpec(

@@ -24,10 +24,10 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from dynamoctl.plan.build import PlanError
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import LocalTarget
 from dynamoctl.supervisor.metrics import SupervisorCollector
-from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.supervisor import Supervisor
 from dynamoctl.util.net import resolve, source_address
 from dynamoctl.wire.control import (

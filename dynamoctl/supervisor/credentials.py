@@ -20,11 +20,11 @@ from cryptography import x509
 
 from dynamoctl.discovery.etcd_tls import EtcdTls
 from dynamoctl.launch.api import SecretRef
+from dynamoctl.plan.hosts import Host
 from dynamoctl.planes.curve import generate_secret
 from dynamoctl.recipe.models import EtcdDiscovery, Recipe, SecretSource
 from dynamoctl.recipe.targets import LocalTarget
 from dynamoctl.security import names, pki
-from dynamoctl.supervisor.hosts import Host
 
 KEYS_DIR = "keys"
 

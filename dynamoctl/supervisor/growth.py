@@ -26,11 +26,11 @@ from dynamoctl.launch.slurm import SlurmLauncher, step_env
 from dynamoctl.launch.slurm_growth import submit_extra_job
 from dynamoctl.launch.slurm_jobs import cancel, job_nodes, job_state
 from dynamoctl.launch.slurm_state import JobState
+from dynamoctl.plan.build import PlanError
+from dynamoctl.plan.hosts import HostError, resolve_host
 from dynamoctl.recipe.models import Role
 from dynamoctl.recipe.targets import SlurmGrowth, SlurmTarget
-from dynamoctl.supervisor.hosts import HostError, resolve_host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.wire.control import GrowthJob
 from dynamoctl.wire.states import (
     GROWTH_TRANSITIONS,

@@ -15,8 +15,8 @@ import msgspec
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.launch.api import ProcessRecord
+from dynamoctl.plan.build import Plan
 from dynamoctl.supervisor.instance import Instance
-from dynamoctl.supervisor.plan import Plan
 from dynamoctl.supervisor.rundir import RunState
 from dynamoctl.wire.control import DiscoveryStatus, InstanceStatus, StatusReport
 from dynamoctl.wire.health import WorkerHealth

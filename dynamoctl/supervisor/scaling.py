@@ -7,9 +7,9 @@ from __future__ import annotations
 import asyncio
 from typing import TYPE_CHECKING
 
+from dynamoctl.plan.build import PlanError, place_replica
 from dynamoctl.recipe.models import Role
 from dynamoctl.supervisor.instance import InstanceName, free_indices
-from dynamoctl.supervisor.plan import PlanError, place_replica
 from dynamoctl.wire.control import ScaleReply
 
 if TYPE_CHECKING:

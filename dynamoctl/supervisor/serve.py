@@ -15,12 +15,12 @@ from pathlib import Path
 from dynamoctl.component.http import BoundServer
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.registry import launcher_for
+from dynamoctl.plan.build import build_plan
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmTarget
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.adopt import take_over
 from dynamoctl.supervisor.control import build_app, control_address
-from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.supervisor import ControlAccess, StartupFailed, Supervisor
 

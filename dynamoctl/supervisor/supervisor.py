@@ -28,12 +28,12 @@ from dataclasses import dataclass
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
+from dynamoctl.plan.build import GpuMap, Plan
 from dynamoctl.recipe.models import Recipe, Supervision
 from dynamoctl.supervisor.gang import Gangs
 from dynamoctl.supervisor.growth import Growth
 from dynamoctl.supervisor.instance import Instance
 from dynamoctl.supervisor.metrics import RestartKey, TransitionKey
-from dynamoctl.supervisor.plan import GpuMap, Plan
 from dynamoctl.supervisor.probes import DeploymentProber, Prober
 from dynamoctl.supervisor.report import (
     register_control,
@@ -45,6 +45,7 @@ from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.scaling import Scaling
 from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
+from dynamoctl.util.aio import BackgroundTasks
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import StatusReport
 from dynamoctl.wire.states import (
@@ -138,7 +139,7 @@ class Supervisor:
         self._starting = True
         self._down = asyncio.Event()
         self._down_now = False
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = BackgroundTasks()
         self.restart_counts: Counter[RestartKey] = Counter()
         """Restarts since this supervisor started, for ``/metrics``."""
         self.transition_counts: Counter[TransitionKey] = Counter()
@@ -463,9 +464,7 @@ class Supervisor:
         if not chosen:
             raise KeyError(f"no running instance or pool named {target!r}")
         for inst in chosen:
-            task = asyncio.create_task(self._stop_instance(inst, False, why))
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            self._background.spawn(self._stop_instance(inst, False, why))
         await asyncio.sleep(0)
         return [i.spec.name for i in chosen]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-from collections.abc import Awaitable, Coroutine
+from collections.abc import Awaitable, Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -33,6 +33,26 @@ class AsyncService:
         tb: TracebackType | None,
     ) -> None:
         await self.close()
+
+
+class BackgroundTasks:
+    """Tasks started and not awaited by their starter, held until they end (the event loop
+    keeps only weak references to tasks, so an unheld one may be collected mid-run)."""
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any]:
+        task = asyncio.create_task(work, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def __iter__(self) -> Iterator[asyncio.Task[Any]]:
+        return iter(list(self._tasks))
+
+    def __len__(self) -> int:
+        return len(self._tasks)
 
 
 def run(main: Coroutine[Any, Any, _T]) -> _T:

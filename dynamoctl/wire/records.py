@@ -7,24 +7,14 @@ records still decode in an older reader.
 
 from __future__ import annotations
 
-import enum
 from typing import TypeVar
 
 import msgspec
 
-
-class _Name(str, enum.Enum):
-    """A name that formats as itself (``f"{x}"`` is ``worker``, not ``Component.WORKER``,
-    before Python 3.11's StrEnum)."""
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(str(self.value), spec)
+from dynamoctl.wire.words import Word
 
 
-class Component(_Name):
+class Component(Word):
     """What a process is, in discovery keys and records (``{ns}/instances/{component}/...``)."""
 
     WORKER = "worker"
@@ -34,7 +24,7 @@ class Component(_Name):
     PLANNER = "planner"
 
 
-class Endpoint(_Name):
+class Endpoint(Word):
     """What an instance serves at its record's ``address``: the contract between the
     process that registers it and the ones that call it."""
 

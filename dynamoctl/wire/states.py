@@ -11,24 +11,17 @@ and the CLI can import it cheaply.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping
 from typing import TypeVar
 
-
-class _Word(str, enum.Enum):
-    """A ``str`` whose ``str()``, ``%s`` and f-string form is its value (``READY``, not
-    ``State.READY``), so log lines and tables show what the wire carries."""
-
-    def __str__(self) -> str:
-        return str(self.value)
+from dynamoctl.wire.words import Word
 
 
 class IllegalTransition(Exception):
     """A change the transition table does not allow: a bug in the supervisor."""
 
 
-class State(_Word):
+class State(Word):
     """An instance's state, as ``dynamoctl status`` shows it. Allowed changes:
     :data:`STATE_TRANSITIONS`."""
 
@@ -79,7 +72,7 @@ STATE_TRANSITIONS: Mapping[State, frozenset[State]] = {
 is not followed by BACKOFF (``scale`` makes a new instance under the same name)."""
 
 
-class Phase(_Word):
+class Phase(Word):
     """A deployment's phase (``status``, ``state.json``, ``/metrics``). A supervisor moves
     through the first five (:data:`PHASE_TRANSITIONS`); the last two are what commands
     report when there is no supervisor to ask."""
@@ -116,7 +109,7 @@ SUPERVISOR_PHASES = tuple(p for p in Phase if p not in (Phase.QUEUED, Phase.UNKN
 """The phases a running supervisor can be in (its ``/metrics`` gauge has one series each)."""
 
 
-class GrowthState(_Word):
+class GrowthState(Word):
     """An extra Slurm job of a deployment grown beyond its allocation (``status``; recipe
     ``target.growth``). Allowed changes: :data:`GROWTH_TRANSITIONS`."""
 
@@ -144,7 +137,7 @@ GROWTH_TRANSITIONS: Mapping[GrowthState, frozenset[GrowthState]] = {
 """Every allowed change of an extra job's state; RELEASED and FAILED are final."""
 
 
-class RestartReason(_Word):
+class RestartReason(Word):
     """Why an instance failed and was restarted (the restart counter's ``reason``)."""
 
     EXIT = "exit"

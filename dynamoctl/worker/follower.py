@@ -22,7 +22,6 @@ TensorRT-LLM has no follower here: its gang is one MPI world started by one ``sr
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import logging
 import os
@@ -30,6 +29,8 @@ import socket
 import time
 from collections.abc import Sequence
 
+from dynamoctl.engines.registry import ENGINES, engine_spec
+from dynamoctl.engines.spec import FollowerEntry, LeaderLost, load_entry
 from dynamoctl.wire.engine_args import parse_engine_args
 
 log = logging.getLogger(__name__)
@@ -81,34 +82,21 @@ def wait_reachable(label: str, host: str, port: int, timeout: float) -> float:
 def run_follower(
     engine: str, label: str, rendezvous: str, timeout: float, argv: Sequence[str]
 ) -> int:
-    """Join the gang and run its follower side; the exit status (or exec)."""
-    options = parse_engine_args(argv)
-    if engine == "sglang":  # refuse a malformed command before waiting for the leader
-        from dynamoctl.engines.sglang.gang import follower_server_args
-
-        follower_server_args(argv)
+    """Join the gang and run its follower side (its spec's ``follower``); the exit status."""
+    parse_engine_args(argv)  # refuse a malformed command before waiting for the leader
+    spec = engine_spec(engine)
+    if spec.follower_check is not None:
+        load_entry(spec.follower_check)(argv)
     host, port = split_address(rendezvous)
     left = wait_reachable(label, host, port, timeout)
     log.info("%s: the leader's rendezvous %s:%d is up", label, host, port)
-    if engine == "mocker":
-        from dynamoctl.engines.mocker.gang import GangError, follow
-
-        try:
-            why = asyncio.run(
-                follow(host, port, int(options["node_rank"]), int(options["nnodes"]), left)
-            )
-        except GangError as exc:
-            raise FollowerError(f"{label}: {exc}", UNREACHABLE) from exc
-        log.error("%s: %s; exiting", label, why)
-        return 1
-    if engine == "vllm":
-        from dynamoctl.engines.vllm.gang import run_headless
-
-        return run_headless(argv)  # vLLM's own headless follower, until it ends
-    if engine == "sglang":
-        from dynamoctl.engines.sglang.gang import run_follower as run_sglang
-
-        return run_sglang(argv)  # this node's schedulers, until they exit
-    raise FollowerError(
-        f"{label}: engine {engine!r} has no follower side (mocker, vllm, sglang)", UNREACHABLE
-    )
+    if spec.follower is None:
+        having = ", ".join(name for name in ENGINES if ENGINES[name].follower is not None)
+        raise FollowerError(
+            f"{label}: engine {engine!r} has no follower side ({having})", UNREACHABLE
+        )
+    follow: FollowerEntry = load_entry(spec.follower)
+    try:
+        return follow(label, host, port, left, argv)
+    except LeaderLost as exc:
+        raise FollowerError(f"{label}: {exc}", UNREACHABLE) from exc

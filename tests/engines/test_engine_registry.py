@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from dynamoctl.engines import registry
 from dynamoctl.engines.mocker import MockerEngine, VirtualClock
+from dynamoctl.engines.spec import EngineSpec
+
+
+def _spec(name: str, adapter: str) -> EngineSpec:
+    """A spec like the mocker's under another name, its adapter and extra elsewhere."""
+    return dataclasses.replace(registry.ENGINES["mocker"], name=name, adapter=adapter, extra=name)
 
 
 def test_unknown_engine_lists_valid_ones() -> None:
@@ -29,12 +36,12 @@ def test_mocker_from_options_and_runtime_objects() -> None:
 
 def test_missing_package_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(registry, "ENGINES", registry.ENGINES.copy())
-    registry.register_engine("fancy", "no_such_module_xyz.engine:Engine", extra="fancy")
+    registry.register_engine(_spec("fancy", "no_such_module_xyz.engine:Engine"))
     assert "fancy" in registry.engine_names()
     with pytest.raises(registry.EngineUnavailable, match=r"pip install 'dynamoctl\[fancy\]'"):
         registry.create_engine("fancy")
     with pytest.raises(ValueError, match="already registered"):
-        registry.register_engine("mocker", "elsewhere:Engine")
+        registry.register_engine(_spec("mocker", "elsewhere:Engine"))
 
 
 def test_broken_install_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -44,7 +51,7 @@ def test_broken_install_is_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: P
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setattr(registry, "ENGINES", registry.ENGINES.copy())
-    registry.register_engine("broken", "broken_engine_xyz:Engine", extra="broken")
+    registry.register_engine(_spec("broken", "broken_engine_xyz:Engine"))
     with pytest.raises(registry.EngineUnavailable) as err:
         registry.create_engine("broken")
     assert str(err.value) == (

@@ -102,19 +102,19 @@ def test_an_unreachable_leader_ends_an_sglang_follower_with_status_2_in_bound() 
 
 
 def test_every_parallel_size_spelling_the_gang_rules_accept_reaches_the_engine() -> None:
-    """The rules accept several spellings (recipe/gang_rules.py); each adapter must hand
+    """The rules accept several spellings (each engine's spec.py); each adapter must hand
     its engine the one its Python API takes (``ServerArgs.tp_size``, ``LLM``'s
     ``tensor_parallel_size``), or a valid recipe would fail at start."""
+    from dynamoctl.engines.registry import engine_spec
     from dynamoctl.engines.sglang.args import server_args
     from dynamoctl.engines.trtllm.args import llm_kwargs
-    from dynamoctl.recipe.gang_rules import PARALLEL_SIZES
 
     wanted = {
         "sglang": ({"tp_size", "pp_size"}, lambda o: server_args(o, None)),
         "trtllm": ({"tensor_parallel_size", "pipeline_parallel_size"}, llm_kwargs),
     }
     for engine, (fields, translate) in wanted.items():
-        for spellings in PARALLEL_SIZES[engine]:
+        for spellings in engine_spec(engine).parallel_sizes:
             for spelling in spellings:
                 out = translate({"model": "/m", spelling.replace("-", "_"): 2})
                 assert set(out) & fields, (engine, spelling, out)

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl.plan.build import build_plan
 from dynamoctl.recipe.loader import load_recipe
-from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.wire.engine_args import parse_engine_args
 from tests.engines.vllm_required import require
 from tests.supervisor.conftest import REPO

@@ -12,8 +12,8 @@ import pytest
 
 from dynamoctl.engines.sglang import args as sargs
 from dynamoctl.engines.trtllm import args as targs
+from dynamoctl.plan.worker import engine_arguments
 from dynamoctl.recipe.loader import load_recipe_text
-from dynamoctl.supervisor.worker_plan import engine_arguments
 from dynamoctl.wire.engine_args import parse_engine_args, render_engine_args
 from tests.gpu import smoke
 
@@ -67,7 +67,7 @@ def test_dry_run_writes_validated_recipes_and_json(tmp_path: Path) -> None:
 
 
 def test_the_multi_node_case_is_a_two_node_vllm_gang_pinned_by_its_nodes(tmp_path: Path) -> None:
-    from dynamoctl.supervisor.plan import build_plan
+    from dynamoctl.plan.build import build_plan
 
     text = smoke.gang_recipe(tmp_path / "model", 8123)
     recipe = load_recipe_text(text, "gang.yaml")

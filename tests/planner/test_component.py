@@ -17,6 +17,7 @@ from prometheus_client import generate_latest
 from dynamoctl.cli.view import planner_line
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.plan.build import build_plan
 from dynamoctl.planner.apply import SupervisorLink, pool_counts
 from dynamoctl.planner.http import PlannerCollector
 from dynamoctl.planner.observe import (
@@ -36,7 +37,6 @@ from dynamoctl.recipe.issues import RecipeError
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.security import names
 from dynamoctl.settings import flag
-from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import InstanceStatus, StatusReport
 from dynamoctl.wire.engine import LoadMetrics

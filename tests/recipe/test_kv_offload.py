@@ -14,9 +14,9 @@ import pytest
 
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.local import LocalLauncher
+from dynamoctl.plan.build import build_plan
+from dynamoctl.plan.worker import engine_arguments
 from dynamoctl.recipe import RecipeError, load_recipe, load_recipe_text
-from dynamoctl.supervisor.plan import build_plan
-from dynamoctl.supervisor.worker_plan import engine_arguments
 
 pytestmark = pytest.mark.kv_tiers
 

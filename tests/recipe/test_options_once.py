@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl.plan.build import build_plan
 from dynamoctl.recipe.loader import load_recipe_text
 from dynamoctl.recipe.models import Frontend, Router
 from dynamoctl.router.policies import mode_names
@@ -23,7 +24,6 @@ from dynamoctl.settings import (
     flag,
     to_argv,
 )
-from dynamoctl.supervisor.plan import build_plan
 
 GROUPS = {
     "frontend": (

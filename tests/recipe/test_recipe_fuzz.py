@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from dynamoctl.launch.registry import launcher_for
+from dynamoctl.plan.build import PlanError, build_plan, render
+from dynamoctl.plan.hosts import HostError
 from dynamoctl.recipe import Recipe, RecipeError, load_recipe
 from dynamoctl.recipe.targets import SlurmTarget, SshTarget
-from dynamoctl.supervisor.hosts import HostError
-from dynamoctl.supervisor.plan import PlanError, build_plan, render
 from tests.recipe.mutation import corpus
 
 COUNT = 600

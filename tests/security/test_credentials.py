@@ -17,11 +17,11 @@ from dynamoctl.discovery.api import StoreUnavailable
 from dynamoctl.discovery.embedded import EmbeddedStore
 from dynamoctl.discovery.etcd_server import free_port
 from dynamoctl.launch.api import SecretRef
+from dynamoctl.plan.build import build_plan, render
+from dynamoctl.plan.hosts import Host
 from dynamoctl.recipe.loader import RecipeError, load_recipe_text
 from dynamoctl.security import names
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.hosts import Host
-from dynamoctl.supervisor.plan import build_plan, render
 from dynamoctl.supervisor.rundir import RunDir
 
 HEAD = """\

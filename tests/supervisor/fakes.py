@@ -19,8 +19,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord
+from dynamoctl.plan.build import build_plan
 from dynamoctl.recipe.loader import load_recipe_text
-from dynamoctl.supervisor.plan import build_plan
 from dynamoctl.supervisor.probes import Health
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.supervisor import Supervisor

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.plan.build import PlanError, build_plan
 from dynamoctl.recipe.loader import RecipeError, load_recipe_text
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.plan import PlanError, build_plan
 from dynamoctl.wire.engine_args import parse_engine_args
 
 SLURM = "target: {kind: slurm, partition: gpu, nodes: NODES, gpus_per_node: 8}"

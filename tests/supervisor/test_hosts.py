@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl.plan.build import PlanError, build_plan
+from dynamoctl.plan.hosts import Host, HostError, parse_resolve, resolve_host
 from dynamoctl.recipe.loader import RecipeError, load_recipe_text
-from dynamoctl.supervisor.hosts import Host, HostError, parse_resolve, resolve_host
-from dynamoctl.supervisor.plan import PlanError, build_plan
 
 
 def _ssh(hosts: str, workers: str, extra: str = "") -> str:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dynamoctl.launch.local import LocalLauncher
+from dynamoctl.plan.build import PlanError, build_plan, render
 from dynamoctl.recipe.loader import load_recipe_text
-from dynamoctl.supervisor.plan import PlanError, build_plan, render
 from tests.supervisor.conftest import REPO, Cli
 
 GOLDEN = Path(__file__).parent / "golden"

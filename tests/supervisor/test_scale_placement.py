@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl.plan.build import PlanError, build_plan, place_replica
+from dynamoctl.plan.hosts import Host
 from dynamoctl.recipe import RecipeError, load_recipe_text
-from dynamoctl.supervisor.hosts import Host
-from dynamoctl.supervisor.plan import PlanError, build_plan, place_replica
 from dynamoctl.wire.states import GROWTH_TRANSITIONS, GrowthState
 
 HOSTS = {"h1": "10.9.0.1", "h2": "10.9.0.2", "h3": "10.9.0.3"}

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl.plan.build import PlanError
 from dynamoctl.supervisor.instance import InstanceName, free_indices
-from dynamoctl.supervisor.plan import PlanError
 from dynamoctl.supervisor.probes import Health
 from dynamoctl.supervisor.supervisor import StartupFailed
 from dynamoctl.util.backoff import Backoff

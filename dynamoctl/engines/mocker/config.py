@@ -9,6 +9,7 @@ from typing import Any, Literal
 import msgspec
 
 from dynamoctl.engines.mocker.sampling import EosDistribution
+from dynamoctl.engines.mocker.spec import KV_BYTES_PER_TOKEN, NUM_GPU_BLOCKS
 from dynamoctl.engines.mocker.startup import StartupOptions
 from dynamoctl.kv.tiers import DEFAULT_DISK_GBPS, DEFAULT_HOST_GBPS
 
@@ -53,7 +54,7 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
     """Tokenizer source the frontend loads (``builtin``: the small tokenizer shipped with
     dynamoctl; or a local model directory). The mocker never tokenises; it advertises this
     in its model card."""
-    num_gpu_blocks: int = 16384
+    num_gpu_blocks: int = NUM_GPU_BLOCKS
     """KV cache size in blocks."""
     block_size: int = 64
     """Tokens per KV block (the router hashes prompts with the same size)."""
@@ -85,7 +86,7 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
     enough that a request without ``max_tokens`` ends within a second or so."""
     data_parallel_rank: int | None = None
     """Stamped on KV event batches (vLLM's ``data_parallel_rank``); None outside DP."""
-    kv_bytes_per_token: int = 131072
+    kv_bytes_per_token: int = KV_BYTES_PER_TOKEN
     """KV bytes of one token (all layers, K and V); a block moves ``block_size`` times
     this. The default is Llama-3-8B in bf16: 2 x 32 layers x 8 KV heads x 128 x 2 bytes."""
     kv_transfer_gbps: float = 25.0

@@ -20,12 +20,15 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 
 import zmq
 import zmq.asyncio
 from zmq.utils.monitor import parse_monitor_message
 
 from dynamoctl.engines.api import EngineError
+from dynamoctl.engines.spec import LeaderLost
+from dynamoctl.wire.engine_args import parse_engine_args
 from dynamoctl.wire.gang import DECODER, ENCODER, Ack, Hello, Step, Welcome
 
 log = logging.getLogger(__name__)
@@ -168,3 +171,17 @@ async def _join(sock: zmq.asyncio.Socket, endpoint: str, hello: Hello, timeout: 
         answered = await sock.poll(min(HELLO_INTERVAL, left) * 1000)
         if answered and isinstance(DECODER.decode(await sock.recv()), Welcome):
             return
+
+
+def follow_leader(label: str, host: str, port: int, left: float, argv: Sequence[str]) -> int:
+    """``dynamoctl follower``'s mocker side (:data:`~dynamoctl.engines.spec.FollowerEntry`):
+    answer every simulated step; 1 when the leader's connection ends."""
+    options = parse_engine_args(argv)
+    try:
+        why = asyncio.run(
+            follow(host, port, int(options["node_rank"]), int(options["nnodes"]), left)
+        )
+    except GangError as exc:
+        raise LeaderLost(str(exc)) from exc
+    log.error("%s: %s; exiting", label, why)
+    return 1

@@ -26,12 +26,11 @@ from typing import Any
 
 from dynamoctl.engines import gang_network
 from dynamoctl.engines.sglang import args as sargs
+from dynamoctl.engines.sglang.spec import HOST_IP_VARIABLE
 from dynamoctl.wire.engine_args import parse_engine_args
 
 log = logging.getLogger(__name__)
 
-HOST_IP_VARIABLE = "SGLANG_HOST_IP"
-"""Where SGLang reads a member's own address (``get_ip()``); the plan renders it."""
 BLOCK_VARIABLE = "SGLANG_BLOCK_NONZERO_RANK_CHILDREN"
 """Set to "0", a rank >= 1 returns at once instead of serving until its schedulers end."""
 
@@ -79,3 +78,8 @@ def run_follower(argv: Sequence[str], environ: MutableMapping[str, str] | None =
     log.error("SGLang's schedulers on node rank %s exited", args["node_rank"])
     engine.shutdown()
     return 1
+
+
+def follow_leader(label: str, host: str, port: int, left: float, argv: Sequence[str]) -> int:
+    """``dynamoctl follower``'s SGLang side: this node's schedulers, until they exit."""
+    return run_follower(argv)

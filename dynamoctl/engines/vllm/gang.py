@@ -19,11 +19,9 @@ from collections.abc import Mapping, MutableMapping, Sequence
 from dynamoctl.engines import gang_network
 from dynamoctl.engines.gang_network import interface_of
 from dynamoctl.engines.vllm import cpu_build
+from dynamoctl.engines.vllm.spec import HOST_IP_VARIABLE
 
 __all__ = ["interface_of", "is_gang", "run_headless", "set_network_env"]
-
-HOST_IP_VARIABLE = "VLLM_HOST_IP"
-"""Where vLLM reads a member's own address (``get_ip()``); the plan renders it."""
 
 
 def set_network_env(environ: MutableMapping[str, str] | None = None) -> dict[str, str]:
@@ -51,3 +49,8 @@ def run_headless(argv: Sequence[str]) -> int:
         raise ValueError("a vLLM follower runs with --headless")
     ServeSubcommand.cmd(args)
     return 0
+
+
+def follow_leader(label: str, host: str, port: int, left: float, argv: Sequence[str]) -> int:
+    """``dynamoctl follower``'s vLLM side: vLLM's own headless follower, until it ends."""
+    return run_headless(argv)

@@ -1,15 +1,16 @@
 """Multi-node replicas ("gangs") in the plan: one engine instance over several nodes.
 
 A pool with ``nodes_per_replica`` N > 1 places each replica on N whole nodes
-(:meth:`GpuMap.take_nodes <dynamoctl.supervisor.plan.GpuMap.take_nodes>`). The plan stays
+(:meth:`GpuMap.take_nodes <dynamoctl.plan.build.GpuMap.take_nodes>`). The plan stays
 flat: every member is an ordinary :class:`InstanceSpec` (launchers, preflight, logs and
 ``state.json`` are per process), with ``gang``, ``rank`` and ``nnodes`` set. The leader
 (node rank 0) keeps the replica's name (``decode-0``, what discovery, the router and
 ``drain`` know) and runs ``dynamoctl worker``; followers (``decode-0.1`` ..) run
 ``dynamoctl follower``, which never registers.
 
-Every member gets the rank and rendezvous flags its engine reads (docs/engines.md,
-"Multi-node replicas", which cites the engines' launch code):
+Every member gets the rank and rendezvous flags its engine reads (its spec's
+``rank_flags``; docs/engines.md, "Multi-node replicas", which cites the engines' launch
+code):
 
 - vLLM, tensor/pipeline parallel: ``--nnodes --node-rank --master-addr --master-port``
   (the torch world's TCPStore on the leader) with ``--distributed-executor-backend mp``;
@@ -34,31 +35,23 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from dynamoctl.engines.registry import engine_spec
+from dynamoctl.engines.spec import POOL_BLOCK, EngineSpec, GangRank
 from dynamoctl.launch.api import InstanceSpec
-from dynamoctl.recipe.models import Recipe, Role
-from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.hosts import Host
+from dynamoctl.plan.context import BASE_ENV, PlanContext, PlanError
+from dynamoctl.plan.hosts import Host
+from dynamoctl.plan.transfer import TransferError, member_channel
+from dynamoctl.plan.worker import engine_arguments, split_env, worker_spec
+from dynamoctl.recipe.models import Role
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferError, member_channel
-from dynamoctl.supervisor.worker_plan import PlanError, engine_arguments, python_for, worker_spec
 
 RENDEZVOUS_PORT = 29501
 """The leader's rendezvous port (vLLM's ``--master-port``, SGLang's ``--dist-init-addr``
 port, the mocker's step channel)."""
-DP_RPC_PORT = 29550
-"""vLLM's ``--data-parallel-rpc-port`` (its own default), for data-parallel gangs."""
-LOCAL_POOL_OFFSET = {"prefill": 0, "decode": 100, "agg": 200}
-"""Local target only (one host shared by every gang): rendezvous port offsets per pool."""
-MPI_LAUNCHER = "trtllm-llmapi-launch"
-"""TensorRT-LLM's launcher of a multi-node LLM-API process, run by every MPI rank."""
-SGLANG_FOLLOWER_HEALTH_PORT = 30000
-"""An SGLang follower's dummy health check (``--port``, SGLang's default); the ports
-SGLang derives from ``--dist-init-addr`` lie just above the rendezvous port."""
 RENDEZVOUS_TIMEOUT_CAP = 120.0
 """Longest a follower waits for its leader's rendezvous (``start_timeout`` if shorter)."""
 
@@ -69,77 +62,31 @@ Members = list[tuple[Host, list[int]]]
 def rendezvous_port(role: Role, index: int, shared_host: bool) -> int:
     if not shared_host:
         return RENDEZVOUS_PORT
-    return RENDEZVOUS_PORT + LOCAL_POOL_OFFSET[role] + index
+    return RENDEZVOUS_PORT + POOL_BLOCK[role] + index  # one host shared by every gang
 
 
-def rank_flags(
-    engine: str,
-    args: dict[str, Any],
-    rank: int,
-    nnodes: int,
-    leader: str,
-    port: int,
-    member: str = "",
-) -> dict[str, Any]:
-    """The flags member ``rank`` (at address ``member``) of an ``nnodes`` gang adds to
-    the engine's arguments."""
-    flags: dict[str, Any]
-    if engine == "sglang":
-        flags = {"nnodes": nnodes, "node_rank": rank, "dist_init_addr": f"{leader}:{port}"}
-        if rank:  # where SGLang's follower serves its dummy health check
-            flags |= {"host": member, "port": SGLANG_FOLLOWER_HEALTH_PORT}
-        return flags
-    if _data_parallel(engine, args):
-        local = int(args["data_parallel_size"]) // nnodes
-        flags = {
-            "data_parallel_size_local": local,
-            "data_parallel_address": leader,
-            "data_parallel_rpc_port": port,
-        }
-        if rank:
-            flags["data_parallel_start_rank"] = rank * local
-    else:
-        flags = {"nnodes": nnodes, "node_rank": rank, "master_addr": leader, "master_port": port}
-    if engine == "vllm":
-        if "distributed_executor_backend" not in args:  # nnodes needs mp (parallel.py)
-            flags["distributed_executor_backend"] = "mp"
-        if rank:
-            flags["headless"] = True
-    return flags
-
-
-def gang_specs(
-    recipe: Recipe,
-    role: Role,
-    index: int,
-    members: Members,
-    url: str,
-    run_dir: Path,
-) -> list[InstanceSpec]:
+def gang_specs(ctx: PlanContext, role: Role, index: int, members: Members) -> list[InstanceSpec]:
     """The members of replica ``index`` of pool ``role`` on ``members`` (leader first);
     also what ``scale`` adds."""
-    pool = recipe.workers.pools()[role]
-    if pool.engine == "trtllm":
-        return [_mpi_world_spec(recipe, role, index, members, url, run_dir)]
+    pool = ctx.pool(role)
+    spec = engine_spec(pool.engine)
+    if spec.mpi_launcher is not None:
+        return [_mpi_world_spec(ctx, role, index, members, spec.mpi_launcher)]
     nnodes = len(members)
     leader_host = members[0][0]
     shared = len({host.name for host, _ in members}) == 1
-    args = engine_arguments(role, pool, recipe.model)
+    args = engine_arguments(role, pool, ctx.recipe.model)
     # A data-parallel vLLM gang meets at the leader's DP RPC port, any other at its store.
-    port = (
-        DP_RPC_PORT if _data_parallel(pool.engine, args) else rendezvous_port(role, index, shared)
-    )
+    port = spec.gang_port(args) or rendezvous_port(role, index, shared)
     ports = {"rendezvous": port}
     gang = str(InstanceName(role, index))
     leader = worker_spec(
-        recipe,
+        ctx,
         role,
         index,
         leader_host,
         members[0][1],
-        url,
-        run_dir,
-        extra_args=rank_flags(pool.engine, args, 0, nnodes, leader_host.address, port),
+        extra_args=spec.rank_flags(args, GangRank(0, nnodes, leader_host.address, port)),
     )
     specs = [
         msgspec.structs.replace(
@@ -147,14 +94,15 @@ def gang_specs(
             gang=gang,
             nnodes=nnodes,
             ports={**leader.ports, **ports},
-            env=_member_env(pool.engine, leader.env, leader_host),
+            env=_member_env(spec, leader.env, leader_host),
         )
     ]
     rendezvous = f"{leader_host.address}:{port}"
     for rank, (host, gpus) in enumerate(members[1:], start=1):
-        flags = rank_flags(pool.engine, args, rank, nnodes, leader_host.address, port, host.address)
+        at = GangRank(rank, nnodes, leader_host.address, port, host.address)
+        flags = spec.rank_flags(args, at)
         member = _Member(role, index, rank, nnodes, host, gpus)
-        specs.append(_follower_spec(recipe, member, args, flags, rendezvous))
+        specs.append(_follower_spec(ctx, member, args, flags, rendezvous))
     return specs
 
 
@@ -175,36 +123,34 @@ class _Member:
 
 
 def _follower_spec(
-    recipe: Recipe, member: _Member, args: dict[str, Any], flags: dict[str, Any], rendezvous: str
+    ctx: PlanContext, member: _Member, args: dict[str, Any], flags: dict[str, Any], rendezvous: str
 ) -> InstanceSpec:
     """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags;
     the pool's env and secrets (weights need the same token), its node's GPUs."""
     from dynamoctl.wire.engine_args import render_engine_args
 
     role, index = member.role, member.index
-    pool = recipe.workers.pools()[role]
+    pool = ctx.pool(role)
     host = member.host
     try:
         channel = member_channel(pool.engine, role, index, host, args, flags)
     except TransferError as exc:
         raise PlanError(str(exc)) from None
-    timeout = min(recipe.supervision.start_timeout, RENDEZVOUS_TIMEOUT_CAP)
+    timeout = min(ctx.recipe.supervision.start_timeout, RENDEZVOUS_TIMEOUT_CAP)
     argv = [
-        python_for(recipe),
+        ctx.python,
         *("-m", "dynamoctl", "follower"),
         *("--engine", pool.engine, "--label", str(member.name)),
         *("--rendezvous", rendezvous, "--rendezvous-timeout", f"{timeout:g}"),
         "--",
         *render_engine_args({**args, **channel.args, **flags}),
     ]
-    plain = {k: v for k, v in pool.env.items() if isinstance(v, str)}
-    hidden = {k: credentials.secret_ref(v) for k, v in pool.env.items() if not isinstance(v, str)}
-    env = {"PYTHONUNBUFFERED": "1", **channel.env, **plain}
+    plain, hidden = split_env(pool.env)
+    env = {**BASE_ENV, **channel.env, **plain}
     if member.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, member.gpus))
-    ports = dict(channel.ports)
-    if pool.engine == "sglang":
-        ports["health"] = int(flags["port"])
+    spec = engine_spec(pool.engine)
+    ports = {**channel.ports, **spec.follower_ports(flags)}
     return InstanceSpec(
         name=str(member.name),
         pool=role,
@@ -213,7 +159,7 @@ def _follower_spec(
         address=host.address,
         ports=ports,
         argv=argv,
-        env=_member_env(pool.engine, env, host),
+        env=_member_env(spec, env, host),
         gpus=member.gpus,
         secrets=hidden,
         gang=str(member.name.leader),
@@ -223,7 +169,7 @@ def _follower_spec(
 
 
 def _mpi_world_spec(
-    recipe: Recipe, role: Role, index: int, members: Members, url: str, run_dir: Path
+    ctx: PlanContext, role: Role, index: int, members: Members, launcher: str
 ) -> InstanceSpec:
     """A TensorRT-LLM gang: one instance whose launch is one MPI world over every node of
     ``members`` (``mpi_nodes``), a rank per GPU. ``trtllm-llmapi-launch`` runs the worker
@@ -232,12 +178,12 @@ def _mpi_world_spec(
     sizes span the world. It expands its command unquoted (``$task_with_command``), so
     JSON values are rendered without spaces and any other blank is refused."""
     host, gpus = members[0]
-    leader = worker_spec(recipe, role, index, host, gpus, url, run_dir)
-    argv = [MPI_LAUNCHER, *map(_compact_json, leader.argv)]
+    leader = worker_spec(ctx, role, index, host, gpus)
+    argv = [launcher, *map(_compact_json, leader.argv)]
     blank = next((arg for arg in argv if any(c.isspace() for c in arg)), None)
     if blank is not None:
         raise PlanError(
-            f"workers.{role}: {blank!r} holds a blank, but {MPI_LAUNCHER} splits the worker "
+            f"workers.{role}: {blank!r} holds a blank, but {launcher} splits the worker "
             "command at blanks; use a path or value without spaces"
         )
     return msgspec.structs.replace(
@@ -260,16 +206,8 @@ def _compact_json(arg: str) -> str:
         return arg
 
 
-def _data_parallel(engine: str, args: dict[str, Any]) -> bool:
-    return engine == "vllm" and int(args.get("data_parallel_size", 1)) > 1
-
-
-HOST_IP_VARIABLES = {"vllm": "VLLM_HOST_IP", "sglang": "SGLANG_HOST_IP"}
-"""Where each engine reads a member's own address (its ``get_ip()``)."""
-
-
-def _member_env(engine: str, env: dict[str, str], host: Host) -> dict[str, str]:
-    # The engines' cross-node message queues connect to get_ip(), which reads these: the
+def _member_env(spec: EngineSpec, env: dict[str, str], host: Host) -> dict[str, str]:
+    # The engines' cross-node message queues connect to get_ip(), which reads this: the
     # member's own address, not whichever interface a multi-homed node reports first.
-    variable = HOST_IP_VARIABLES.get(engine)
+    variable = spec.host_ip_variable
     return {**env, variable: host.address} if variable else env

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dynamoctl.supervisor.hosts import Host
+from dynamoctl.plan.hosts import Host
 
 
 class GpuMap:

@@ -1,69 +1,31 @@
 """One worker replica in the plan: its engine arguments (the pool's, the model's and
 ``kv_offload``'s, refusing contradictions), its environment and secrets, its command line.
-What :mod:`.plan` places and :mod:`.gang_plan` makes the members of a gang from.
+What :mod:`.build` places and :mod:`.gang` makes the members of a gang from.
 """
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable, Mapping
-from pathlib import Path
+from collections.abc import Mapping
 from typing import Any
 
+from dynamoctl.engines.registry import engine_spec
+from dynamoctl.engines.spec import OffloadArgs
 from dynamoctl.launch.api import InstanceSpec, SecretRef
-from dynamoctl.recipe.kv_offload import OffloadArgs, offload_args
-from dynamoctl.recipe.models import ModelSpec, Recipe, Role, SecretSource, WorkerPool
-from dynamoctl.recipe.targets import SlurmTarget, SshTarget
+from dynamoctl.plan.commands import worker_argv
+from dynamoctl.plan.context import PlanContext, PlanError
+from dynamoctl.plan.hosts import Host
+from dynamoctl.plan.transfer import TransferError, member_channel
+from dynamoctl.recipe.kv_offload import offload_args
+from dynamoctl.recipe.models import ModelSpec, Role, SecretSource, WorkerPool
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.commands import worker_argv
-from dynamoctl.supervisor.hosts import Host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.transfer import TransferError, member_channel
-from dynamoctl.util.registry import Registry
-
-BASE_ENV = {"PYTHONUNBUFFERED": "1"}
-"""The environment every process of the plan gets (logs reach the keeper line by line)."""
-
-
-class PlanError(ValueError):
-    """The recipe cannot be placed on these hosts; the message names the field."""
-
-
-# -- per-engine model arguments: a registry, not an if/elif chain ----------------------------
-
-
-def _mocker_args(model: ModelSpec) -> dict[str, Any]:
-    # The mocker pretends to be model.name; its tokenizer is shipped with dynamoctl unless
-    # the recipe names one, so the zero-infra default downloads nothing.
-    return {
-        "model": model.name,
-        "tokenizer": model.tokenizer or "builtin",
-        "block_size": model.block_size,
-        "max_model_len": model.context_length,
-    }
-
-
-def _vllm_like_args(model: ModelSpec) -> dict[str, Any]:
-    return {
-        "model": model.path,
-        "served_model_name": model.name,
-        "tokenizer": model.tokenizer,
-        "block_size": model.block_size,
-        "max_model_len": model.context_length,
-    }
-
-
-MODEL_ARGS: Registry[Callable[[ModelSpec], dict[str, Any]]] = Registry("engine")
-"""The engine arguments each engine takes from the recipe's model section."""
-MODEL_ARGS.add("mocker", _mocker_args)
-for _engine in ("vllm", "sglang", "trtllm"):
-    MODEL_ARGS.add(_engine, _vllm_like_args)
 
 
 def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str, Any]:
     """The pool's ``engine_args`` plus the model's and ``kv_offload``'s, refusing
     contradictions."""
-    derived = {k: v for k, v in MODEL_ARGS[pool.engine](model).items() if v is not None}
+    model_args = engine_spec(pool.engine).model_args(model)
+    derived = {k: v for k, v in model_args.items() if v is not None}
     offload = _offload(pool, model).args
     merged = dict(derived)
     for key, value in pool.engine_args.items():
@@ -91,22 +53,7 @@ def _agrees(ours: Any, derived: Any) -> bool:
     return bool(ours == derived)
 
 
-def python_for(recipe: Recipe) -> str:
-    if isinstance(recipe.target, SshTarget):
-        return recipe.target.python
-    if isinstance(recipe.target, SlurmTarget) and recipe.target.container is not None:
-        return "python3"  # the image's interpreter, which has dynamoctl installed
-    # Local, and Slurm nodes sharing this environment (a venv on shared storage).
-    return sys.executable
-
-
-def component_env(recipe: Recipe, run_dir: Path) -> tuple[dict[str, str], dict[str, SecretRef]]:
-    """Environment and secrets every worker, router and frontend gets."""
-    env = {**BASE_ENV, **credentials.component_env(recipe)}
-    return env, credentials.component_secrets(recipe, run_dir)
-
-
-def _split_env(
+def split_env(
     values: Mapping[str, str | SecretSource],
 ) -> tuple[dict[str, str], dict[str, SecretRef]]:
     """A pool's ``env``: plain values, and secrets by reference (never values)."""
@@ -118,26 +65,25 @@ def _split_env(
 
 
 def worker_spec(
-    recipe: Recipe,
+    ctx: PlanContext,
     role: Role,
     index: int,
     host: Host,
     gpus: list[int],
-    url: str,
-    run_dir: Path,
     extra_args: Mapping[str, Any] = {},
 ) -> InstanceSpec:
     """Replica ``index`` of pool ``role`` on ``host`` (also what ``scale`` adds);
-    ``extra_args``: a gang leader's rank flags (:mod:`~dynamoctl.supervisor.gang_plan`)."""
+    ``extra_args``: a gang leader's rank flags (:mod:`~dynamoctl.plan.gang`)."""
     from dynamoctl.wire.engine_args import render_engine_args
 
-    pool = recipe.workers.pools()[role]
+    recipe = ctx.recipe
+    pool = ctx.pool(role)
     name = str(InstanceName(role, index))
     argv = [
-        python_for(recipe),
+        ctx.python,
         "-m",
         "dynamoctl",
-        *worker_argv(recipe, role, name, host.address, url),
+        *worker_argv(recipe, role, name, host.address, ctx.discovery_url),
     ]
     args = engine_arguments(role, pool, recipe.model)
     try:
@@ -145,8 +91,8 @@ def worker_spec(
     except TransferError as exc:
         raise PlanError(str(exc)) from None
     argv += render_engine_args({**args, **channel.args, **extra_args})
-    common, secrets = component_env(recipe, run_dir)
-    plain, hidden = _split_env(pool.env)
+    common, secrets = ctx.component_env()
+    plain, hidden = split_env(pool.env)
     offload = _offload(pool, recipe.model)
     env = {**common, **channel.env, **offload.env, **plain}
     if gpus:

@@ -19,28 +19,24 @@ from pathlib import Path
 
 import msgspec
 
-from dynamoctl.discovery.registry import etcd_url
 from dynamoctl.launch.api import InstanceSpec, SecretRef
-from dynamoctl.launch.gpus import count_local_gpus
-from dynamoctl.launch.slurm_jobs import sbatch_resources
-from dynamoctl.recipe.models import (
-    EmbeddedDiscovery,
-    EtcdDiscovery,
-    Recipe,
-    Role,
+from dynamoctl.plan.commands import frontend_argv, planner_argv, router_argv
+from dynamoctl.plan.context import (
+    BASE_ENV,
+    ETCD_CLIENT_PORT,
+    ETCD_PEER_PORT,
+    PlanContext,
+    target_hosts,
 )
-from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
+from dynamoctl.plan.context import PlanError as PlanError  # re-exported: its error
+from dynamoctl.plan.gang import gang_specs
+from dynamoctl.plan.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
+from dynamoctl.plan.hosts import Host
+from dynamoctl.plan.worker import worker_spec
+from dynamoctl.recipe.models import EtcdDiscovery, Recipe, Role
 from dynamoctl.supervisor import credentials
-from dynamoctl.supervisor.commands import frontend_argv, planner_argv, router_argv
-from dynamoctl.supervisor.gang_plan import gang_specs
-from dynamoctl.supervisor.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
-from dynamoctl.supervisor.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.supervisor.instance import InstanceName
-from dynamoctl.supervisor.worker_plan import BASE_ENV, component_env, python_for, worker_spec
-from dynamoctl.supervisor.worker_plan import PlanError as PlanError  # re-exported: its error
-
-ETCD_CLIENT_PORT = 2379
-ETCD_PEER_PORT = 2380
+from dynamoctl.wire.roles import PLACEMENT_ORDER
 
 
 class Plan(msgspec.Struct, frozen=True, kw_only=True):
@@ -58,74 +54,24 @@ class Plan(msgspec.Struct, frozen=True, kw_only=True):
         return [spec for spec in self.instances if spec.pool == pool]
 
 
-# -- hosts and GPUs ---------------------------------------------------------------------------
-
-
-def target_hosts(
-    recipe: Recipe, allocation: list[str] | None = None, resolve: Mapping[str, str] = {}
-) -> tuple[list[Host], int]:
-    """Hosts with their addresses, and GPUs per host. Slurm hosts are the allocation's
-    nodes when known, else symbolic ``node0..`` (a dry run on a login node); ``resolve``
-    gives addresses that override name resolution (a dry run's ``--resolve``)."""
-    target = recipe.target
-    if isinstance(target, LocalTarget):
-        gpus = target.gpus if target.gpus is not None else count_local_gpus()
-        return [Host("localhost", LOCALHOST)], gpus
-    try:
-        if isinstance(target, SshTarget):
-            known = {**target.addresses, **resolve}
-            spans = len(target.hosts) > 1
-            hosts = [
-                resolve_host(name, known, field="target.hosts", spans=spans)
-                for name in target.hosts
-            ]
-            return hosts, target.gpus_per_host
-        assert isinstance(target, SlurmTarget)
-        if allocation is None:
-            return [symbolic_host(f"node{i}") for i in range(target.nodes)], target.gpus_per_node
-        if len(allocation) < target.nodes:
-            raise PlanError(
-                f"target.nodes: the recipe needs {target.nodes} node(s) but this Slurm "
-                f"allocation has {len(allocation)} ({', '.join(allocation)}); submit with "
-                f"`sbatch {' '.join(sbatch_resources(target))} slurm/launch.sh RECIPE`, or run "
-                "`dynamoctl up RECIPE` on the login node, which submits with those options"
-            )
-        spans = target.nodes > 1
-        known = {**target.addresses, **resolve}
-        hosts = [
-            resolve_host(name, known, field="the Slurm allocation's node", spans=spans)
-            for name in allocation
-        ]
-        return hosts, target.gpus_per_node
-    except HostError as exc:
-        raise PlanError(str(exc)) from None
-
-
 # -- the plan ---------------------------------------------------------------------------------
 
 
-def discovery_url(recipe: Recipe, run_dir: Path, head: Host) -> str:
-    disc = recipe.discovery
-    if isinstance(disc, EmbeddedDiscovery):
-        return f"embedded://{disc.path or run_dir / 'discovery'}"
-    assert isinstance(disc, EtcdDiscovery)
-    if disc.managed:
-        scheme = "etcd+https" if credentials.managed_etcd_tls(recipe) else "etcd"
-        return f"{scheme}://{head.address}:{ETCD_CLIENT_PORT}"
-    return etcd_url(disc.endpoints)
-
-
-def _etcd_spec(recipe: Recipe, head: Host, data_dir: str, run_dir: Path) -> InstanceSpec:
+def _etcd_spec(ctx: PlanContext) -> InstanceSpec:
     """etcd listens on the head's address (it refuses names there) and advertises its
     name; the peer URLs stay addresses, since etcd matches them against each other.
     With TLS it starts through the wrapper that writes its certificate next to its data
     (:mod:`dynamoctl.discovery.etcd_server`), from secrets."""
+    recipe, head = ctx.recipe, ctx.head
+    # Local and Slurm: the run directory (on storage the nodes share, under Slurm); SSH:
+    # the remote working directory.
+    data_dir = recipe.target.etcd_data_dir(ctx.run_dir, recipe.name)
     tls = credentials.managed_etcd_tls(recipe)
     scheme = "https" if tls else "http"
     listen = f"{scheme}://{head.address}:{ETCD_CLIENT_PORT}"
     peer = f"{scheme}://{head.address}:{ETCD_PEER_PORT}"
     member = f"dynamoctl-{recipe.name}"
-    wrapper = [python_for(recipe), "-m", "dynamoctl.discovery.etcd_server", f"{data_dir}-tls"]
+    wrapper = [ctx.python, "-m", "dynamoctl.discovery.etcd_server", f"{data_dir}-tls"]
     argv = [
         *(wrapper if tls else []),
         "etcd",
@@ -146,16 +92,15 @@ def _etcd_spec(recipe: Recipe, head: Host, data_dir: str, run_dir: Path) -> Inst
         ports={"client": ETCD_CLIENT_PORT, "peer": ETCD_PEER_PORT},
         argv=argv,
         env=dict(BASE_ENV),
-        secrets=credentials.etcd_secrets(run_dir) if tls else {},
+        secrets=credentials.etcd_secrets(ctx.run_dir) if tls else {},
     )
 
 
 def _component_spec(
-    recipe: Recipe,
+    ctx: PlanContext,
     name: InstanceName,
     host: Host,
     argv: list[str],
-    run_dir: Path,
     *,
     address: str = "",
     ports: Mapping[str, int] = {},
@@ -164,7 +109,7 @@ def _component_spec(
     """A router, frontend or planner instance: ``python -m dynamoctl ARGV`` on ``host``
     (bound to ``address``, by default the host's), with the components' common environment
     and secrets plus ``secrets``."""
-    env, common = component_env(recipe, run_dir)
+    env, common = ctx.component_env()
     return InstanceSpec(
         name=str(name),
         pool=name.pool,
@@ -172,52 +117,53 @@ def _component_spec(
         host=host.name,
         address=address or host.address,
         ports=dict(ports),
-        argv=[python_for(recipe), "-m", "dynamoctl", *argv],
+        argv=[ctx.python, "-m", "dynamoctl", *argv],
         env=env,
         secrets={**common, **secrets},
     )
 
 
-def _router_spec(recipe: Recipe, index: int, host: Host, url: str, run_dir: Path) -> InstanceSpec:
-    """A standalone router replica (``frontend.router.replicas > 0``)."""
+def _router_spec(ctx: PlanContext, index: int) -> InstanceSpec:
+    """A standalone router replica (``frontend.router.replicas > 0``), spread over the
+    hosts like CPU replicas."""
     name = InstanceName("router", index)
-    argv = router_argv(recipe, str(name), host.address, url)
-    return _component_spec(recipe, name, host, argv, run_dir)
+    host = ctx.hosts[index % len(ctx.hosts)]
+    argv = router_argv(ctx.recipe, str(name), host.address, ctx.discovery_url)
+    return _component_spec(ctx, name, host, argv)
 
 
-def _planner_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> InstanceSpec:
+def _planner_spec(ctx: PlanContext) -> InstanceSpec:
     """The SLA planner (a ``planner:`` section), on the head host beside the frontend; it
     alone gets the control endpoint's token (its ``scale`` requests)."""
     name = InstanceName("planner", 0)
-    argv = planner_argv(recipe, str(name), head.address, url)
-    token = credentials.planner_secrets(run_dir)
-    return _component_spec(recipe, name, head, argv, run_dir, secrets=token)
+    argv = planner_argv(ctx.recipe, str(name), ctx.head.address, ctx.discovery_url)
+    token = credentials.planner_secrets(ctx.run_dir)
+    return _component_spec(ctx, name, ctx.head, argv, secrets=token)
 
 
 WILDCARDS = ("0.0.0.0", "::")
 
 
-def _frontend_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> InstanceSpec:
+def _frontend_spec(ctx: PlanContext) -> InstanceSpec:
     """The frontend listens on ``frontend.host``, by default the head's address (loopback on
     a local target); ``address`` is where the supervisor reaches it."""
+    recipe, head = ctx.recipe, ctx.head
     listen = recipe.frontend.host or head.address
     name = InstanceName("frontend", 0)
-    argv = frontend_argv(recipe, str(name), listen, url)
+    argv = frontend_argv(recipe, str(name), listen, ctx.discovery_url)
     address = head.address if listen in WILDCARDS else listen
     ports = {"http": recipe.frontend.port}
     # The keys' variable is read where `up` runs and delivered like any secret: a remote
     # frontend's shell does not have it.
     keys = recipe.frontend.api_keys_env
     secrets = {keys: SecretRef(env=keys)} if keys else {}
-    return _component_spec(
-        recipe, name, head, argv, run_dir, address=address, ports=ports, secrets=secrets
-    )
+    return _component_spec(ctx, name, head, argv, address=address, ports=ports, secrets=secrets)
 
 
 def client_endpoint(recipe: Recipe) -> str:
     """The OpenAI base URL a client on this machine uses (what ``up`` prints), without
     placing anything. A Slurm target's head is known only inside its allocation."""
-    if isinstance(recipe.target, SlurmTarget):
+    if recipe.target.allocated:
         raise PlanError(
             "the frontend's host of a slurm target is known only inside its allocation "
             "(`dynamoctl status` shows it once the job runs)"
@@ -230,7 +176,7 @@ def _endpoint(recipe: Recipe, head: Host) -> str:
     """The OpenAI base URL people use: the head's name unless the recipe binds one address."""
     host = recipe.frontend.host
     if host is None or host in WILDCARDS:
-        host = head.address if isinstance(recipe.target, LocalTarget) else head.name
+        host = head.address if recipe.target.one_machine else head.name
     return f"http://{host}:{recipe.frontend.port}/v1"
 
 
@@ -242,37 +188,29 @@ def build_plan(
 ) -> tuple[Plan, GpuMap]:
     """The plan and the GPU map left after placing it (``scale`` places more later)."""
     hosts, gpus_per_host = target_hosts(recipe, allocation, resolve)
-    head = hosts[0]
-    url = discovery_url(recipe, run_dir, head)
+    ctx = PlanContext.build(recipe, hosts, run_dir)
     instances: list[InstanceSpec] = []
     disc = recipe.discovery
     if isinstance(disc, EtcdDiscovery) and disc.managed:
-        # Local and Slurm: the run directory (on storage the nodes share, under Slurm);
-        # SSH: the remote working directory.
-        data_dir = str(run_dir / "etcd")
-        if isinstance(recipe.target, SshTarget):
-            data_dir = f"{recipe.target.workdir or '.'}/dynamoctl-{recipe.name}-etcd"
-        instances.append(_etcd_spec(recipe, head, data_dir, run_dir))
+        instances.append(_etcd_spec(ctx))
     gpu_map = GpuMap(hosts, gpus_per_host)
-    roles: tuple[Role, ...] = ("prefill", "decode", "agg")
-    for role in roles:
+    for role in PLACEMENT_ORDER:
         pool = recipe.workers.pools().get(role)
         if pool is None:
             continue
         for index in range(pool.replicas):
-            instances += place_replica(recipe, role, index, gpu_map, url, run_dir)
-    for index in range(recipe.frontend.router.replicas):  # spread, like CPU replicas
-        instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url, run_dir))
-    instances.append(_frontend_spec(recipe, head, url, run_dir))
+            instances += _place(ctx, role, index, gpu_map)
+    instances += [_router_spec(ctx, index) for index in range(recipe.frontend.router.replicas)]
+    instances.append(_frontend_spec(ctx))
     if recipe.planner is not None:
-        instances.append(_planner_spec(recipe, head, url, run_dir))
+        instances.append(_planner_spec(ctx))
     plan = Plan(
         name=recipe.name,
         namespace=recipe.namespace,
         target=recipe.target.kind,
         hosts=hosts,
-        discovery_url=url,
-        endpoint=_endpoint(recipe, head),
+        discovery_url=ctx.discovery_url,
+        endpoint=_endpoint(recipe, ctx.head),
         model=recipe.model.name,
         instances=instances,
     )
@@ -282,11 +220,16 @@ def build_plan(
 def place_replica(
     recipe: Recipe, role: Role, index: int, gpu_map: GpuMap, url: str, run_dir: Path
 ) -> list[InstanceSpec]:
-    """Replica ``index`` of pool ``role`` placed on what ``gpu_map`` has left (also what
+    """Replica ``index`` of pool ``role`` placed on what ``gpu_map`` has left (what
     ``scale`` adds): one instance, or a gang's members, leader first."""
-    pool = recipe.workers.pools()[role]
+    ctx = PlanContext(recipe, gpu_map.hosts, url, run_dir, recipe.target.interpreter())
+    return _place(ctx, role, index, gpu_map)
+
+
+def _place(ctx: PlanContext, role: Role, index: int, gpu_map: GpuMap) -> list[InstanceSpec]:
+    pool = ctx.pool(role)
     if pool.nodes_per_replica > 1:
-        return _place_gang(recipe, role, index, gpu_map, url, run_dir)
+        return _place_gang(ctx, role, index, gpu_map)
     placed = gpu_map.take(pool.gpus_per_replica)
     if placed is None:
         raise PlanError(
@@ -294,17 +237,13 @@ def place_replica(
             f"{pool.gpus_per_replica} GPU(s) but the target has {len(gpu_map.hosts)} host(s) "
             f"with {gpu_map.gpus_per_host} GPU(s) each, already taken by earlier replicas"
         )
-    return [worker_spec(recipe, role, index, placed[0], placed[1], url, run_dir)]
+    return [worker_spec(ctx, role, index, placed[0], placed[1])]
 
 
-def _place_gang(
-    recipe: Recipe, role: Role, index: int, gpu_map: GpuMap, url: str, run_dir: Path
-) -> list[InstanceSpec]:
+def _place_gang(ctx: PlanContext, role: Role, index: int, gpu_map: GpuMap) -> list[InstanceSpec]:
     """Replica ``index`` of a multi-node pool: whole hosts, one member each."""
-    pool = recipe.workers.pools()[role]
-    members = gpu_map.take_nodes(
-        pool.nodes_per_replica, shared=isinstance(recipe.target, LocalTarget)
-    )
+    pool = ctx.pool(role)
+    members = gpu_map.take_nodes(pool.nodes_per_replica, shared=ctx.recipe.target.one_machine)
     if members is None:
         free = len(gpu_map.hosts) - len(gpu_map.whole)
         raise PlanError(
@@ -312,7 +251,7 @@ def _place_gang(
             f"{pool.nodes_per_replica} whole node(s) but only {free} of the target's "
             f"{len(gpu_map.hosts)} are left by earlier replicas"
         )
-    return gang_specs(recipe, role, index, members, url, run_dir)
+    return gang_specs(ctx, role, index, members)
 
 
 def render(plan: Plan, describe: Callable[[InstanceSpec], list[str]]) -> str:

@@ -1,0 +1,1 @@
+"""A test-only engine: what adding an engine takes (docs/engines.md, "Adding an engine")."""
