@@ -9,7 +9,6 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
-from typing import TYPE_CHECKING
 
 from starlette.responses import JSONResponse
 
@@ -27,11 +26,9 @@ from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send, r
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
+from dynamoctl.frontend.pipeline import ChatPipeline
 from dynamoctl.frontend.protocol import ChatCompletionRequest
 from dynamoctl.frontend.respond import count_outcomes
-
-if TYPE_CHECKING:
-    from dynamoctl.frontend.app import _Completions
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +41,7 @@ _SSE_START: Message = {
 
 
 class AnthropicMessages:
-    def __init__(self, chat: _Completions) -> None:
+    def __init__(self, chat: ChatPipeline) -> None:
         self.chat = chat
 
     async def refuse(self, scope: Scope, receive: Receive, send: Send, exc: OpenAIError) -> None:

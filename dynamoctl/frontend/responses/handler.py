@@ -9,7 +9,7 @@ import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from starlette.responses import JSONResponse
 
@@ -17,6 +17,7 @@ from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send, r
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, internal_error
+from dynamoctl.frontend.pipeline import ChatPipeline
 from dynamoctl.frontend.respond import count_outcomes
 from dynamoctl.frontend.responses.events import (
     OutputItems,
@@ -28,9 +29,6 @@ from dynamoctl.frontend.responses.events import (
 from dynamoctl.frontend.responses.protocol import ResponsesRequest
 from dynamoctl.frontend.responses.store import ResponseStore, Stored
 from dynamoctl.frontend.responses.translate import to_chat
-
-if TYPE_CHECKING:
-    from dynamoctl.frontend.app import _Completions
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +46,7 @@ def not_found(response_id: str, param: str | None = None) -> OpenAIError:
 
 
 class Responses:
-    def __init__(self, chat: _Completions, store: ResponseStore) -> None:
+    def __init__(self, chat: ChatPipeline, store: ResponseStore) -> None:
         self.chat = chat
         self.store = store
 
