@@ -197,6 +197,8 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
         self.transfers = KvTransfers(self.config, self._scheduler, self.clock)
         """Pinned prefills and KV pulls (disaggregation)."""
         self._pulling: dict[str, asyncio.Task[None]] = {}
+        self._to_hold = self.config.hold_first_requests
+        """Requests still to hold before their first token (fault injection)."""
         self._scripts = Scripts(self.config.tokenizer)
         """Structured answers (structured outputs, tool calls, thinking)."""
         cfg = self.config
@@ -285,6 +287,12 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
             if rid in self._pulling:
                 raise RequestRejected(f"request id {rid!r} is already in use")
             script = self._scripts.script(request, request_seed(request))
+            if self._to_hold > 0:  # accepted and never scheduled: see hold_first_requests
+                self._to_hold -= 1
+                logger.warning("request %s held before its first token (hold_first_requests)",
+                               rid)  # fmt: skip
+                self._streams[rid] = stream
+                return stream
             if handoff is None:
                 self._scheduler.add(request, pin=pin).sampler.script = script
             else:
