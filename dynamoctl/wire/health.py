@@ -23,3 +23,6 @@ class WorkerHealth(msgspec.Struct, kw_only=True):
     output_tokens: int = 0
     """Tokens generated since it started, over all its instances: a hung engine's stops
     moving while requests are in flight."""
+    stalled_s: float = 0.0
+    """Seconds the longest-waiting collective of its engines has waited on another member
+    of its gang (a frozen follower); 0 when none waits or the engine has no gang."""

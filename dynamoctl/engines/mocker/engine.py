@@ -47,6 +47,7 @@ from dynamoctl.engines.api import (
     PeerHandler,
     PrefillsForRemoteDecode,
     ReportsKvTiers,
+    ReportsStalls,
     RequestRejected,
     ServesPeers,
 )
@@ -64,6 +65,9 @@ from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
 
 logger = logging.getLogger(__name__)
+
+IDLE_STEP_S = 1.0
+"""Seconds between an idle gang's empty steps (its heartbeat collective)."""
 
 
 @dataclass
@@ -168,7 +172,9 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             await self._engine.abort(self.request_id)
 
 
-class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, ReportsKvTiers):
+class MockerEngine(
+    Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, ReportsKvTiers, ReportsStalls
+):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
     def __init__(
@@ -326,6 +332,10 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
     def load_metrics(self) -> LoadMetrics:
         return self._scheduler.load_metrics()
 
+    def stalled_for(self) -> float:
+        """Seconds the gang's current step has waited for a follower (0 without a gang)."""
+        return 0.0 if self._gang is None else self._gang.stalled_for()
+
     # ------------------------------------------------------------------ disaggregation
 
     def remote_prefill_params(self) -> Mapping[str, Any]:
@@ -398,7 +408,7 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
             while True:
                 if not sched.has_work():
                     self._work.clear()
-                    await self._work.wait()
+                    await self._idle()
                     t = max(t, clock.now())
                 # A step boundary: readers of the last step's tokens run, and requests
                 # they send now join the next step, before it is planned.
@@ -436,6 +446,19 @@ class MockerEngine(Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, 
                 stream._fail(error)
             self._streams.clear()
             self._scheduler.clear()
+
+    async def _idle(self) -> None:
+        """Wait for work. A gang keeps stepping while idle, an empty collective every
+        :data:`IDLE_STEP_S`, so a frozen follower stalls a step (and shows in
+        :meth:`stalled_for`) before any request is sent to it."""
+        if self._gang is None:
+            await self._work.wait()
+            return
+        while not self._work.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._work.wait(), IDLE_STEP_S)
+                return
+            await self._gang.step_within(self.config.collective_timeout)
 
     def _emit(self, outputs: list[StepOutput]) -> None:
         streams = self._streams
