@@ -228,6 +228,18 @@ class ReportsStartup(Protocol):
 
 
 @runtime_checkable
+class ReportsStalls(Protocol):
+    """An :class:`Engine` whose steps are collectives with other processes (a multi-node
+    replica's leader): it says how long its current one has waited on another member, so
+    a stalled member is seen while the leader itself still answers (docs/operations.md,
+    "Wedged instances")."""
+
+    def stalled_for(self) -> float:
+        """Seconds its current collective has waited so far; 0 when none is waiting."""
+        ...
+
+
+@runtime_checkable
 class ReportsKvTiers(Protocol):
     """An :class:`Engine` that knows its KV tiers' sizes and traffic (the mocker); the
     worker exports them on ``/metrics`` (docs/metrics.md)."""

@@ -36,7 +36,11 @@ class Health:
     silent: bool = False
     """Its process gave no answer at all within ``probe_timeout``: the wedge check's
     input (:mod:`dynamoctl.supervisor.wedge`). False when it answered, even unhealthy,
-    or when nothing was asked (no discovery record to find it by)."""
+    or when nothing was asked (no discovery record to find it by). A gang leader that
+    answers while its collective waits on a member for longer than ``probe_timeout`` is
+    silent too: the gang, as one instance, answers nothing."""
+    silence: str = "answered no probe"
+    """What the silence is, for the logs and ``status``."""
 
 
 class Prober(Protocol):
@@ -141,7 +145,10 @@ class WorkerProbe(RouterProbe, component="worker"):
         sample = _typed(reply, WorkerHealth)
         if sample is None or sample.status != "ready":
             return Health(False, silent=reply is None)
-        return Health(True, sample.output_tokens if sample.inflight > 0 else None, sample)
+        tokens = sample.output_tokens if sample.inflight > 0 else None
+        if sample.stalled_s > self.probes.health_timeout:  # a gang member is frozen
+            return Health(True, tokens, sample, silent=True, silence="its gang's step stalled")
+        return Health(True, tokens, sample)
 
 
 class PlannerProbe(RouterProbe, component="planner"):

@@ -368,7 +368,7 @@ class Supervisor:
             progressing = health.tokens is None or health.tokens != last_tokens
             last_tokens = health.tokens if health.tokens is not None else last_tokens
             now = time.monotonic()
-            if (wedged := wedge.observe(health.silent, now)) is not None:
+            if (wedged := wedge.observe(health.silent, now, health.silence)) is not None:
                 return wedged
             if health.silent:
                 continue  # no answer at all: wedge_timeout judges it, not hang_timeout

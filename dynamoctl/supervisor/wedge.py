@@ -49,9 +49,11 @@ class WedgeWatch:
         """It became READY: its readiness probe was its last answer."""
         self.last_answer, self.silent_since = now, None
 
-    def observe(self, silent: bool, now: float) -> tuple[RestartReason, str] | None:
+    def observe(
+        self, silent: bool, now: float, silence: str = "answered no probe"
+    ) -> tuple[RestartReason, str] | None:
         """One probe's outcome at ``now``: the failure when it has gone silent for longer
-        than ``wedge_timeout``, else None."""
+        than ``wedge_timeout``, else None. ``silence`` says what the silence is."""
         if self.last_answer is None:
             return None
         if not silent:
@@ -67,15 +69,15 @@ class WedgeWatch:
         if self.silent_since is None:
             self.silent_since = now
             log.warning(
-                "%s did not answer its probe (silent %.1f s, wedged at %g s)",
-                self.spec.name, now - self.last_answer, self.timeout,
+                "%s %s (silent %.1f s, wedged at %g s)",
+                self.spec.name, silence, now - self.last_answer, self.timeout,
             )  # fmt: skip
         silent_for = now - self.last_answer
         if silent_for <= self.timeout:
             return None
         self._count("wedged")
         return RestartReason.WEDGE, (
-            f"wedged: answered no probe for {silent_for:.1f} s (wedge_timeout {self.timeout:g} s)"
+            f"wedged: {silence} for {silent_for:.1f} s (wedge_timeout {self.timeout:g} s)"
         )
 
     def _count(self, outcome: str) -> None:

@@ -41,3 +41,6 @@ class WorkerHealth(msgspec.Struct, kw_only=True):
     moving while requests are in flight."""
     startup: StartupReport | None = None
     """Its first instance's engine start-up, when the engine reports one (the mocker)."""
+    stalled_s: float = 0.0
+    """Seconds the longest-waiting collective of its engines has waited on another member
+    of its gang (a frozen follower); 0 when none waits or the engine has no gang."""

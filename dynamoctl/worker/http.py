@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from dynamoctl.engines.api import ReportsStartup
+from dynamoctl.engines.api import ReportsStalls, ReportsStartup
 from dynamoctl.planes.curve import RefusalCollector
 from dynamoctl.wire.health import HealthStatus, WorkerHealth
 from dynamoctl.worker.instance import WorkerInstance
@@ -114,6 +114,10 @@ def worker_health(instances: Sequence[WorkerInstance], ready: bool) -> WorkerHea
         kv_usage=sum(usage) / len(usage) if usage else 0.0,
         output_tokens=sum(inst.tokens_total for inst in instances),
         startup=starting[0].startup_report() if starting else None,
+        stalled_s=max(
+            (i.engine.stalled_for() for i in instances if isinstance(i.engine, ReportsStalls)),
+            default=0.0,
+        ),
     )
 
 

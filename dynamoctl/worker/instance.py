@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -51,7 +52,9 @@ from dynamoctl.engines.api import (
     ReportsDeath,
     ServesPeers,
 )
+from dynamoctl.planes.curve import deployment_keys
 from dynamoctl.planes.events import EventPublisher
+from dynamoctl.planes.events.relay import KvEventRelay, node_local
 from dynamoctl.planes.request import NotAccepting, RequestServer
 from dynamoctl.settings import Role
 from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
@@ -115,6 +118,8 @@ class WorkerInstance:
         self.load_events = EventPublisher(
             f"tcp://{host}:0", f"tcp://{host}:0", topic=LOAD_TOPIC, snapshot=self._load_snapshot
         )
+        self._kv_relay: KvEventRelay | None = None
+        """Carries an engine's node-local KV stream under CURVE, when it has one."""
         self.draining = False
         self.stopping = False
         """Set (synchronously, from the signal handler) when the process is told to stop:
@@ -174,6 +179,11 @@ class WorkerInstance:
         await engine.start()
         kv = own.kv_event_source() if own is not None else None
         ours = kv is None  # the engine's own publisher cannot speak CURVE
+        if kv is not None and deployment_keys() is not None and node_local(kv.address):
+            # ... but a relay on this node can carry it under CURVE (planes/events/relay.py)
+            self._kv_relay = KvEventRelay(kv.address, kv.replay_address, self.host)
+            address, replay = await self._kv_relay.start()
+            kv, ours = dataclasses.replace(kv, address=address, replay_address=replay), True
         if kv is None:
             if own is not None:  # it publishes none (events off): advertise an empty stream
                 await self.kv_events.start()
@@ -288,6 +298,8 @@ class WorkerInstance:
         await self.engine.stop()
         await self.kv_events.close()
         await self.load_events.close()
+        if self._kv_relay is not None:
+            await self._kv_relay.close()
 
     async def watch_engine(self) -> EngineStopped:
         """Wait until the engine dies, then fail its in-flight requests (``abort``) and

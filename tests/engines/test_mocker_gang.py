@@ -93,8 +93,10 @@ async def test_steps_need_every_follower_and_a_stopped_one_stalls_the_leader(
     done, _ = await asyncio.wait({stalled}, timeout=2)
     assert not done  # no step can finish without rank 2's answer
     assert engine.stats.steps <= steps + 1
+    assert engine.stalled_for() >= 1.5  # what the worker's /health reports (stalled_s)
     os.kill(members[1].pid, signal.SIGCONT)
     assert await stalled == 8  # the collective resumes where it stood
+    assert engine.stalled_for() < 1.0
 
 
 async def test_a_dead_follower_ends_the_engine_past_the_collective_timeout() -> None:

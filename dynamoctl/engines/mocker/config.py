@@ -128,10 +128,17 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
     collective_timeout: float = 300.0
     """Seconds the leader waits for its gang to form, and for one step's round trip,
     before its engine dies (vLLM's ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
+    hold_first_requests: int = 0
+    """Fault injection: the first N requests this engine accepts are held before their
+    first token (never scheduled, they produce nothing) until aborted or the process
+    ends, so a test can kill a worker between admission and first token at a moment it
+    chooses (docs/mocker.md, "Fault injection"). 0 (default): none held."""
 
     def __post_init__(self) -> None:
         if not 0 <= self.node_rank < self.nnodes:
             raise ValueError(f"node_rank must be in [0, nnodes), got {self.node_rank}")
+        if self.hold_first_requests < 0:
+            raise ValueError(f"hold_first_requests must be >= 0, got {self.hold_first_requests}")
         if not self.collective_timeout > 0:
             raise ValueError(f"collective_timeout must be > 0, got {self.collective_timeout}")
         for name in ("num_gpu_blocks", "block_size", "max_num_seqs", "max_num_batched_tokens"):

@@ -49,6 +49,7 @@ from dynamoctl.engines.api import (
     PeerHandler,
     PrefillsForRemoteDecode,
     ReportsKvTiers,
+    ReportsStalls,
     ReportsStartup,
     RequestRejected,
     ServesPeers,
@@ -69,6 +70,9 @@ from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
 
 logger = logging.getLogger(__name__)
+
+IDLE_STEP_S = 1.0
+"""Seconds between an idle gang's empty steps (its heartbeat collective)."""
 
 
 @dataclass
@@ -174,7 +178,13 @@ class MockerStream(AsyncIterator[GenerateChunk]):
 
 
 class MockerEngine(
-    Engine, PrefillsForRemoteDecode, ServesPeers, HoldsPeerWork, ReportsKvTiers, ReportsStartup
+    Engine,
+    PrefillsForRemoteDecode,
+    ServesPeers,
+    HoldsPeerWork,
+    ReportsKvTiers,
+    ReportsStartup,
+    ReportsStalls,
 ):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
@@ -206,6 +216,8 @@ class MockerEngine(
         self.transfers = KvTransfers(self.config, self._scheduler, self.clock)
         """Pinned prefills and KV pulls (disaggregation)."""
         self._pulling: dict[str, asyncio.Task[None]] = {}
+        self._to_hold = self.config.hold_first_requests
+        """Requests still to hold before their first token (fault injection)."""
         self._scripts = Scripts(self.config.tokenizer)
         """Structured answers (structured outputs, tool calls, thinking)."""
         cfg = self.config
@@ -296,6 +308,12 @@ class MockerEngine(
             if rid in self._pulling:
                 raise RequestRejected(f"request id {rid!r} is already in use")
             script = self._scripts.script(request, request_seed(request))
+            if self._to_hold > 0:  # accepted and never scheduled: see hold_first_requests
+                self._to_hold -= 1
+                logger.warning("request %s held before its first token (hold_first_requests)",
+                               rid)  # fmt: skip
+                self._streams[rid] = stream
+                return stream
             if handoff is None:
                 self._scheduler.add(request, pin=pin).sampler.script = script
             else:
@@ -333,6 +351,10 @@ class MockerEngine(
 
     def startup_report(self) -> StartupReport:
         return self.startup.report(self.clock.now())
+
+    def stalled_for(self) -> float:
+        """Seconds the gang's current step has waited for a follower (0 without a gang)."""
+        return 0.0 if self._gang is None else self._gang.stalled_for()
 
     # ------------------------------------------------------------------ disaggregation
 
@@ -406,7 +428,7 @@ class MockerEngine(
             while True:
                 if not sched.has_work():
                     self._work.clear()
-                    await self._work.wait()
+                    await self._idle()
                     t = max(t, clock.now())
                 # A step boundary: readers of the last step's tokens run, and requests
                 # they send now join the next step, before it is planned.
@@ -444,6 +466,19 @@ class MockerEngine(
                 stream._fail(error)
             self._streams.clear()
             self._scheduler.clear()
+
+    async def _idle(self) -> None:
+        """Wait for work. A gang keeps stepping while idle, an empty collective every
+        :data:`IDLE_STEP_S`, so a frozen follower stalls a step (and shows in
+        :meth:`stalled_for`) before any request is sent to it."""
+        if self._gang is None:
+            await self._work.wait()
+            return
+        while not self._work.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._work.wait(), IDLE_STEP_S)
+                return
+            await self._gang.step_within(self.config.collective_timeout)
 
     def _emit(self, outputs: list[StepOutput]) -> None:
         streams = self._streams

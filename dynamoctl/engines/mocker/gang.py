@@ -56,6 +56,13 @@ class GangLeader:
         self._followers: dict[bytes, int] = {}
         """ZeroMQ identity → node rank, fixed once the gang formed."""
         self._seq = 0
+        self.step_sent: float | None = None
+        """When the step waiting for its acks was sent (monotonic); None between steps."""
+
+    def stalled_for(self) -> float:
+        """Seconds the current step has waited for its acks; 0 between steps."""
+        sent = self.step_sent
+        return 0.0 if sent is None else time.monotonic() - sent
 
     async def form(self, timeout: float) -> None:
         """Bind and wait until every rank 1..nnodes-1 said hello (a :class:`GangError`
@@ -100,6 +107,7 @@ class GangLeader:
         for identity in self._followers:
             await self._sock.send_multipart([identity, frame])
         waiting = set(self._followers.values())
+        self.step_sent = time.monotonic()
         while waiting:
             identity, data = await self._sock.recv_multipart()
             message = DECODER.decode(data)
@@ -108,6 +116,7 @@ class GangLeader:
             elif isinstance(message, Hello) and identity not in self._followers:
                 # A restarted follower cannot rejoin a running gang: gangs restart whole.
                 log.error("[mocker] rank %d tried to join a running gang", message.rank)
+        self.step_sent = None
 
     async def step_within(self, timeout: float) -> None:
         """:meth:`step`, or a :class:`GangError` after ``timeout`` seconds."""

@@ -79,7 +79,8 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
 
     def kv_event_source(self) -> KvEventSource | None:
         config = sargs.kv_events(self._args)
-        if config is None or "*" not in str(config.get("endpoint", "")):
+        endpoint = str(config.get("endpoint", "")) if config is not None else ""
+        if config is None or not ("*" in endpoint or endpoint.startswith("ipc://")):
             return None  # SGLang connects to any other endpoint: nobody can subscribe
         name = f"[{self._host}]" if ":" in self._host else self._host
         replay = config.get("replay_endpoint")
