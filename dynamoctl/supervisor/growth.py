@@ -2,7 +2,7 @@
 
 When ``scale`` (an operator's or the planner's) asks for a replica the allocation has no
 room for and the recipe allows it (``target.growth.max_jobs`` > 0), the supervisor submits
-an extra job shaped as the allocation (``launch/slurm_growth.py``). Once it runs, its
+an extra job shaped as the allocation (``launch/slurm/growth.py``). Once it runs, its
 nodes join the GPU map and the launcher runs steps there in that job: the replicas waiting
 for it are placed and started like any other (they register in discovery, are probed,
 restarted and drained the same way). When no replica runs on an extra job's nodes any more
@@ -22,10 +22,10 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from dynamoctl.launch.api import LaunchError
-from dynamoctl.launch.slurm import SlurmLauncher, step_env
-from dynamoctl.launch.slurm_growth import submit_extra_job
-from dynamoctl.launch.slurm_jobs import cancel, job_nodes, job_state
-from dynamoctl.launch.slurm_state import JobState
+from dynamoctl.launch.slurm.growth import submit_extra_job
+from dynamoctl.launch.slurm.jobs import cancel, job_nodes, job_state
+from dynamoctl.launch.slurm.launcher import SlurmLauncher, step_env
+from dynamoctl.launch.slurm.state import JobState
 from dynamoctl.recipe.models import Role
 from dynamoctl.recipe.targets import SlurmGrowth, SlurmTarget
 from dynamoctl.supervisor.hosts import HostError, resolve_host

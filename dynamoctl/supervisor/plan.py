@@ -22,7 +22,7 @@ import msgspec
 from dynamoctl.discovery.registry import etcd_url
 from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
-from dynamoctl.launch.slurm_jobs import sbatch_resources
+from dynamoctl.launch.slurm.jobs import sbatch_resources
 from dynamoctl.recipe.models import (
     EmbeddedDiscovery,
     EtcdDiscovery,

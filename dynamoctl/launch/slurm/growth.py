@@ -7,10 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from dynamoctl.launch.slurm_jobs import submit
+from dynamoctl.launch.slurm.jobs import submit
 from dynamoctl.recipe.targets import SlurmTarget
 
-HOLDER_SCRIPT = Path(__file__).with_name("slurm_growth.sh")
+HOLDER_SCRIPT = Path(__file__).with_name("growth.sh")
 """The extra job's batch script: holds its nodes while the deployment's job runs."""
 
 

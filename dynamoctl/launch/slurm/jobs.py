@@ -1,7 +1,7 @@
 """Slurm jobs as a whole: submitting one (``sbatch``: the deployment's own batch job, from
 the login node, and the extra jobs of a grown deployment), its state and nodes
 (``squeue``), signalling its batch script and cancelling it (``scancel``); and the bounded
-runner of Slurm client commands that the step launcher (:mod:`dynamoctl.launch.slurm`)
+runner of Slurm client commands that the step launcher (:mod:`dynamoctl.launch.slurm.launcher`)
 shares."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dynamoctl.launch.api import LaunchError
-from dynamoctl.launch.slurm_state import JobState
+from dynamoctl.launch.slurm.state import JobState
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmTarget
 
@@ -70,7 +70,7 @@ def sbatch_resources(target: SlurmTarget) -> list[str]:
     return [*args, f"--partition={target.partition}"]
 
 
-BATCH_SCRIPT = Path(__file__).with_name("slurm_batch.sh")
+BATCH_SCRIPT = Path(__file__).with_name("batch.sh")
 """The batch script that runs ``dynamoctl up`` in the allocation (``slurm/launch.sh``)."""
 DRAIN_SIGNAL_MARGIN_S = 60
 """Seconds the drain signal leaves beyond ``drain_timeout``: routers, frontend, etcd stop

@@ -13,7 +13,7 @@ ends its steps. Components stay children of their step (no ``--setsid``): with
 no-cgroup process tracking a detached process escapes ``scancel``.
 
 Jobs as a whole (``sbatch``, ``squeue``, ``scancel`` of a job, the login-node path) are
-:mod:`dynamoctl.launch.slurm_jobs`.
+:mod:`dynamoctl.launch.slurm.jobs`.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from dynamoctl.launch.api import (
 )
 from dynamoctl.launch.gpus import check_gpus
 from dynamoctl.launch.local import keeper_argv
-from dynamoctl.launch.slurm_jobs import client_output, job_nodes, run_client
+from dynamoctl.launch.slurm.jobs import client_output, job_nodes, run_client
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmContainer, SlurmTarget
 

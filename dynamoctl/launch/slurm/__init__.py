@@ -1,0 +1,4 @@
+"""Everything of Slurm, in one place: the step launcher (``launcher.py``), jobs as a whole
+(``jobs.py``: sbatch, squeue, scancel, the batch script ``batch.sh``), Slurm's job states
+(``state.py``) and the extra jobs of a deployment grown beyond its allocation
+(``growth.py``, ``growth.sh``)."""
