@@ -36,9 +36,13 @@ FOUNDATION = ("dynamoctl.util", "dynamoctl.wire")
 """The ground floor: ``util`` imports nothing of the project, ``wire`` only ``wire`` and
 ``util``."""
 
-SLURM = ("dynamoctl.launch.slurm",)
-"""Everything of Slurm: the supervisor imports none of it (it asks its launcher for extra
-capacity through ``launch/capacity.py``)."""
+FORBIDDEN = (
+    ("dynamoctl.supervisor", "dynamoctl.launch.slurm"),
+    ("dynamoctl.structured", "dynamoctl.frontend"),
+)
+"""(importer, imported) packages that must not meet: the supervisor imports nothing of
+Slurm (it asks its launcher for extra capacity through ``launch/capacity.py``), and
+structured outputs know no HTTP (``structured/errors.py``)."""
 
 EXCEPTIONS: frozenset[tuple[str, str]] = frozenset(
     {("dynamoctl.supervisor.plan", "dynamoctl.launch.slurm.jobs")}
@@ -151,7 +155,7 @@ def breaches(graph: Mapping[str, Iterable[str]]) -> set[tuple[str, str]]:
                 found.add((module, target))
             if _within(module, ["dynamoctl.wire"]) and not _within(target, FOUNDATION):
                 found.add((module, target))
-            if _within(module, ["dynamoctl.supervisor"]) and _within(target, SLURM):
+            if any(_within(module, [a]) and _within(target, [b]) for a, b in FORBIDDEN):
                 found.add((module, target))
             if _is_engine_spec(module) and not _spec_may_import(target):
                 found.add((module, target))
@@ -207,6 +211,8 @@ def test_the_rules_catch_what_they_forbid() -> None:
         "dynamoctl.launch.d": frozenset(),
         "dynamoctl.supervisor.e": frozenset({"dynamoctl.launch.slurm.f"}),
         "dynamoctl.launch.slurm.f": frozenset(),
+        "dynamoctl.structured.g": frozenset({"dynamoctl.frontend.h"}),
+        "dynamoctl.frontend.h": frozenset(),
         "dynamoctl.engines.x.spec": frozenset({"dynamoctl.engines.x.engine"}),
         "dynamoctl.engines.x.engine": frozenset(),
         "dynamoctl.frontend.main": frozenset(),
@@ -219,6 +225,7 @@ def test_the_rules_catch_what_they_forbid() -> None:
         ("dynamoctl.util.a", "dynamoctl.wire.b"),
         ("dynamoctl.planner.c", "dynamoctl.launch.d"),
         ("dynamoctl.supervisor.e", "dynamoctl.launch.slurm.f"),
+        ("dynamoctl.structured.g", "dynamoctl.frontend.h"),
         ("dynamoctl.engines.x.spec", "dynamoctl.engines.x.engine"),
     }
 
