@@ -27,10 +27,11 @@ from pathlib import Path
 import psutil
 
 from dynamoctl.discovery import Discovery, store_from_url
-from dynamoctl.frontend.remote import RemotePicker, RouterReplicas
+from dynamoctl.frontend.remote import RemotePicker
 from dynamoctl.frontend.routing import EmbeddedPicker
 from dynamoctl.router import KvRouter
 from dynamoctl.router.pools import ModelPools
+from dynamoctl.router.standalone.client import RouterReplicas
 from dynamoctl.util import aio
 
 NS = "bench"

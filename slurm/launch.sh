@@ -1,1 +1,1 @@
-../dynamoctl/launch/slurm_batch.sh
+../dynamoctl/launch/slurm/batch.sh

@@ -36,20 +36,18 @@ FOUNDATION = ("dynamoctl.util", "dynamoctl.wire")
 """The ground floor: ``util`` imports nothing of the project, ``wire`` only ``wire`` and
 ``util``."""
 
+FORBIDDEN = (
+    ("dynamoctl.supervisor", "dynamoctl.launch.slurm"),
+    ("dynamoctl.structured", "dynamoctl.frontend"),
+)
+"""(importer, imported) packages that must not meet: the supervisor imports nothing of
+Slurm (it asks its launcher for extra capacity through ``launch/capacity.py``), and
+structured outputs know no HTTP (``structured/errors.py``)."""
+
 EXCEPTIONS: frozenset[tuple[str, str]] = frozenset()
 """(importer, imported) arrows that break a rule on purpose."""
 
-CIRCLE_EXCEPTIONS: tuple[frozenset[str], ...] = (
-    frozenset(
-        {
-            "dynamoctl.supervisor.gang",
-            "dynamoctl.supervisor.growth",
-            "dynamoctl.supervisor.metrics",
-            "dynamoctl.supervisor.scaling",
-            "dynamoctl.supervisor.supervisor",
-        }
-    ),
-)
+CIRCLE_EXCEPTIONS: tuple[frozenset[str], ...] = ()
 """Circles left on purpose. With :data:`EXCEPTIONS`, at most four, each named with its
 reason in docs/architecture.md, "Layers"."""
 
@@ -155,6 +153,8 @@ def breaches(graph: Mapping[str, Iterable[str]]) -> set[tuple[str, str]]:
                 found.add((module, target))
             if _within(module, ["dynamoctl.wire"]) and not _within(target, FOUNDATION):
                 found.add((module, target))
+            if any(_within(module, [a]) and _within(target, [b]) for a, b in FORBIDDEN):
+                found.add((module, target))
             if _is_engine_spec(module) and not _spec_may_import(target):
                 found.add((module, target))
     for entry in COMPONENT_ENTRIES.values():
@@ -207,6 +207,10 @@ def test_the_rules_catch_what_they_forbid() -> None:
         "dynamoctl.planner.main": frozenset({"dynamoctl.planner.c"}),
         "dynamoctl.planner.c": frozenset({"dynamoctl.launch.d"}),
         "dynamoctl.launch.d": frozenset(),
+        "dynamoctl.supervisor.e": frozenset({"dynamoctl.launch.slurm.f"}),
+        "dynamoctl.launch.slurm.f": frozenset(),
+        "dynamoctl.structured.g": frozenset({"dynamoctl.frontend.h"}),
+        "dynamoctl.frontend.h": frozenset(),
         "dynamoctl.engines.x.spec": frozenset({"dynamoctl.engines.x.engine"}),
         "dynamoctl.engines.x.engine": frozenset(),
         "dynamoctl.frontend.main": frozenset(),
@@ -218,6 +222,8 @@ def test_the_rules_catch_what_they_forbid() -> None:
     assert breaches(graph) == {
         ("dynamoctl.util.a", "dynamoctl.wire.b"),
         ("dynamoctl.planner.c", "dynamoctl.launch.d"),
+        ("dynamoctl.supervisor.e", "dynamoctl.launch.slurm.f"),
+        ("dynamoctl.structured.g", "dynamoctl.frontend.h"),
         ("dynamoctl.engines.x.spec", "dynamoctl.engines.x.engine"),
     }
 

@@ -12,7 +12,7 @@ from typing import Literal
 import typer
 
 from dynamoctl.launch.api import LaunchError
-from dynamoctl.launch.slurm_state import JobState
+from dynamoctl.launch.slurm.state import JobState
 from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import RunDir, RunState, deployments, home
@@ -94,7 +94,7 @@ def _in_slurm(run_dir: RunDir) -> bool:
 
 def _job_state(job: str) -> JobState | Literal[""] | None:
     """The job's Slurm state, ``""`` once Slurm forgot it, None if squeue cannot tell."""
-    from dynamoctl.launch.slurm_jobs import job_state
+    from dynamoctl.launch.slurm.jobs import job_state
     from dynamoctl.util import aio
 
     try:

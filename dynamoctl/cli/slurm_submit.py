@@ -1,7 +1,7 @@
 """``dynamoctl up`` on a login node with a Slurm target: submit the job and follow it.
 
 The job runs the same batch script as ``sbatch slurm/launch.sh RECIPE``
-(:data:`dynamoctl.launch.slurm_jobs.BATCH_SCRIPT`), with the recipe's resources and a drain
+(:data:`dynamoctl.launch.slurm.jobs.BATCH_SCRIPT`), with the recipe's resources and a drain
 signal. The run directory must be on storage the nodes share (the
 default, under ``$HOME``, usually is): the supervisor writes its state there, and this
 command waits for it to say "serving".
@@ -22,7 +22,7 @@ from dynamoctl.wire.states import Phase
 
 
 def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeout: float) -> None:
-    from dynamoctl.launch.slurm_jobs import job_state, submit_recipe
+    from dynamoctl.launch.slurm.jobs import job_state, submit_recipe
 
     run_dir.create()  # private before the first file (docs/security.md)
     output = run_dir.path / "supervisor.log"
@@ -48,7 +48,7 @@ def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeou
 def cancel_job(run_dir: RunDir, timeout: float) -> bool:
     """Stop a submitted deployment: SIGTERM to the supervisor (it drains and stops every
     step), then ``scancel`` whatever is left. False if no job was recorded."""
-    from dynamoctl.launch.slurm_jobs import cancel, job_state, signal_batch
+    from dynamoctl.launch.slurm.jobs import cancel, job_state, signal_batch
 
     try:
         job = (run_dir.path / JOB_FILE).read_text().strip()

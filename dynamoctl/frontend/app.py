@@ -54,6 +54,7 @@ from dynamoctl.frontend.responses.store import ResponseStore
 from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
 from dynamoctl.frontend.tokenization import Tokenization
+from dynamoctl.structured.errors import StructuredError
 from dynamoctl.structured.plan import OutputPlan, plan_chat, plan_completion
 from dynamoctl.tokenizer import Tokenizer
 from dynamoctl.tokenizer.prefix import PrefixCache
@@ -303,7 +304,12 @@ class _Completions:
         Messages API's, :mod:`dynamoctl.frontend.anthropic`)."""
         model = _model(self.registry, body.model)
         # Structured outputs, tools, reasoning (dynamoctl.structured): 400s before any work.
-        plan = plan_chat(body, body.output_constraint(), model.card.traits, body.messages[-1].role)
+        try:
+            plan = plan_chat(
+                body, body.output_constraint(), model.card.traits, body.messages[-1].role
+            )
+        except StructuredError as exc:
+            raise bad_request(str(exc), exc.param) from None
         messages = [m.for_template() for m in body.messages]
         try:
             prompt = model.tokenizer.apply_chat_template(
@@ -328,7 +334,10 @@ class _Completions:
     async def _completion(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, CompletionRequest)
         model = _model(self.registry, body.model)
-        plan = plan_completion(body, model.card.traits)
+        try:
+            plan = plan_completion(body, model.card.traits)
+        except StructuredError as exc:
+            raise bad_request(str(exc), exc.param) from None
         prompts = body.prompts()
         check_choices(body, len(prompts), self._max_choices)  # before tokenising them all
         batch: list[list[int]] = []

@@ -12,6 +12,7 @@ from dynamoctl.frontend.errors import OpenAIError, ParamError, bad_request
 from dynamoctl.frontend.generate import Job
 from dynamoctl.frontend.models import ServedModel
 from dynamoctl.frontend.protocol import INT64, ChatCompletionRequest, CompletionRequest
+from dynamoctl.structured.errors import StructuredError
 from dynamoctl.wire.engine import GenerateRequest
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -52,7 +53,7 @@ def invalid_body(raw: bytes, exc: ValidationError) -> OpenAIError:
     top = first["loc"][:1]
     first = max((e for e in errors if e["loc"][:1] == top), key=lambda e: len(e["loc"]))
     raised = first.get("ctx", {}).get("error")
-    if isinstance(raised, ParamError):  # a check of several fields: it names the one
+    if isinstance(raised, ParamError | StructuredError):  # a check of several fields: it names one
         return bad_request(str(raised), raised.param)
     # A validator's own words, without pydantic's "Value error, " / "Assertion failed, ".
     message = str(raised) if isinstance(raised, Exception) else first["msg"]

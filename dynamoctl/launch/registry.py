@@ -13,7 +13,7 @@ LAUNCHERS: Registry[str] = Registry("target kind")
 """Target kind -> ``"module:factory"``; a factory takes the recipe and returns a Launcher."""
 LAUNCHERS.add("local", "dynamoctl.launch.local:from_recipe")
 LAUNCHERS.add("ssh", "dynamoctl.launch.ssh:from_recipe")
-LAUNCHERS.add("slurm", "dynamoctl.launch.slurm:from_recipe")
+LAUNCHERS.add("slurm", "dynamoctl.launch.slurm.launcher:from_recipe")
 
 
 def launcher_for(recipe: Recipe) -> Launcher:

@@ -13,7 +13,7 @@ from typing import Any
 from dynamoctl.discovery.registry import etcd_url
 from dynamoctl.launch.api import SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
-from dynamoctl.launch.slurm_jobs import sbatch_resources
+from dynamoctl.launch.slurm.jobs import sbatch_resources
 from dynamoctl.plan.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
 from dynamoctl.recipe.models import EmbeddedDiscovery, EtcdDiscovery, Recipe, Role, WorkerPool
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget

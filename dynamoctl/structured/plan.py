@@ -15,10 +15,10 @@ from typing import Any
 import jsonschema
 import msgspec
 
-from dynamoctl.frontend.errors import bad_request
 from dynamoctl.parsers import REASONING_PARSERS, TOOL_PARSERS
 from dynamoctl.parsers.shaper import ChatShaper, ForcedCall
 from dynamoctl.structured.engines import cached, refusal, simulates
+from dynamoctl.structured.errors import StructuredError
 from dynamoctl.structured.request import NamedToolChoice, StructuredOutputFields, ToolFields
 from dynamoctl.wire.structured import OutputConstraint, OutputSpec, OutputTraits, ToolOffer
 
@@ -81,21 +81,21 @@ def plan_chat(
     forced: ForcedCall | None = None
     if choice == "required" or isinstance(choice, NamedToolChoice):
         if asked is not None:
-            raise bad_request(
+            raise StructuredError(
+                asked[0],
                 f"{asked[0]} cannot be combined with tool_choice '{_choice_name(choice)}': "
                 "both constrain the output",
-                asked[0],
             )
         name = choice.function.name if isinstance(choice, NamedToolChoice) else None
         forced = ForcedCall(name)
         asked = ("tool_choice", OutputConstraint(json_schema=_forced_schema(body, name)))
     constraint = _checked(*asked, traits.engine) if asked is not None else None
     if choice == "auto" and traits.tool_call_parser is None:
-        raise bad_request(
+        raise StructuredError(
+            "tool_choice",
             "tool_choice 'auto' needs the model's tool-call parser, and this model has "
             "none: set model.tool_call_parser in the recipe (docs/api.md), or use "
             "tool_choice 'required' or a named function",
-            "tool_choice",
         )
     spec = _spec(traits, constraint, tools if choice == "auto" and last_role != "tool" else [])
     template_tools = [t.model_dump(exclude_none=True) for t in tools] if choice != "none" else None
@@ -157,10 +157,10 @@ def _checked(param: str, constraint: OutputConstraint, engine: str | None) -> Ou
         _check_schema(constraint.json_schema, param)
     why = refusal(engine, constraint)
     if why is not None:
-        raise bad_request(
+        raise StructuredError(
+            param,
             f"{param}: the model's engine ({engine or 'unknown'}) cannot enforce this "
             f"{constraint.kind()} constraint: {why}",
-            param,
         )
     return constraint
 
@@ -168,7 +168,7 @@ def _checked(param: str, constraint: OutputConstraint, engine: str | None) -> Ou
 def _check_schema(schema: dict[str, Any], param: str) -> None:
     problem = cached("schema", lambda: _schema_problem(schema), msgspec.json.encode(schema))
     if problem is not None:
-        raise bad_request(f"{param} is not a valid JSON Schema {problem}", param)
+        raise StructuredError(param, f"{param} is not a valid JSON Schema {problem}")
 
 
 def _schema_problem(schema: dict[str, Any]) -> str | None:

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from dynamoctl.frontend.errors import ParamError
+from dynamoctl.structured.errors import StructuredError
 from dynamoctl.wire.structured import OutputConstraint
 
 
@@ -83,11 +83,13 @@ class StructuredOutputFields(_Strict):
 
     def output_constraint(self) -> tuple[str, OutputConstraint] | None:
         """The one constraint asked for, with the parameter that asked; None: free text.
-        Two at once is a ``ParamError`` naming both (a 400)."""
+        Two at once is a ``StructuredError`` naming both (a 400)."""
         found = [c for c in self._constraints() if c is not None]
         if len(found) > 1:
             first, second = found[0][0], found[1][0]
-            raise ParamError(second, f"{first} and {second} both constrain the output; give one")
+            raise StructuredError(
+                second, f"{first} and {second} both constrain the output; give one"
+            )
         return found[0] if found else None
 
     def _constraints(self) -> list[tuple[str, OutputConstraint] | None]:
@@ -118,7 +120,7 @@ class StructuredOutputFields(_Strict):
                 if v is not None
             ]
             if not given:
-                raise ParamError(
+                raise StructuredError(
                     "structured_outputs",
                     "structured_outputs needs one of json, regex, choice, grammar",
                 )
@@ -135,9 +137,9 @@ def _schema_constraint(name: str, schema: dict[str, Any] | str) -> OutputConstra
         try:
             schema = json.loads(schema)
         except ValueError as exc:
-            raise ParamError(name, f"the JSON schema is not valid JSON: {exc}") from None
+            raise StructuredError(name, f"the JSON schema is not valid JSON: {exc}") from None
     if not isinstance(schema, dict):
-        raise ParamError(name, "a JSON schema must be an object")
+        raise StructuredError(name, "a JSON schema must be an object")
     return OutputConstraint(json_schema=schema)
 
 
@@ -194,11 +196,11 @@ class ToolFields(_Strict):
     def _choice_needs_tools(self) -> ToolFields:
         choice = self.tool_choice
         if choice not in (None, "none") and not self.tools:
-            raise ParamError("tool_choice", "tool_choice needs tools")
+            raise StructuredError("tool_choice", "tool_choice needs tools")
         if isinstance(choice, NamedToolChoice):
             names = [t.function.name for t in self.tools or []]
             if choice.function.name not in names:
-                raise ParamError(
+                raise StructuredError(
                     "tool_choice.function.name",
                     f"tool_choice names function '{choice.function.name}', which is not in "
                     f"tools ({', '.join(names)})",

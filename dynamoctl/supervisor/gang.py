@@ -25,15 +25,12 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Coroutine, Iterable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from dynamoctl.launch.api import Launched, LaunchError, stop
-from dynamoctl.supervisor.instance import Instance
+from dynamoctl.supervisor.instance import Failure, Instance
+from dynamoctl.supervisor.view import GangView
 from dynamoctl.wire.states import STATE_TRANSITIONS, RestartReason, State
-
-if TYPE_CHECKING:
-    from dynamoctl.supervisor.supervisor import Failure, Supervisor
-
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +38,8 @@ log = logging.getLogger(__name__)
 class Gangs:
     """The followers of every gang leader in a supervisor, driven by the leader's life."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.sup = supervisor
+    def __init__(self, deployment: GangView) -> None:
+        self.deployment = deployment
 
     def followers(self, leader: Instance) -> list[Instance]:
         """``leader``'s followers in rank order ([] for a one-node instance or a follower)."""
@@ -52,7 +49,7 @@ class Gangs:
         return sorted(
             (
                 i
-                for i in self.sup.instances.values()
+                for i in self.deployment.instances.values()
                 if i.spec.gang == spec.gang and i.spec.rank and i.spec.pool == spec.pool
             ),
             key=lambda i: i.spec.rank,
@@ -62,7 +59,7 @@ class Gangs:
         """The instance that leads ``inst``'s gang (``inst`` itself if it is no follower)."""
         if not inst.spec.rank:
             return inst
-        return self.sup.instances.get(inst.spec.gang, inst)
+        return self.deployment.instances.get(inst.spec.gang, inst)
 
     def leaders(self, chosen: Iterable[Instance]) -> list[Instance]:
         """``chosen`` with followers replaced by their leaders, each once, in order."""
@@ -72,7 +69,7 @@ class Gangs:
         """Move the followers of ``leader`` to its new state, where their table allows."""
         for member in self.followers(leader):
             if new in STATE_TRANSITIONS[member.state] and member.state is not new:
-                self.sup._transition(member, new, f"gang {leader.spec.name}: {why}")
+                self.deployment.transition(member, new, f"gang {leader.spec.name}: {why}")
 
     async def launch(self, leader: Instance) -> Failure | None:
         """Start every follower of ``leader`` (adopted ones are kept); the failure if one
@@ -82,9 +79,7 @@ class Gangs:
         async def start(member: Instance) -> None:
             proc, member.adopted = member.adopted, None
             if proc is None:
-                proc = await self.sup.launcher.start(
-                    member.spec, self.sup.run_dir.log_of(member.spec.name)
-                )
+                proc = await self.deployment.start_process(member.spec)
             member.proc, member.started_at = proc, time.monotonic()
 
         results = await asyncio.gather(*map(start, members), return_exceptions=True)

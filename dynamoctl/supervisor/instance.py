@@ -42,6 +42,10 @@ class InstanceName:
         return f"{self.pool}-{self.index}" + (f".{self.rank}" if self.rank else "")
 
 
+Failure = tuple[RestartReason, str]
+"""Why a process ended while it was wanted, and that in words."""
+
+
 def free_indices(taken: Iterable[int], count: int) -> list[int]:
     """The ``count`` lowest indices not in ``taken`` (a scale-up fills gaps first)."""
     used, found, index = set(taken), list[int](), 0

@@ -11,28 +11,20 @@ from __future__ import annotations
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from dynamoctl.wire.states import SUPERVISOR_PHASES, GrowthState, RestartReason, State
-
-if TYPE_CHECKING:
-    from dynamoctl.supervisor.supervisor import Supervisor
+from dynamoctl.supervisor.view import MetricsView
+from dynamoctl.wire.states import SUPERVISOR_PHASES, GrowthState, State
 
 _INSTANCE = ["deployment", "instance", "component", "role"]
-
-RestartKey = tuple[str, str, str, RestartReason]
-"""(instance, component, role, reason) of :attr:`Supervisor.restart_counts`."""
-TransitionKey = tuple[str, str, str, State, State]
-"""(instance, component, role, from, to) of :attr:`Supervisor.transition_counts`."""
 
 
 class SupervisorCollector(Collector):
     """Series for every instance the supervisor knows, and the deployment's phase."""
 
-    def __init__(self, supervisor: Callable[[], Supervisor] | None) -> None:
+    def __init__(self, supervisor: Callable[[], MetricsView] | None) -> None:
         self.supervisor = supervisor
         """Gives the supervisor at scrape time; None: describe the series only (docs test)."""
 
@@ -109,7 +101,7 @@ class SupervisorCollector(Collector):
                 silences.add_metric([name, instance, component, role, outcome], float(n))
             for each_phase in SUPERVISOR_PHASES:
                 phase.add_metric([name, str(each_phase)], float(sup.phase is each_phase))
-            jobs = Counter(job.state for job in sup.growth.jobs)
+            jobs = Counter(job.state for job in sup.capacity.status())
             for each_growth in GrowthState:
                 growth.add_metric([name, str(each_growth)], float(jobs[each_growth]))
         yield from (restarts, state, by_state, budget, uptime, transitions, silences, phase)

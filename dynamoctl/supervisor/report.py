@@ -8,6 +8,7 @@ import os
 import socket
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
@@ -25,6 +26,19 @@ from dynamoctl.wire.records import Component, Endpoint
 from dynamoctl.wire.states import Phase
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ControlAccess:
+    """Where the supervisor's control endpoint listens and what opens it: given at
+    construction (``serve`` binds the endpoint first), recorded in ``state.json``."""
+
+    url: str = ""
+    """Base URL of the control endpoint, as commands on other hosts reach it."""
+    token: str = ""
+    """Bearer token every route but ``/metrics`` requires."""
+    slurm_job: str = ""
+    """The Slurm job the supervisor runs in, under a slurm target."""
 
 
 def instance_status(inst: Instance, now: float) -> InstanceStatus:

@@ -21,8 +21,9 @@ from dynamoctl.recipe.targets import SlurmTarget
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.adopt import take_over
 from dynamoctl.supervisor.control import build_app, control_address
+from dynamoctl.supervisor.report import ControlAccess
 from dynamoctl.supervisor.rundir import RunDir
-from dynamoctl.supervisor.supervisor import ControlAccess, StartupFailed, Supervisor
+from dynamoctl.supervisor.supervisor import StartupFailed, Supervisor
 
 log = logging.getLogger(__name__)
 

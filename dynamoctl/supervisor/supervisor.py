@@ -9,11 +9,13 @@ goes the other way, in ``finally`` on every exit path. While ``up`` is still sta
 failure is not retried: ``up`` rolls back and reports the instance and its log tail,
 because a typo in engine arguments would otherwise crash-loop.
 
-Every change of state goes through :meth:`Supervisor._transition` (the phase's through
+Every change of state goes through :meth:`Supervisor.transition` (the phase's through
 :meth:`Supervisor._set_phase`), checked against the tables in
 :mod:`dynamoctl.wire.states`. The mechanics live beside this module: probes per
 component (``probes.py``), names and per-instance records (``instance.py``), what is
-reported (``report.py``), placement (``plan.py``).
+reported (``report.py``), placement (``plan.py``). Gangs, scaling and the metrics see
+the supervisor through narrow ports (``view.py``); room beyond the deployment's hosts is
+the launcher's extra capacity (:mod:`dynamoctl.launch.capacity`).
 """
 
 from __future__ import annotations
@@ -23,19 +25,18 @@ import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 
 from dynamoctl.discovery import Discovery
 from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
+from dynamoctl.launch.capacity import extra_capacity
 from dynamoctl.plan.build import GpuMap, Plan
 from dynamoctl.recipe.models import Recipe, Supervision
 from dynamoctl.supervisor.gang import Gangs
-from dynamoctl.supervisor.growth import Growth
-from dynamoctl.supervisor.instance import Instance
-from dynamoctl.supervisor.metrics import RestartKey, TransitionKey
+from dynamoctl.supervisor.instance import Failure, Instance
 from dynamoctl.supervisor.probes import DeploymentProber, Prober
 from dynamoctl.supervisor.report import (
+    ControlAccess,
     register_control,
     run_state,
     startup_failure,
@@ -43,6 +44,7 @@ from dynamoctl.supervisor.report import (
 )
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.scaling import Scaling
+from dynamoctl.supervisor.view import RestartKey, TransitionKey
 from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
 from dynamoctl.util.aio import BackgroundTasks
@@ -67,25 +69,9 @@ NOW_TIMEOUT = 3.0
 HUNG_GRACE = 5.0
 """Seconds a hung instance gets between SIGTERM and SIGKILL."""
 
-Failure = tuple[RestartReason, str]
-"""Why a process ended while it was wanted, and that in words."""
-
 
 class StartupFailed(Exception):
     """An instance failed while ``up`` was starting the deployment."""
-
-
-@dataclass(frozen=True)
-class ControlAccess:
-    """Where the supervisor's control endpoint listens and what opens it: given at
-    construction (``serve`` binds the endpoint first), recorded in ``state.json``."""
-
-    url: str = ""
-    """Base URL of the control endpoint, as commands on other hosts reach it."""
-    token: str = ""
-    """Bearer token every route but ``/metrics`` requires."""
-    slurm_job: str = ""
-    """The Slurm job the supervisor runs in, under a slurm target."""
 
 
 class Supervisor:
@@ -124,10 +110,10 @@ class Supervisor:
         self.instances = {spec.name: self.new_instance(spec) for spec in plan.instances}
         self.gangs = Gangs(self)
         """Multi-node replicas: followers live, fail and stop with their leader."""
-        self.growth = Growth(self)
-        """Extra Slurm jobs beyond the allocation (recipe ``target.growth``)."""
         self.scaling = Scaling(self)
         """``scale``: replicas added where the plan places them, or drained."""
+        self.capacity = extra_capacity(launcher, recipe, self.scaling, run_dir.logs)
+        """Room beyond the hosts, the launcher's (Slurm: extra jobs, ``target.growth``)."""
         for name, proc in (adopted or {}).items():  # their lives begin at watching
             self.instances[name].adopted = proc
         self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
@@ -150,6 +136,18 @@ class Supervisor:
 
     def new_instance(self, spec: InstanceSpec) -> Instance:
         return Instance(spec, Backoff(self.settings.backoff_base, self.settings.backoff_cap))
+
+    def begin(self, specs: Sequence[InstanceSpec]) -> str:
+        """Supervise a new replica's instances (a gang's leader first) and start its life;
+        the leader's name."""
+        for spec in specs:
+            self.instances[spec.name] = self.new_instance(spec)
+        inst = self.instances[specs[0].name]
+        inst.task = asyncio.create_task(self.life(inst), name=f"life-{inst.spec.name}")
+        return inst.spec.name
+
+    async def start_process(self, spec: InstanceSpec) -> Launched:
+        return await self.launcher.start(spec, self.run_dir.log_of(spec.name))
 
     # -- the whole deployment ------------------------------------------------------------
 
@@ -186,7 +184,7 @@ class Supervisor:
                 await self._discovery.close()
                 self._discovery = None
             await self._teardown(now=self._down_now)
-            await self.growth.close()  # after the teardown drained their replicas
+            await self.capacity.close()  # after the teardown drained their replicas
             if self.phase is Phase.FAILED:
                 self.save()  # without the records of what the teardown stopped
             else:
@@ -260,13 +258,13 @@ class Supervisor:
         """SIGTERM, ``grace`` (default ``drain_timeout``), SIGKILL. Asking again (``down
         --now`` during a drain) shortens the grace."""
         if inst.state is not State.DRAINING:
-            self._transition(inst, State.DRAINING, why)
+            self.transition(inst, State.DRAINING, why)
         await stop(proc, self.settings.drain_timeout if grace is None else grace)
 
     def _stopped(self, inst: Instance, why: str) -> None:
         """STOPPED, and its GPUs back to the map at once: a scale-up may follow as soon as
         ``status`` shows it."""
-        self._transition(inst, State.STOPPED, why)
+        self.transition(inst, State.STOPPED, why)
         self._release(inst)
 
     def _release(self, inst: Instance) -> None:
@@ -277,7 +275,7 @@ class Supervisor:
         if inst.spec.gpus and not inst.released:
             self.gpu_map.release(inst.spec.host, inst.spec.gpus)
             inst.released = True
-        self.growth.check_release()  # an extra job none of whose nodes is used goes back
+        self.capacity.check_release()  # an extra job none of whose nodes is used goes back
 
     # -- one instance ---------------------------------------------------------------------
 
@@ -301,11 +299,11 @@ class Supervisor:
         inst.started_at, inst.ready_since, inst.sample = time.monotonic(), None, None
         proc, inst.adopted = inst.adopted, None
         if proc is not None:
-            self._transition(inst, State.STARTING, f"adopted pid {proc.record.pid}")
+            self.transition(inst, State.STARTING, f"adopted pid {proc.record.pid}")
         else:
-            self._transition(inst, State.STARTING, "restart" if inst.restarts else "start")
+            self.transition(inst, State.STARTING, "restart" if inst.restarts else "start")
             try:
-                proc = await self.launcher.start(inst.spec, self.run_dir.log_of(inst.spec.name))
+                proc = await self.start_process(inst.spec)
             except LaunchError as exc:
                 inst.proc = None
                 return RestartReason.LAUNCH, str(exc)
@@ -327,7 +325,7 @@ class Supervisor:
         """Put down a process that must go: a wedged or hung one is WEDGED and SIGKILLed
         at once (:mod:`dynamoctl.supervisor.wedge`), any other gets SIGTERM and a grace."""
         if failure[0] in PUT_DOWN and inst.state is State.READY and inst.wanted:
-            self._transition(inst, State.WEDGED, failure[1])
+            self.transition(inst, State.WEDGED, failure[1])
             log.warning("%s %s: SIGKILL to its process group", inst.spec.name, failure[1])
             await put_down(proc)
         else:
@@ -356,7 +354,7 @@ class Supervisor:
                 if ready:
                     inst.ready_since = time.monotonic()
                     wedge.ready(inst.ready_since)
-                    self._transition(inst, State.READY, f"ready after {took:.1f} s")
+                    self.transition(inst, State.READY, f"ready after {took:.1f} s")
                     inst.ready.set()
                 elif took > s.start_timeout:
                     return RestartReason.START_TIMEOUT, f"not ready after {s.start_timeout:g} s"
@@ -395,7 +393,7 @@ class Supervisor:
             inst.failures.popleft()
         inst.reason, inst.message = failure
         if not self._starting:  # on a node of an extra job that ended: stopped, not restarted
-            await self.growth.check_host(inst.spec.host)
+            await self.capacity.check_host(inst.spec.host)
         asked = inst.stop_asked.is_set()  # stopped meanwhile: no budget to spend
         spent = not self._starting and not asked and len(inst.failures) > s.restart_budget
         if spent:
@@ -404,11 +402,11 @@ class Supervisor:
                 f"{s.budget_window:g} s): not restarting"
             )
         log.warning("%s failed: %s", inst.spec.name, inst.message)
-        self._transition(inst, State.FAILED, inst.message)
+        self.transition(inst, State.FAILED, inst.message)
         if self._starting or spent:
             return False  # while starting, up rolls back instead of crash-looping
         delay = inst.backoff.next()
-        self._transition(inst, State.BACKOFF, f"restart in {delay:.2f} s")
+        self.transition(inst, State.BACKOFF, f"restart in {delay:.2f} s")
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(inst.stop_asked.wait(), delay)
         if inst.wanted:
@@ -419,7 +417,7 @@ class Supervisor:
 
     # -- state changes --------------------------------------------------------------------
 
-    def _transition(self, inst: Instance, new: State, why: str) -> None:
+    def transition(self, inst: Instance, new: State, why: str) -> None:
         """The one place an instance's state changes: checked, logged, counted, notified."""
         spec, old = inst.spec, inst.state
         self._check(STATE_TRANSITIONS, old, new, f"{spec.name} on {spec.host}")
@@ -474,7 +472,7 @@ class Supervisor:
         report = status_report(
             self.plan, self.phase, self.instances.values(), self.prober.discovery()
         )
-        report.growth = self.growth.status()
+        report.growth = self.capacity.status()
         return report
 
     def changed(self) -> None:

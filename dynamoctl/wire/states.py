@@ -2,7 +2,7 @@
 restart reasons. ``status``, ``/metrics``, ``state.json`` and docs/operations.md use these
 members' values; each member's docstring is its spec, and each state machine's table of
 allowed transitions is the only place that says which change is legal (the supervisor's
-``_transition`` checks it).
+``transition`` checks it).
 
 Defined here rather than in :mod:`dynamoctl.wire.control` (which carries them) because they
 are the supervisor's policy; this module imports nothing of the project, so the wire types

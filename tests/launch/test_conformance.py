@@ -36,7 +36,7 @@ import pytest
 
 from dynamoctl.launch.api import InstanceSpec, Launcher, ProcessRecord, SecretRef, stop
 from dynamoctl.launch.local import LocalLauncher
-from dynamoctl.launch.slurm import STEP_PREFIX, SlurmLauncher, list_steps
+from dynamoctl.launch.slurm.launcher import STEP_PREFIX, SlurmLauncher, list_steps
 from tests.launch.test_ssh_launcher import launcher_for as ssh_launcher
 
 # The instance: a child that reports SIGTERM, then itself; both ignore SIGTERM if "deaf".

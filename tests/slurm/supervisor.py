@@ -16,7 +16,7 @@ from pathlib import Path
 import msgspec
 
 from dynamoctl.launch.api import InstanceSpec
-from dynamoctl.launch.slurm import SlurmLauncher
+from dynamoctl.launch.slurm.launcher import SlurmLauncher
 
 INSTANCE = (
     "import sys, time; print('hello from', sys.argv[1], flush=True); "

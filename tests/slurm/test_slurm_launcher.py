@@ -22,9 +22,9 @@ import psutil
 import pytest
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, ProcessRecord, stop
-from dynamoctl.launch.slurm import STEP_PREFIX, SlurmLauncher, kill_strays, list_steps
-from dynamoctl.launch.slurm_jobs import BATCH_SCRIPT, cancel, job_state, sbatch_args, submit
-from dynamoctl.launch.slurm_state import JobState
+from dynamoctl.launch.slurm.jobs import BATCH_SCRIPT, cancel, job_state, sbatch_args, submit
+from dynamoctl.launch.slurm.launcher import STEP_PREFIX, SlurmLauncher, kill_strays, list_steps
+from dynamoctl.launch.slurm.state import JobState
 from dynamoctl.recipe.targets import SlurmTarget
 from tests.infra.slurm_cluster import SlurmCluster
 from tests.slurm.conftest import allocate, wait_job_state

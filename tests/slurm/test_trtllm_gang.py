@@ -19,7 +19,7 @@ import psutil
 import pytest
 
 from dynamoctl.launch.api import InstanceSpec, LaunchError, stop
-from dynamoctl.launch.slurm import SlurmLauncher, list_steps
+from dynamoctl.launch.slurm.launcher import SlurmLauncher, list_steps
 from tests.infra.slurm_cluster import MultiNodeCluster, SlurmCluster
 from tests.slurm.conftest import allocate
 

@@ -242,7 +242,7 @@ def test_a_trtllm_gang_is_one_mpi_world_on_slurm() -> None:
     assert not any(" " in arg for arg in spec.argv)
     assert not {"--nnodes", "--node-rank", "--master-addr"} & set(spec.argv)
 
-    from dynamoctl.launch.slurm import SlurmLauncher
+    from dynamoctl.launch.slurm.launcher import SlurmLauncher
 
     srun = SlurmLauncher(job_id="7", python="/py", env={}).describe(spec)
     assert srun[2:7] == [

@@ -220,16 +220,16 @@ async def test_illegal_transitions_fail(tmp_path: Path, caplog: pytest.LogCaptur
     sup = make_supervisor(tmp_path, recipe_text(), FakeLauncher(), FakeProber())
     inst = sup.instances["agg-0"]
     with pytest.raises(IllegalTransition, match="agg-0 on localhost: PENDING -> READY"):
-        sup._transition(inst, State.READY, "test")
+        sup.transition(inst, State.READY, "test")
     assert inst.state is State.PENDING  # refused in strict mode
-    sup._transition(inst, State.STOPPED, "test")
+    sup.transition(inst, State.STOPPED, "test")
     with pytest.raises(IllegalTransition, match=r"STOPPED -> STARTING .*none: it is final"):
-        sup._transition(inst, State.STARTING, "test")
+        sup.transition(inst, State.STARTING, "test")
     with pytest.raises(IllegalTransition, match="deployment unit: starting -> stopped"):
         sup._set_phase(Phase.STOPPED)
 
     sup.strict = False  # production: logged as an error, applied
-    sup._transition(inst, State.READY, "test")
+    sup.transition(inst, State.READY, "test")
     assert inst.state is State.READY
     assert [r.levelname for r in caplog.records if "not allowed" in r.getMessage()] == ["ERROR"]
 

@@ -6,7 +6,7 @@
 # drained. It holds its nodes until then, and ends by itself as soon as the deployment's
 # own job is no longer running, so a supervisor that died cannot leave it holding nodes.
 set -uo pipefail
-PARENT=${1:?usage: slurm_growth.sh PARENT_JOB_ID}
+PARENT=${1:?usage: growth.sh PARENT_JOB_ID}
 while [ "$(squeue --jobs="$PARENT" -h -o %T 2>/dev/null)" = RUNNING ]; do
     sleep 5
 done

@@ -1,7 +1,7 @@
 """Slurm jobs as a whole: submitting one (``sbatch``: the deployment's own batch job, from
 the login node, and the extra jobs of a grown deployment), its state and nodes
 (``squeue``), signalling its batch script and cancelling it (``scancel``); and the bounded
-runner of Slurm client commands that the step launcher (:mod:`dynamoctl.launch.slurm`)
+runner of Slurm client commands that the step launcher (:mod:`dynamoctl.launch.slurm.launcher`)
 shares."""
 
 from __future__ import annotations
@@ -15,12 +15,37 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dynamoctl.launch.api import LaunchError
-from dynamoctl.launch.slurm_state import JobState
+from dynamoctl.launch.slurm.state import JobState
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmTarget
 
 CLIENT_TIMEOUT_S = 30.0
 """Seconds a Slurm client command (sbatch, squeue, scancel, scontrol) may take."""
+
+
+# Inherited from the allocation, each of these reshapes or breaks a nested step (measured
+# with Slurm 22.05: SRUN_CPUS_PER_TASK → "More processors requested than permitted",
+# SLURM_MEM_PER_NODE next to the job's SLURM_MEM_PER_CPU → fatal, SLURM_GPUS_PER_NODE on a
+# GPU-less node → "Invalid gres", SLURM_EXPORT_ENV=NONE → no PATH in the step,
+# SLURM_STDOUTMODE → output away from the log). Options srun is given override the rest.
+_STRIPPED = """
+    SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_NTASKS_PER_CORE SLURM_NTASKS_PER_GPU
+    SLURM_NTASKS_PER_SOCKET SLURM_CPUS_PER_TASK SRUN_CPUS_PER_TASK SLURM_CPUS_PER_GPU
+    SLURM_TRES_PER_TASK SLURM_MEM_PER_CPU SLURM_MEM_PER_GPU SLURM_MEM_PER_NODE SLURM_GPUS
+    SLURM_GPUS_PER_NODE SLURM_GPUS_PER_TASK SLURM_GRES SLURM_STEP_GRES SLURM_GRES_FLAGS
+    SLURM_EXACT SLURM_EXCLUSIVE SLURM_OVERCOMMIT SLURM_DISTRIBUTION SLURM_DIST_PLANESIZE
+    SLURM_HINT SLURM_CPU_BIND SLURM_MEM_BIND SLURM_GPU_BIND SLURM_THREADS_PER_CORE
+    SLURM_CORE_SPEC SLURM_THREAD_SPEC SLURM_TIMELIMIT SLURM_CONSTRAINT SLURM_NETWORK
+    SLURM_STDOUTMODE SLURM_STDERRMODE SLURM_STDINMODE SLURM_OPEN_MODE SLURM_LABELIO
+    SLURM_EXPORT_ENV SRUN_EXPORT_ENV SLURM_KILL_BAD_EXIT SLURM_NO_KILL SLURM_WAIT SLURM_SIGNAL
+    SRUN_CONTAINER SLURM_TASK_PROLOG SLURM_TASK_EPILOG SLURM_SPREAD_JOB SLURM_USE_MIN_NODES
+"""
+STRIPPED_ENV = frozenset(_STRIPPED.split())
+
+
+def step_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """``environ`` without the allocation variables that would constrain a nested step."""
+    return {key: value for key, value in environ.items() if key not in STRIPPED_ENV}
 
 
 async def run_client(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str, str]:
@@ -70,7 +95,7 @@ def sbatch_resources(target: SlurmTarget) -> list[str]:
     return [*args, f"--partition={target.partition}"]
 
 
-BATCH_SCRIPT = Path(__file__).with_name("slurm_batch.sh")
+BATCH_SCRIPT = Path(__file__).with_name("batch.sh")
 """The batch script that runs ``dynamoctl up`` in the allocation (``slurm/launch.sh``)."""
 DRAIN_SIGNAL_MARGIN_S = 60
 """Seconds the drain signal leaves beyond ``drain_timeout``: routers, frontend, etcd stop

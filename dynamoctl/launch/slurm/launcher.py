@@ -13,7 +13,7 @@ ends its steps. Components stay children of their step (no ``--setsid``): with
 no-cgroup process tracking a detached process escapes ``scancel``.
 
 Jobs as a whole (``sbatch``, ``squeue``, ``scancel`` of a job, the login-node path) are
-:mod:`dynamoctl.launch.slurm_jobs`.
+:mod:`dynamoctl.launch.slurm.jobs`.
 """
 
 from __future__ import annotations
@@ -39,41 +39,25 @@ from dynamoctl.launch.api import (
     port_in_use,
     read_secrets,
 )
+from dynamoctl.launch.capacity import CapacityUser, ExtraCapacity, NoExtraCapacity
 from dynamoctl.launch.gpus import check_gpus
 from dynamoctl.launch.local import keeper_argv
-from dynamoctl.launch.slurm_jobs import client_output, job_nodes, run_client
+from dynamoctl.launch.slurm.growth import ExtraJobs
+from dynamoctl.launch.slurm.jobs import (
+    client_output,
+    job_nodes,
+    run_client,
+    step_env,
+)
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmContainer, SlurmTarget
 
 STEP_PREFIX = "dynamoctl:"
 """Job-step names are ``dynamoctl:INSTANCE``: how ``start`` finds the step it made."""
 
-# Inherited from the allocation, each of these reshapes or breaks a nested step (measured
-# with Slurm 22.05: SRUN_CPUS_PER_TASK → "More processors requested than permitted",
-# SLURM_MEM_PER_NODE next to the job's SLURM_MEM_PER_CPU → fatal, SLURM_GPUS_PER_NODE on a
-# GPU-less node → "Invalid gres", SLURM_EXPORT_ENV=NONE → no PATH in the step,
-# SLURM_STDOUTMODE → output away from the log). Options srun is given override the rest.
-_STRIPPED = """
-    SLURM_NTASKS SLURM_NPROCS SLURM_NTASKS_PER_NODE SLURM_NTASKS_PER_CORE SLURM_NTASKS_PER_GPU
-    SLURM_NTASKS_PER_SOCKET SLURM_CPUS_PER_TASK SRUN_CPUS_PER_TASK SLURM_CPUS_PER_GPU
-    SLURM_TRES_PER_TASK SLURM_MEM_PER_CPU SLURM_MEM_PER_GPU SLURM_MEM_PER_NODE SLURM_GPUS
-    SLURM_GPUS_PER_NODE SLURM_GPUS_PER_TASK SLURM_GRES SLURM_STEP_GRES SLURM_GRES_FLAGS
-    SLURM_EXACT SLURM_EXCLUSIVE SLURM_OVERCOMMIT SLURM_DISTRIBUTION SLURM_DIST_PLANESIZE
-    SLURM_HINT SLURM_CPU_BIND SLURM_MEM_BIND SLURM_GPU_BIND SLURM_THREADS_PER_CORE
-    SLURM_CORE_SPEC SLURM_THREAD_SPEC SLURM_TIMELIMIT SLURM_CONSTRAINT SLURM_NETWORK
-    SLURM_STDOUTMODE SLURM_STDERRMODE SLURM_STDINMODE SLURM_OPEN_MODE SLURM_LABELIO
-    SLURM_EXPORT_ENV SRUN_EXPORT_ENV SLURM_KILL_BAD_EXIT SLURM_NO_KILL SLURM_WAIT SLURM_SIGNAL
-    SRUN_CONTAINER SLURM_TASK_PROLOG SLURM_TASK_EPILOG SLURM_SPREAD_JOB SLURM_USE_MIN_NODES
-"""
-STRIPPED_ENV = frozenset(_STRIPPED.split())
 log = logging.getLogger(__name__)
 KILL_FALLBACK_S = 10.0
 """After ``scancel --signal=KILL``, srun gets this long to notice before it is killed."""
-
-
-def step_env(environ: Mapping[str, str]) -> dict[str, str]:
-    """``environ`` without the allocation variables that would constrain a nested step."""
-    return {key: value for key, value in environ.items() if key not in STRIPPED_ENV}
 
 
 def instance_env(spec: InstanceSpec) -> dict[str, str]:
@@ -173,8 +157,8 @@ class SlurmLauncher:
     ``job_id`` defaults to ``$SLURM_JOB_ID``; ``python`` is the interpreter that runs the
     keeper on the nodes (default: this one, or ``python3`` inside a ``container``);
     ``env`` is the environment srun and the Slurm clients run with (default:
-    ``os.environ``), minus :data:`STRIPPED_ENV`; ``mpi`` is the MPI plugin of a
-    TensorRT-LLM gang's step (``target.mpi``).
+    ``os.environ``), minus :data:`~dynamoctl.launch.slurm.jobs.STRIPPED_ENV`; ``mpi`` is
+    the MPI plugin of a TensorRT-LLM gang's step (``target.mpi``).
     """
 
     kind = "slurm"
@@ -198,6 +182,14 @@ class SlurmLauncher:
         self.extra_jobs: dict[str, str] = {}
         """Node → the extra job (``target.growth``) holding it: steps there run in that
         job; every other node's in ``job_id``'s."""
+
+    def extra_capacity(self, recipe: Recipe, user: CapacityUser, logs: Path) -> ExtraCapacity:
+        """Extra jobs beyond the allocation (recipe ``target.growth``): steps on their
+        nodes run in them (:attr:`extra_jobs`)."""
+        if not isinstance(recipe.target, SlurmTarget):
+            return NoExtraCapacity()
+        parent = self.job_id or ""
+        return ExtraJobs(recipe, recipe.target, user, logs, parent=parent, routes=self.extra_jobs)
 
     def _job(self) -> str:
         if not self.job_id:

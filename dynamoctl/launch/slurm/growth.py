@@ -1,14 +1,16 @@
-"""Growing a Slurm deployment beyond its allocation, and giving the growth back.
+"""Growing a Slurm deployment beyond its allocation, and giving the growth back: the Slurm
+launcher's extra capacity (:mod:`dynamoctl.launch.capacity`).
 
 When ``scale`` (an operator's or the planner's) asks for a replica the allocation has no
-room for and the recipe allows it (``target.growth.max_jobs`` > 0), the supervisor submits
-an extra job shaped as the allocation (``launch/slurm_growth.py``). Once it runs, its
-nodes join the GPU map and the launcher runs steps there in that job: the replicas waiting
-for it are placed and started like any other (they register in discovery, are probed,
-restarted and drained the same way). When no replica runs on an extra job's nodes any more
-(a scale-down drained them: the highest-numbered replicas go first, and they are the ones
-placed last), its nodes leave the map and the job is cancelled. ``down`` cancels what is
-left, after the teardown drained it. docs/operations.md, "Growing beyond the allocation".
+room for and the recipe allows it (``target.growth.max_jobs`` > 0), an extra job shaped as
+the allocation is submitted. Once it runs, its nodes join the GPU map and the launcher runs
+steps there in that job: the replicas waiting for it are placed and started like any other
+(they register in discovery, are probed, restarted and drained the same way). When no
+replica runs on an extra job's nodes any more (a scale-down drained them: the
+highest-numbered replicas go first, and they are the ones placed last), its nodes leave
+the map and the job is cancelled. ``down`` cancels what is left, after the teardown drained
+it. The deployment is changed only through the supervisor's :class:`CapacityUser` port.
+docs/operations.md, "Growing beyond the allocation".
 """
 
 from __future__ import annotations
@@ -17,20 +19,18 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Coroutine
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from dynamoctl.launch.api import LaunchError
-from dynamoctl.launch.slurm import SlurmLauncher, step_env
-from dynamoctl.launch.slurm_growth import submit_extra_job
-from dynamoctl.launch.slurm_jobs import cancel, job_nodes, job_state
-from dynamoctl.launch.slurm_state import JobState
-from dynamoctl.plan.build import PlanError
-from dynamoctl.plan.hosts import HostError, resolve_host
-from dynamoctl.recipe.models import Role
-from dynamoctl.recipe.targets import SlurmGrowth, SlurmTarget
-from dynamoctl.supervisor.instance import InstanceName
+from dynamoctl.launch.capacity import CapacityError, CapacityUser
+from dynamoctl.launch.slurm.jobs import cancel, job_nodes, job_state, step_env, submit
+from dynamoctl.launch.slurm.state import JobState
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.targets import SlurmTarget
+from dynamoctl.settings import Role
 from dynamoctl.wire.control import GrowthJob
 from dynamoctl.wire.states import (
     GROWTH_TRANSITIONS,
@@ -39,10 +39,34 @@ from dynamoctl.wire.states import (
     check_transition,
 )
 
-if TYPE_CHECKING:
-    from dynamoctl.supervisor.supervisor import Supervisor
-
 log = logging.getLogger(__name__)
+
+HOLDER_SCRIPT = Path(__file__).with_name("growth.sh")
+"""The extra job's batch script: holds its nodes while the deployment's job runs."""
+
+
+async def submit_extra_job(
+    target: SlurmTarget,
+    parent_job: str,
+    *,
+    name: str,
+    output: Path,
+    drain_timeout: float,
+    env: Mapping[str, str],
+) -> str:
+    """Submit one extra job of ``target.growth.nodes_per_job`` nodes, otherwise shaped as
+    the allocation (partition, account, GPUs, time limit, extra arguments); its job id."""
+    shape = target.model_copy(update={"nodes": target.growth.nodes_per_job})
+    return await submit(
+        shape,
+        HOLDER_SCRIPT,
+        [parent_job],
+        job_name=f"dynamoctl-{name}-growth",
+        output=output,
+        drain_timeout=drain_timeout,
+        env=env,
+    )
+
 
 POLL_S = 1.0
 """How often a queued or releasing job's state is read."""
@@ -66,29 +90,38 @@ class ExtraJob:
     message: str = ""
 
 
-class Growth:
-    """The extra jobs of one supervisor (nothing happens unless the recipe allows it)."""
+class ExtraJobs:
+    """The extra jobs of one deployment (nothing happens unless the recipe allows it)."""
 
-    def __init__(self, supervisor: Supervisor) -> None:
-        self.sup = supervisor
-        target = supervisor.recipe.target
-        self.target = target if isinstance(target, SlurmTarget) else None
-        self.settings = self.target.growth if self.target is not None else SlurmGrowth()
+    def __init__(
+        self,
+        recipe: Recipe,
+        target: SlurmTarget,
+        user: CapacityUser,
+        logs: Path,
+        *,
+        parent: str,
+        routes: dict[str, str],
+    ) -> None:
+        self.recipe = recipe
+        self.target = target
+        self.settings = target.growth
+        self.user = user
+        """The deployment, as it may be changed."""
+        self.logs = logs
+        self.parent = parent
+        """The deployment's own job, which extra jobs hold their nodes for."""
+        self.routes = routes
+        """The launcher's node -> extra job table: steps on a node run in its job."""
         self.jobs: list[ExtraJob] = []
         self._starting: set[asyncio.Task[None]] = set()
         """Jobs being waited for (cancelled at the end)."""
         self._releasing: set[asyncio.Task[None]] = set()
         """Jobs being cancelled (waited for at the end)."""
 
-    @property
-    def _launcher(self) -> SlurmLauncher | None:
-        launcher = self.sup.launcher
-        return launcher if isinstance(launcher, SlurmLauncher) else None
-
     def _capacity(self, role: Role) -> int:
         """Replicas of ``role`` that one extra job holds (0: it cannot hold one)."""
-        assert self.target is not None
-        pool = self.sup.recipe.workers.pools()[role]
+        pool = self.recipe.workers.pools()[role]
         nodes = self.settings.nodes_per_job
         if pool.nodes_per_replica > 1:
             return nodes // pool.nodes_per_replica
@@ -101,15 +134,15 @@ class Growth:
         queued = (j for j in self.jobs if j.role == role and j.state is GrowthState.QUEUED)
         return [i for job in queued for i in job.waiting]
 
-    async def defer(self, role: Role, index: int, why: PlanError) -> str | None:
+    async def defer(self, role: Role, index: int, why: str) -> str | None:
         """Make room for replica ``index`` of ``role`` in an extra job: a queued one with
         room, else a new one (its id is returned). ``why`` (the allocation is full) is
         raised, with what growth would need, when growth is off or its budget spent."""
-        if self.target is None or self._launcher is None or self.settings.max_jobs == 0:
-            raise PlanError(f"no free GPUs left for another {role} replica: {why}") from None
+        if self.settings.max_jobs == 0:
+            raise CapacityError(f"no free GPUs left for another {role} replica: {why}") from None
         capacity = self._capacity(role)
         if capacity == 0:
-            raise PlanError(
+            raise CapacityError(
                 f"no free GPUs left for another {role} replica: {why}; an extra job of "
                 f"target.growth.nodes_per_job={self.settings.nodes_per_job} node(s) cannot "
                 "hold one"
@@ -120,7 +153,7 @@ class Growth:
                 return None
         live = [j for j in self.jobs if j.state not in (GrowthState.RELEASED, GrowthState.FAILED)]
         if len(live) >= self.settings.max_jobs:
-            raise PlanError(
+            raise CapacityError(
                 f"no free GPUs left for another {role} replica: {why}; and the growth budget "
                 f"is spent (target.growth.max_jobs={self.settings.max_jobs} extra job(s))"
             ) from None
@@ -144,20 +177,17 @@ class Growth:
         return gone
 
     async def _submit(self) -> str:
-        assert self.target is not None and self._launcher is not None
-        parent = self._launcher.job_id or ""
-        logs = self.sup.run_dir.logs
         try:
             return await submit_extra_job(
                 self.target,
-                parent,
-                name=self.sup.recipe.name,
-                output=logs / "growth-%j.log",
-                drain_timeout=self.sup.settings.drain_timeout,
+                self.parent,
+                name=self.recipe.name,
+                output=self.logs / "growth-%j.log",
+                drain_timeout=self.recipe.supervision.drain_timeout,
                 env=step_env(os.environ),
             )
         except LaunchError as exc:
-            raise PlanError(f"growth: cannot submit an extra Slurm job: {exc}") from None
+            raise CapacityError(f"growth: cannot submit an extra Slurm job: {exc}") from None
 
     async def _bring_up(self, job: ExtraJob) -> None:
         """Wait for ``job`` to run, add its nodes, start the replicas waiting for it."""
@@ -180,7 +210,7 @@ class Growth:
                 await asyncio.sleep(POLL_S)
             job.nodes = await job_nodes(job.job, step_env(os.environ))
             self._join(job)
-        except (LaunchError, HostError) as exc:
+        except (LaunchError, CapacityError) as exc:
             self._set(job, GrowthState.FAILED, str(exc))
             log.error("extra Slurm job %s failed: %s", job.job, exc)
             await self._cancel(job)
@@ -188,12 +218,12 @@ class Growth:
         self._set(job, GrowthState.RUNNING, f"nodes {', '.join(job.nodes)}")
         for index in job.waiting:
             try:
-                job.placed.append(self.sup.scaling.add_replica(job.role, index))
-            except PlanError as exc:
+                job.placed.append(self.user.place(job.role, index))
+            except CapacityError as exc:
                 job.message = str(exc)
                 log.error("extra Slurm job %s: %s", job.job, exc)
         job.waiting = []
-        self.sup.save()
+        self.user.save()
         self.check_release()  # nothing was placed on it: give it back
         await self._watch(job)
 
@@ -228,28 +258,19 @@ class Growth:
         self._leave(job)
         self._set(job, GrowthState.FAILED, f"ended by itself ({state or 'gone'})")
         log.error("extra Slurm job %s ended by itself: stopping its replicas", job.job)
-        for inst in self.sup.gangs.leaders(self.sup.instances.values()):
-            if inst.wanted and inst.spec.host in job.nodes:
-                await self.sup.drain(inst.spec.name, f"extra job {job.job} ended")
+        await self.user.stop_on(job.nodes, f"extra job {job.job} ended")
 
     def _join(self, job: ExtraJob) -> None:
         """The job's nodes become the deployment's: in the GPU map, reached through it."""
-        assert self.target is not None and self._launcher is not None
-        known = self.target.addresses
-        hosts = [resolve_host(n, known, field="growth job node", spans=True) for n in job.nodes]
-        self.sup.gpu_map.add_hosts(hosts)
+        self.user.add_nodes(job.nodes, self.target.addresses)
         for node in job.nodes:
-            self._launcher.extra_jobs[node] = job.job
+            self.routes[node] = job.job
 
     def check_release(self) -> None:
         """Release every running extra job none of whose nodes runs a replica any more."""
         if not any(job.state is GrowthState.RUNNING for job in self.jobs):
             return
-        occupied = {
-            inst.spec.host
-            for inst in self.sup.instances.values()
-            if inst.wanted or (inst.task is not None and not inst.task.done())
-        }
+        occupied = self.user.occupied()
         for job in self.jobs:
             if job.state is GrowthState.RUNNING and not occupied & set(job.nodes):
                 self._leave(job)
@@ -258,10 +279,9 @@ class Growth:
 
     def _leave(self, job: ExtraJob) -> None:
         """The nodes leave the map first, so no replica is placed on a job being cancelled."""
-        self.sup.gpu_map.remove_hosts(job.nodes)
-        if self._launcher is not None:
-            for node in job.nodes:
-                self._launcher.extra_jobs.pop(node, None)
+        self.user.remove_nodes(job.nodes)
+        for node in job.nodes:
+            self.routes.pop(node, None)
 
     async def _release(self, job: ExtraJob) -> None:
         await self._cancel(job)
@@ -293,7 +313,7 @@ class Growth:
         job.state = new
         if new is GrowthState.FAILED:
             job.message = why
-        self.sup.changed()
+        self.user.changed()
 
     @staticmethod
     def _spawn(tasks: set[asyncio.Task[None]], work: Coroutine[Any, Any, None]) -> None:
@@ -320,7 +340,7 @@ class Growth:
                 job=job.job,
                 state=job.state,
                 nodes=list(job.nodes),
-                replicas=job.placed + [str(InstanceName(job.role, i)) for i in job.waiting],
+                replicas=job.placed + [f"{job.role}-{i}" for i in job.waiting],  # their names
                 message=job.message,
             )
             for job in self.jobs

@@ -1,0 +1,118 @@
+"""What the supervisor's helpers may see of it and do to it: one narrow port each.
+
+Gangs (``gang.py``), scaling (``scaling.py``) and the metrics collector (``metrics.py``)
+are handed the :class:`~dynamoctl.supervisor.supervisor.Supervisor` as one of these
+protocols, never as itself: they read what the protocol names (mutable things only through
+the methods it names) and change an instance's state only through
+:meth:`GangView.transition`, the public door to the supervisor's state table. So they do
+not import the supervisor, and the supervisor's members are its own.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from dynamoctl.launch.api import InstanceSpec, Launched
+from dynamoctl.launch.capacity import ExtraCapacity
+from dynamoctl.supervisor.instance import Instance
+from dynamoctl.supervisor.wedge import SilenceKey
+from dynamoctl.wire.states import Phase, RestartReason, State
+
+if TYPE_CHECKING:
+    from dynamoctl.plan.build import Plan
+    from dynamoctl.plan.gpu_map import GpuMap
+    from dynamoctl.recipe.models import Recipe, Supervision
+    from dynamoctl.supervisor.rundir import RunDir
+
+RestartKey = tuple[str, str, str, RestartReason]
+"""(instance, component, role, reason) of :attr:`MetricsView.restart_counts`."""
+TransitionKey = tuple[str, str, str, State, State]
+"""(instance, component, role, from, to) of :attr:`MetricsView.transition_counts`."""
+
+
+class GangView(Protocol):
+    """What gangs need: the instances, a follower's process started, its state moved."""
+
+    @property
+    def instances(self) -> Mapping[str, Instance]: ...
+
+    def transition(self, inst: Instance, new: State, why: str) -> None:
+        """Move ``inst`` to ``new``: checked against the table, logged, counted, shown."""
+        ...
+
+    async def start_process(self, spec: InstanceSpec) -> Launched:
+        """Launch one process of ``spec``, its output to the instance's log."""
+        ...
+
+
+class GangLeaders(Protocol):
+    def leaders(self, chosen: Iterable[Instance]) -> list[Instance]:
+        """``chosen`` with followers replaced by their leaders, each once, in order."""
+        ...
+
+
+class ScalingView(Protocol):
+    """What ``scale`` and extra capacity need: the pools, the GPU map, the instances, and
+    replicas started and drained."""
+
+    @property
+    def recipe(self) -> Recipe: ...
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def run_dir(self) -> RunDir: ...
+
+    @property
+    def gpu_map(self) -> GpuMap: ...
+
+    @property
+    def instances(self) -> Mapping[str, Instance]: ...
+
+    @property
+    def gangs(self) -> GangLeaders: ...
+
+    @property
+    def capacity(self) -> ExtraCapacity: ...
+
+    def begin(self, specs: Sequence[InstanceSpec]) -> str:
+        """Supervise the instances of one new replica (a gang's members, leader first) and
+        start its life; the leader's name."""
+        ...
+
+    async def drain(self, target: str, why: str = "drain") -> list[str]: ...
+
+    def changed(self) -> None: ...
+
+    def save(self) -> None: ...
+
+
+class MetricsView(Protocol):
+    """What ``/metrics`` reads at scrape time."""
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def settings(self) -> Supervision: ...
+
+    @property
+    def phase(self) -> Phase: ...
+
+    @property
+    def instances(self) -> Mapping[str, Instance]: ...
+
+    @property
+    def capacity(self) -> ExtraCapacity: ...
+
+    @property
+    def restart_counts(self) -> Counter[RestartKey]: ...
+
+    @property
+    def transition_counts(self) -> Counter[TransitionKey]: ...
+
+    @property
+    def silence_counts(self) -> Counter[SilenceKey]: ...
