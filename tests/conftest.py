@@ -23,43 +23,72 @@ def etcd_server() -> Iterator[ManagedEtcd]:
         yield server
 
 
-# --- Which tests run alone (marker `serial`; `make test` runs them after the parallel part) --
+# --- Which tests run apart (marker `serial`; `make test` runs them after the parallel part) --
 # The rest run on several pytest-xdist workers at once (whole files per worker). A test is
 # serial when it shares a session cluster (one per process: Slurm, sshd hosts), builds
 # network namespaces or /etc/hosts names, starts vLLM (all cores, GiBs of memory), or
 # asserts on wall-clock behaviour under a load it creates itself (etcd freezes against
 # lease TTLs, planner load steps, throughput against a timing model).
-_SERIAL_FIXTURES = frozenset({"slurm", "slurm_multinode", "allocation", "ssh_hosts2"})
-_SERIAL_PATHS = (
-    "tests/slurm/",
-    "tests/launch/",
-    "tests/gpu/",
-    "tests/bench/",
-    "tests/security/test_locked_ssh.py",
-    "tests/engines/test_vllm_cpu.py",
-    "tests/engines/test_vllm_cpu_gang.py",
-    "tests/engines/test_vllm_lmcache_cpu.py",
-    "tests/engines/test_vllm_nixl_cpu.py",
-    "tests/engines/test_vllm_nixl_multinode.py",
-    "tests/frontend/test_openai_clients.py",
-    "tests/discovery/test_etcd_outage.py",
-    "tests/discovery/test_stale_serving.py",
-    "tests/supervisor/test_discovery_outage.py",
-    "tests/planner/test_planner_up.py",
-    "tests/planner/test_profile_mocker.py",
-)
+#
+# Serial tests run in two lanes, one pytest-xdist worker each (``--dist loadgroup``): within
+# a lane one test at a time, the lanes side by side. A lane owns its session clusters
+# (each kind is started in one process only) and what must not overlap: every vLLM test
+# is in ``engines`` (never two vLLMs' memory at once), and the wall-clock tests are there
+# too, beside the ``hosts`` lane's mostly idle Slurm, sshd and gang tests rather than beside
+# another vLLM. The serial run took ~18 min in one lane (most of it waiting on daemons).
+_ENGINES = "engines"
+_HOSTS = "hosts"
+_SERIAL_FIXTURES = {
+    "slurm": _HOSTS,
+    "allocation": _HOSTS,
+    "ssh_hosts2": _HOSTS,
+    "slurm_multinode": _ENGINES,  # vLLM runs on it (test_vllm_nixl_multinode)
+}
+_SERIAL_PATHS = {
+    "tests/slurm/": _HOSTS,
+    "tests/launch/": _HOSTS,
+    "tests/gpu/": _HOSTS,
+    "tests/bench/": _HOSTS,
+    "tests/security/test_locked_ssh.py": _HOSTS,
+    "tests/engines/test_vllm_cpu.py": _ENGINES,
+    "tests/engines/test_vllm_cpu_gang.py": _ENGINES,
+    "tests/engines/test_vllm_lmcache_cpu.py": _ENGINES,
+    "tests/engines/test_vllm_nixl_cpu.py": _ENGINES,
+    "tests/engines/test_vllm_nixl_multinode.py": _ENGINES,
+    "tests/frontend/test_openai_clients.py": _ENGINES,  # vllm bench serve
+    "tests/discovery/test_etcd_outage.py": _ENGINES,
+    "tests/discovery/test_stale_serving.py": _ENGINES,
+    "tests/supervisor/test_discovery_outage.py": _ENGINES,
+    "tests/planner/test_planner_up.py": _ENGINES,
+    "tests/planner/test_profile_mocker.py": _ENGINES,
+}
+_MULTINODE = "multinode"
+"""Marker of the tests on a multi-node Slurm cluster (``slurm_multinode`` or their own)."""
+_GANG = "gang"
+"""Marker of the gang tests: local gangs of mocker (or argument-checking) processes."""
 
 
-def _is_serial(item: pytest.Item) -> bool:
+def _serial_lane(item: pytest.Item) -> str | None:
+    """The serial lane ``item`` runs in, or None when it runs with the parallel part. A
+    session cluster's lane comes first (it lives in one process only), then multi-node
+    clusters, then the path, then gangs (a vLLM gang is a vLLM test)."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    for fixture, lane in _SERIAL_FIXTURES.items():
+        if fixture in fixtures:
+            return lane
+    if any(item.iter_markers(_MULTINODE)):
+        return _ENGINES
     path = item.nodeid.split("::", 1)[0]
-    if path.startswith(_SERIAL_PATHS):
-        return True
-    if _SERIAL_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return True
-    return any(any(item.iter_markers(name)) for name in ("multinode", "gang"))
+    for prefix, lane in _SERIAL_PATHS.items():
+        if path.startswith(prefix):
+            return lane
+    return _HOSTS if any(item.iter_markers(_GANG)) else None
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
-        if _is_serial(item):
+        lane = _serial_lane(item)
+        if lane is not None:
             item.add_marker(pytest.mark.serial)
+            item.add_marker(pytest.mark.xdist_group(lane))

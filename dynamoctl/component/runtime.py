@@ -41,7 +41,11 @@ class ComponentRuntime(AsyncService):
     def __init__(self, component: Component, options: ComponentSettings) -> None:
         self.component = component
         self.options = options
-        self.discovery = Discovery(store_from_url(options.discovery), lease_ttl=options.lease_ttl)
+        self.discovery = Discovery(
+            store_from_url(options.discovery),
+            lease_ttl=options.lease_ttl,
+            connect_timeout=options.discovery_wait,
+        )
         self.stop = asyncio.Event()
         self.signals = 0
         self.on_signal: Callable[[int], None] = lambda count: None

@@ -39,6 +39,9 @@ def _component(recipe: Recipe, url: str, label: str, address: str) -> dict[str, 
         "discovery": url,
         "host": address,
         "lease_ttl": recipe.discovery.lease_ttl,
+        # The supervisor alone judges a slow start: a process restarted while discovery is
+        # out must not give up first and be restarted a second time (issue 23).
+        "discovery_wait": recipe.supervision.start_timeout,
         "label": label,
     }
 

@@ -24,6 +24,10 @@ class ComponentSettings(Options):
     """Address the component's sockets bind and advertise."""
     lease_ttl: float = Field(default=10.0, ge=2.0)
     """Discovery lease TTL in seconds."""
+    discovery_wait: float = Field(default=30.0, gt=0.0)
+    """Seconds an unreachable discovery is retried (lease grant, registration) before the
+    process exits with an error. A supervisor passes its ``supervision.start_timeout``: a
+    process it restarts during an outage waits the outage out instead of giving up."""
     drain_grace: float = Field(default=30.0, ge=0.0)
     """Seconds in-flight work gets to finish on SIGTERM."""
     label: str = ""
