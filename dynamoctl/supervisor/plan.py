@@ -13,6 +13,7 @@ GPUs are spread round-robin, so a CPU deployment still uses every host.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -197,21 +198,43 @@ def _planner_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> Instan
 WILDCARDS = ("0.0.0.0", "::")
 
 
-def _frontend_spec(recipe: Recipe, head: Host, url: str, run_dir: Path) -> InstanceSpec:
-    """The frontend listens on ``frontend.host``, by default the head's address (loopback on
-    a local target); ``address`` is where the supervisor reaches it."""
-    listen = recipe.frontend.host or head.address
-    name = InstanceName("frontend", 0)
-    argv = frontend_argv(recipe, str(name), listen, url)
-    address = head.address if listen in WILDCARDS else listen
-    ports = {"http": recipe.frontend.port}
+def _frontend_specs(
+    recipe: Recipe, hosts: list[Host], url: str, run_dir: Path
+) -> list[InstanceSpec]:
+    """``frontend.processes`` frontends on each of the first ``frontend.hosts`` hosts,
+    numbered host by host. On the head they listen on ``frontend.host``, by default the
+    head's address (loopback on a local target); elsewhere on their host's address (or the
+    wildcard). ``address`` is where the supervisor reaches each. Several frontends share
+    their routers' bookings; those of one host share the port."""
+    front = recipe.frontend
+    local = isinstance(recipe.target, LocalTarget)
+    processes = front.process_count(os.cpu_count() if local else None)
+    total = processes * front.hosts
     # The keys' variable is read where `up` runs and delivered like any secret: a remote
     # frontend's shell does not have it.
-    keys = recipe.frontend.api_keys_env
+    keys = front.api_keys_env
     secrets = {keys: SecretRef(env=keys)} if keys else {}
-    return _component_spec(
-        recipe, name, head, argv, run_dir, address=address, ports=ports, secrets=secrets
-    )
+    specs = []
+    for index in range(total):
+        host = hosts[index // processes]
+        listen = front.host if front.host in WILDCARDS or index < processes else None
+        listen = listen or host.address
+        name = InstanceName("frontend", index)
+        argv = frontend_argv(recipe, str(name), listen, url, share=total > 1, reuse=processes > 1)
+        address = host.address if listen in WILDCARDS else listen
+        specs.append(
+            _component_spec(
+                recipe,
+                name,
+                host,
+                argv,
+                run_dir,
+                address=address,
+                ports={"http": front.port},
+                secrets=secrets,
+            )
+        )
+    return specs
 
 
 def client_endpoint(recipe: Recipe) -> str:
@@ -263,7 +286,7 @@ def build_plan(
             instances += place_replica(recipe, role, index, gpu_map, url, run_dir)
     for index in range(recipe.frontend.router.replicas):  # spread, like CPU replicas
         instances.append(_router_spec(recipe, index, hosts[index % len(hosts)], url, run_dir))
-    instances.append(_frontend_spec(recipe, head, url, run_dir))
+    instances += _frontend_specs(recipe, hosts, url, run_dir)
     if recipe.planner is not None:
         instances.append(_planner_spec(recipe, head, url, run_dir))
     plan = Plan(
