@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.infra.ssh_hosts import SshHosts
+from tests.infra.ssh_hosts import SshHosts, tree_python
 from tests.launch.test_ssh_up import _cli, _status, _until
 from tests.supervisor.conftest import completions_until, free_port
 
@@ -26,7 +26,7 @@ def _recipe(hosts: SshHosts, tmp_path: Path, port: int) -> Path:
 schema: 1
 name: lbdep
 discovery: {{backend: etcd, managed: true, lease_ttl: 3}}
-{hosts.target_yaml(tmp_path)}
+{hosts.target_yaml(tmp_path, tree_python(tmp_path))}
 model: {{name: mock-llama, path: mock-llama, block_size: 16}}
 security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
 frontend: {{host: 0.0.0.0, port: {port}, hosts: 2, processes: 1}}
