@@ -38,6 +38,13 @@ supervision: {{probe_interval: 0.3, drain_timeout: 20}}
     return recipe
 
 
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=5).status_code == 200
+    except httpx.HTTPError:  # HAProxy not listening yet
+        return False
+
+
 def _served_by(stats_url: str) -> dict[str, int]:
     """Sessions each backend server has had (HAProxy's CSV statistics, ``stot``)."""
     lines = httpx.get(stats_url, timeout=5).text.splitlines()
@@ -74,8 +81,8 @@ def test_haproxy_balances_frontends_on_two_hosts_and_a_drain_fails_nothing(
         assert (placed["frontend-0"], placed["frontend-1"]) == (hosts.names[0], hosts.names[1])
         base = f"http://127.0.0.1:{lb_port}/v1"
         stats_url = f"http://127.0.0.1:{stats_port}/;csv"
-        _until(lambda: httpx.get(f"http://127.0.0.1:{lb_port}/health").status_code == 200,
-               "HAProxy sees a healthy frontend", timeout=30)  # fmt: skip
+        _until(lambda: _healthy(f"http://127.0.0.1:{lb_port}/health"),
+               "HAProxy listens and sees a healthy frontend", timeout=30)  # fmt: skip
 
         # Both frontends serve through HAProxy (leastconn over 3 concurrent clients).
         stop, errors, done = threading.Event(), [], []
