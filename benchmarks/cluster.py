@@ -37,11 +37,19 @@ class Cluster:
     """The deployment's discovery URL (to find the workers' /metrics)."""
 
 
-async def _frontend_url(discovery: str) -> str:
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+async def _frontend_url(discovery: str, frontends: int = 1) -> str:
     async with Discovery(store_from_url(discovery), lease_ttl=2) as disc:
         for _ in range(600):
             found = await disc.list(f"{NS}/instances/frontend/")
-            if found:
+            if len(found) >= frontends:
                 return wire.decode_json(next(iter(found.values())), wire.InstanceRecord).address
             await asyncio.sleep(0.1)
     raise TimeoutError("frontend did not register")
@@ -84,8 +92,11 @@ async def cluster(
     router_mode: str = "kv",
     frontend_args: list[str] | None = None,
     process_args: list[list[str]] | None = None,
+    frontends: int = 1,
 ) -> AsyncIterator[Cluster]:
-    """``processes`` worker processes of ``per_process`` mocker instances, one frontend.
+    """``processes`` worker processes of ``per_process`` mocker instances, one frontend
+    (``frontends`` > 1: that many on one port, sharing bookings, as ``frontend.processes``
+    runs them; ``Cluster.frontend`` is the first).
     ``process_args``: extra arguments of each worker process (e.g. ``--role prefill``);
     it sets the number of processes."""
     groups = process_args if process_args is not None else [[] for _ in range(processes)]
@@ -108,13 +119,17 @@ async def cluster(
                     stderr=stderr(f"worker-{i}")))  # fmt: skip
             await _wait_workers(discovery, processes * per_process)
             fargs = ["--port", "0", "--router-mode", router_mode, *(frontend_args or [])]
-            procs.append(await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "dynamoctl", "frontend", *fargs, *common,
-                stderr=stderr("frontend")))  # fmt: skip
-            url = await _frontend_url(discovery)
+            if frontends > 1:
+                fargs[1] = str(_free_port())
+                fargs += ["--reuse-port", "--share-bookings"]
+            for i in range(frontends):
+                procs.append(await asyncio.create_subprocess_exec(
+                    sys.executable, "-m", "dynamoctl", "frontend", *fargs, *common,
+                    stderr=stderr(f"frontend-{i}" if i else "frontend")))  # fmt: skip
+            url = await _frontend_url(discovery, frontends)
             await _wait_served(url, processes * per_process)
-            yield Cluster(url, psutil.Process(procs[-1].pid),
-                          [psutil.Process(p.pid) for p in procs[:-1]], discovery)  # fmt: skip
+            workers = [psutil.Process(p.pid) for p in procs[:-frontends]]
+            yield Cluster(url, psutil.Process(procs[-frontends].pid), workers, discovery)
         finally:
             for proc in procs:
                 if proc.returncode is None:

@@ -43,9 +43,9 @@ WORKLOAD = {"concurrency": 24, "turns": 4, "isl": 256, "osl": 64, "shared_prefix
             "prefix_groups": 8, "ttft_slo_ms": 100.0, "itl_slo_ms": 30.0}  # fmt: skip
 
 
-async def one_mode(mode: str, requests: int, seconds: float) -> RunResult:
+async def one_mode(mode: str, requests: int, seconds: float, frontends: int = 1) -> RunResult:
     async with cluster(processes=1, per_process=WORKERS, worker_args=WORKER_ARGS,
-                       router_mode=mode) as deployment:  # fmt: skip
+                       router_mode=mode, frontends=frontends) as deployment:  # fmt: skip
         clock = LoopClock()
         sender = Sender(Endpoint(deployment.url), MODEL, clock, timeout=60)
         sessions = synthetic_sessions(

@@ -24,6 +24,7 @@ def register(app: typer.Typer) -> None:
     app.command("up")(up)
     app.command("adopt")(adopt)
     app.command("down")(down)
+    app.command("lb-config")(lb_config)
 
 
 def _load(path: Path) -> Recipe:
@@ -95,6 +96,32 @@ def up(
         _detach(recipe, recipe_path, run_dir)
         return
     _foreground(recipe, recipe_path, run_dir, allocation, live and sys.stdout.isatty())
+
+
+def lb_config(
+    recipe_path: Path = typer.Argument(..., help="Recipe file of the deployment."),
+    bind: str = typer.Option("0.0.0.0:8080", help="ADDRESS:PORT clients connect to."),
+    check_interval_ms: int = typer.Option(500, min=50, help="Health-check interval."),
+    resolve: list[str] = typer.Option(
+        [], help="NAME=IPV4 gives a host's address instead of resolving its name here."
+    ),
+) -> None:
+    """Print an HAProxy configuration balancing the deployment's frontends (one server per
+    frontend host, health-checked on /health; docs/operations.md, "Many frontends")."""
+    from dynamoctl.plan.build import PlanError, build_plan
+    from dynamoctl.plan.haproxy import render_haproxy
+    from dynamoctl.plan.hosts import HostError, parse_resolve
+
+    recipe = _load(recipe_path)
+    try:
+        plan, _ = build_plan(recipe, RunDir(recipe.name).path, None, parse_resolve(resolve))
+    except (PlanError, HostError) as exc:
+        typer.echo(f"{recipe_path}: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(
+        render_haproxy(plan.name, plan.namespace, plan.instances, bind, check_interval_ms),
+        nl=False,
+    )
 
 
 def _refuse_open_doors(recipe: Recipe, recipe_path: Path) -> None:

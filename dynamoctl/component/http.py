@@ -237,7 +237,9 @@ class BoundServer(uvicorn.Server):
     """A uvicorn server on a socket bound up front, so port 0 yields a known port, and
     without uvicorn's signal handling: the component owns SIGTERM/SIGINT (a signal means
     drain, and HTTP keeps answering meanwhile). Requests are bounded by ``limits``
-    (defaults: :class:`HttpLimitSettings`)."""
+    (defaults: :class:`HttpLimitSettings`). ``reuse_port``: share the port with the other
+    processes of this user that ask the same (``SO_REUSEPORT``: the kernel spreads new
+    connections over them), e.g. the frontend's ``frontend.processes``."""
 
     def __init__(
         self,
@@ -245,10 +247,13 @@ class BoundServer(uvicorn.Server):
         host: str,
         port: int,
         limits: HttpLimitSettings | None = None,
+        reuse_port: bool = False,
         **config: Any,
     ) -> None:
         sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.bind((host, port))
         super().__init__(
             uvicorn.Config(

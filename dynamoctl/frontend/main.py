@@ -1,6 +1,10 @@
 """``dynamoctl frontend``: the OpenAI-compatible HTTP endpoint, with the router embedded
 or asking the standalone ``dynamoctl router`` replicas (``--router``).
 
+Several frontends of one deployment (``--share-bookings``) share their embedded routers'
+bookings; those of one host share the port (``--reuse-port``). See docs/operations.md,
+"Many frontends".
+
 SIGTERM/SIGINT: the frontend leaves discovery, stops accepting connections, lets open
 streams finish for ``drain_grace`` seconds, then closes.
 
@@ -11,6 +15,7 @@ a source that is named but holds no key stops the frontend rather than leave it 
 from __future__ import annotations
 
 import logging
+import socket
 
 from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.discovery import keys
@@ -21,7 +26,7 @@ from dynamoctl.frontend.generate import Admission, Generator
 from dynamoctl.frontend.longtext import limit_malloc_arenas
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
-from dynamoctl.frontend.routing import create_routing
+from dynamoctl.frontend.routing import EmbeddedRouting, create_routing
 from dynamoctl.planes.request import RequestClient
 from dynamoctl.settings import FrontendOptions
 from dynamoctl.wire.records import Component, Endpoint
@@ -40,6 +45,8 @@ async def run_frontend(opts: FrontendOptions) -> None:
     routing = create_routing(
         opts.routing, runtime.discovery, opts.namespace, opts.router, opts.route_timeout
     )
+    if opts.share_bookings and isinstance(routing, EmbeddedRouting):
+        routing.share_bookings(runtime.instance_id, _reachable(opts.host))
     routing.register_metrics(metrics.registry)
     registry = ModelRegistry(runtime.discovery, opts.namespace, routing.make_picker)
     generator = Generator(
@@ -60,6 +67,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
         app,
         opts.port,
         limits=opts.http,
+        reuse_port=opts.reuse_port,
         timeout_graceful_shutdown=opts.drain_grace,  # open streams finish on the way out
     )
     for closer in (client.close, routing.close, registry.close):
@@ -82,3 +90,8 @@ async def run_frontend(opts: FrontendOptions) -> None:
         await runtime.stop.wait()
         log.info("stopping: leaving discovery, finishing open streams")
         await runtime.leave()
+
+
+def _reachable(host: str) -> str:
+    """An address of this host the other frontends reach: ``host`` unless a wildcard."""
+    return socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::") else host

@@ -13,6 +13,7 @@ GPUs are spread round-robin, so a CPU deployment still uses every host.
 
 from __future__ import annotations
 
+import os
 import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -144,20 +145,36 @@ def _planner_spec(ctx: PlanContext) -> InstanceSpec:
 WILDCARDS = ("0.0.0.0", "::")
 
 
-def _frontend_spec(ctx: PlanContext) -> InstanceSpec:
-    """The frontend listens on ``frontend.host``, by default the head's address (loopback on
-    a local target); ``address`` is where the supervisor reaches it."""
-    recipe, head = ctx.recipe, ctx.head
-    listen = recipe.frontend.host or head.address
-    name = InstanceName("frontend", 0)
-    argv = frontend_argv(recipe, str(name), listen, ctx.discovery_url)
-    address = head.address if listen in WILDCARDS else listen
-    ports = {"http": recipe.frontend.port}
+def _frontend_specs(ctx: PlanContext) -> list[InstanceSpec]:
+    """``frontend.processes`` frontends on each of the first ``frontend.hosts`` hosts,
+    numbered host by host. On the head they listen on ``frontend.host``, by default the
+    head's address (loopback on a local target); elsewhere on their host's address (or the
+    wildcard). ``address`` is where the supervisor reaches each. Several frontends share
+    their routers' bookings; those of one host share the port."""
+    recipe = ctx.recipe
+    front = recipe.frontend
+    # Cores are known only of this machine; other targets' hosts get one process each.
+    processes = front.process_count(os.cpu_count() if recipe.target.one_machine else None)
+    total = processes * front.hosts
     # The keys' variable is read where `up` runs and delivered like any secret: a remote
     # frontend's shell does not have it.
-    keys = recipe.frontend.api_keys_env
+    keys = front.api_keys_env
     secrets = {keys: SecretRef(env=keys)} if keys else {}
-    return _component_spec(ctx, name, head, argv, address=address, ports=ports, secrets=secrets)
+    specs = []
+    for index in range(total):
+        host = ctx.hosts[index // processes]
+        listen = front.host if front.host in WILDCARDS or index < processes else None
+        listen = listen or host.address
+        name = InstanceName("frontend", index)
+        argv = frontend_argv(
+            recipe, str(name), listen, ctx.discovery_url, share=total > 1, reuse=processes > 1
+        )
+        address = host.address if listen in WILDCARDS else listen
+        ports = {"http": front.port}
+        specs.append(
+            _component_spec(ctx, name, host, argv, address=address, ports=ports, secrets=secrets)
+        )
+    return specs
 
 
 def client_endpoint(recipe: Recipe) -> str:
@@ -201,7 +218,7 @@ def build_plan(
         for index in range(pool.replicas):
             instances += _place(ctx, role, index, gpu_map)
     instances += [_router_spec(ctx, index) for index in range(recipe.frontend.router.replicas)]
-    instances.append(_frontend_spec(ctx))
+    instances += _frontend_specs(ctx)
     if recipe.planner is not None:
         instances.append(_planner_spec(ctx))
     plan = Plan(

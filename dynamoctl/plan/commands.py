@@ -78,9 +78,17 @@ def router_argv(recipe: Recipe, label: str, address: str, url: str) -> list[str]
     return ["router", *to_argv(options, explicit=True)]
 
 
-def frontend_argv(recipe: Recipe, label: str, listen: str, url: str) -> list[str]:
+def frontend_argv(
+    recipe: Recipe, label: str, listen: str, url: str, *, share: bool = False, reuse: bool = False
+) -> list[str]:
+    """``share``: other frontends run (their embedded routers share bookings); ``reuse``:
+    other frontends of this host serve the same port."""
     router, workers = recipe.frontend.router, recipe.workers
     extra: dict[str, Any] = {}
+    if share and not router.replicas:  # standalone router replicas share their own
+        extra["share_bookings"] = True
+    if reuse:
+        extra["reuse_port"] = True
     if workers.prefill is not None or workers.decode is not None:
         extra["disagg"] = _part(DisaggSettings, router)  # the knobs matter only then
     options = FrontendOptions(

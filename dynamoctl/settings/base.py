@@ -163,12 +163,13 @@ def to_argv(
     """``options`` as command-line flags, in declaration order, nested groups flattened:
     every flag, those whose field is named in ``only``, or (``explicit``) those that were
     given when ``options`` was made. ``None`` values are left out (the component's default
-    applies)."""
+    applies); a ``bool`` field is a flag that is off by default, given bare when true."""
     wanted = None if only is None else set(only)
     argv = []
     for owner, name, value in _values(options, explicit):
-        if value is not None and (wanted is None or name in wanted):
-            argv += [flag(owner, name), str(value)]
+        if value is None or (wanted is not None and name not in wanted) or value is False:
+            continue
+        argv += [flag(owner, name)] if value is True else [flag(owner, name), str(value)]
     return argv
 
 

@@ -124,6 +124,13 @@ class FrontendOptions(ComponentSettings):
     """Where routing decisions are made: ``embedded`` (in this process) or ``standalone``
     (ask the namespace's ``dynamoctl router`` replicas; the routing flags are then
     theirs)."""
+    share_bookings: bool = False
+    """Share the embedded router's bookings with the namespace's other frontends (and
+    apply theirs), so that several frontend processes route as one router would; set by
+    the plan when a deployment runs more than one frontend."""
+    reuse_port: bool = False
+    """Bind the HTTP port with ``SO_REUSEPORT`` (Linux): the frontend processes of one
+    host listen on one port and the kernel spreads connections over them."""
     route_timeout: float = Field(default=1.0, ge=0.01)
     """Standalone: seconds a router replica may take to answer before the next is asked."""
     router: RouterSettings = Field(default_factory=RouterSettings)

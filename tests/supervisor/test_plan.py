@@ -158,3 +158,41 @@ def test_router_replicas_are_planned_before_the_frontend_that_asks_them() -> Non
     assert router.argv[2:4] == ["dynamoctl", "router"] and "--label" in router.argv
     frontend = plan.by_pool("frontend")[0].argv
     assert frontend[frontend.index("--router") + 1] == "standalone"
+
+
+def test_frontend_processes_share_a_port_and_frontend_hosts_each_get_theirs() -> None:
+    one = build_plan(load_recipe_text(_recipe("  agg: {engine: mocker}"), "r.yaml"), Path("/r"))
+    alone = one[0].by_pool("frontend")
+    cores = os.cpu_count() or 1
+    assert len(alone) == max(1, min(8, cores // 4))  # the default leaves cores to workers
+    text = _recipe("  agg: {engine: mocker, gpus_per_replica: 0}").replace(
+        "model:", "frontend: {processes: 2}\nmodel:"
+    )
+    plan, _ = build_plan(load_recipe_text(text, "r.yaml"), Path("/run"))
+    fronts = plan.by_pool("frontend")
+    assert [f.name for f in fronts] == ["frontend-0", "frontend-1"]
+    assert {f.ports["http"] for f in fronts} == {8000}
+    for front in fronts:
+        assert "--reuse-port" in front.argv and "--share-bookings" in front.argv
+    # Two ssh hosts, one frontend each: their own addresses, bookings shared, no reuse.
+    target = (
+        "target: {kind: ssh, hosts: [a, b]}\n"
+        "discovery: {backend: etcd, managed: true}\nsecurity: {open_endpoint: true}"
+    )
+    text = _recipe("  agg: {engine: mocker, gpus_per_replica: 0}", target).replace(
+        "model:", "frontend: {hosts: 2, processes: 1}\nmodel:"
+    )
+    resolve = {"a": "192.0.2.1", "b": "192.0.2.2"}
+    plan, _ = build_plan(load_recipe_text(text, "r.yaml"), Path("/run"), None, resolve)
+    fronts = plan.by_pool("frontend")
+    assert [(f.host, f.address) for f in fronts] == [("a", "192.0.2.1"), ("b", "192.0.2.2")]
+    for front in fronts:
+        assert "--share-bookings" in front.argv and "--reuse-port" not in front.argv
+
+
+def test_frontend_hosts_beyond_the_target_are_refused() -> None:
+    from dynamoctl.recipe.loader import RecipeError
+
+    local = _recipe("  agg: {engine: mocker}").replace("model:", "frontend: {hosts: 2}\nmodel:")
+    with pytest.raises(RecipeError, match=r"frontend\.hosts"):
+        load_recipe_text(local, "r.yaml")

@@ -7,6 +7,8 @@ publishes its booking changes on an event-plane stream (``Booked``, ``Released``
 ``BookingState`` snapshot for late subscribers), registered at
 ``{ns}/events/router/{instance_id}``, and applies every other replica's stream to its own
 :class:`~dynamoctl.router.load.ActiveLoad`, under the key ``{replica}/{request_id}``.
+Frontend processes with embedded routers (``frontend.processes`` > 1, or frontends on
+several hosts) share theirs the same way under ``{ns}/events/frontend/``.
 
 A peer's booking on a worker (or of a model) we do not know yet waits, and is booked
 once we do (a replica that starts replays its peers' streams before it has met every
@@ -91,8 +93,12 @@ class BookingSync(AsyncService):
         resync_interval: float = 1.0,
         reapply_interval: float = 0.25,
         buffer_size: int = 1024,
+        component: str = COMPONENT,
     ) -> None:
         self.discovery = discovery
+        self.component = component
+        """Whose bookings streams these are (``router`` replicas or ``frontend``
+        processes): peers are the instances of this component only."""
         self.namespace = namespace
         self.instance_id = instance_id
         self.routers = routers
@@ -120,7 +126,7 @@ class BookingSync(AsyncService):
 
     @property
     def key(self) -> str:
-        return keys.events_key(self.namespace, COMPONENT, self.instance_id)
+        return keys.events_key(self.namespace, self.component, self.instance_id)
 
     def peers(self) -> list[str]:
         return sorted(self._peers)
@@ -135,6 +141,10 @@ class BookingSync(AsyncService):
     def peer_bookings(self, model: str) -> int:
         """Other replicas' bookings of ``model`` in our load."""
         return sum(1 for p in self._peers.values() for m, _, _ in p.applied if m == model)
+
+    def peer_total(self) -> int:
+        """Other replicas' bookings in our load, all models together."""
+        return sum(len(p.applied) for p in self._peers.values())
 
     def pending(self) -> int:
         """Other replicas' bookings waiting for their model or worker to be known here."""
@@ -225,7 +235,7 @@ class BookingSync(AsyncService):
     # ------------------------------------------------------------------ peers
 
     async def _watch(self) -> None:
-        prefix = keys.events_prefix(self.namespace, COMPONENT)
+        prefix = keys.events_prefix(self.namespace, self.component)
         async for event in self.discovery.watch(prefix):
             iid = event.key.rpartition("/")[2]
             if iid == self.instance_id:
