@@ -160,10 +160,13 @@ def _sglang(
     # write_through_selective writes only blocks hit before: SGLang's frequency filter,
     # applied from GPU to host (HiCache backs up host blocks to its store).
     policy = "write_through_selective" if offload.disk_offload_filter else "write_through"
+    size_gb = math.floor(offload.host_gib * GIB / 1e9)  # SGLang's --hicache-size: whole GB
+    if size_gb < 1:
+        raise rule_error("kv_offload.host_gib", "SGLang's hicache_size counts whole GB: >= 0.94")
     out = OffloadArgs(
         args={
             "enable_hierarchical_cache": True,
-            "hicache_size": offload.host_gib * GIB / 1e9,
+            "hicache_size": size_gb,
             "hicache_write_policy": policy,
         }
     )
