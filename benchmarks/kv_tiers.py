@@ -1,34 +1,54 @@
-"""KV cache tiers on a multi-turn chat whose working set is several times the GPU KV cache.
+"""KV cache tiers on the workload that needs them: long agent sessions on a 70B model.
 
-    python benchmarks/kv_tiers.py [--seconds 40] [--requests 2000] [--arms 0,1,2,3,4,5]
-                                  [--out FILE]
+    python benchmarks/kv_tiers.py [--seconds 130] [--arms none,host,...] [--out FILE]
 
-For each arm, a fresh deployment (``cluster.py``): one worker process of 4 mocker
-instances, each with 320 GPU blocks of 16 tokens (5120 tokens; 20k over the four) on the
-real clock (speedup 1: the engines' simulated prefill, onboard and decode times set the
-latencies), and a frontend with the ``kv`` router. The load is ``dynamoctl bench``'s
-closed loop: 32 users, each in a conversation of 8 turns of 500 new tokens and 8 output
-tokens with 4 s of thinking between turns, the history resent every turn, a new
-conversation after the last turn. A conversation grows to ~4k tokens (2k on average),
-so the 32 live ones hold ~65k tokens: 3-4x the GPU KV cache. Between two turns of one
-user the others send ~30 turns, so without a lower tier its history is evicted and
-recomputed.
+The engine: Llama-3.1-70B (bf16) on 4 x H100 SXM (TP4), timed by AI Configurator
+(mocker ``perf-model: aic``, vLLM data): a 16k-token prefill takes ~1.1 s, a decode step
+at 32 sequences of 20k tokens ~33 ms. Its GPU KV cache is what AI Configurator's memory
+model gives that layout (454,016 tokens at vLLM's 0.9 memory fraction, 327,680 bytes of
+KV per token: 80 layers x 8 KV heads x 128 x 2 x 2 bytes), in blocks of 64 tokens.
+Two such replicas (one worker process), each running at most 16 sequences (16 x 28k
+tokens is what its KV cache holds), a frontend with the ``kv`` router whose requests wait
+for a worker rather than get a 503 (queueing is part of TTFT).
 
-Arms: no tiers; a host-memory tier 4x the GPU pool (GPU + host hold the working set); a
-host tier 1x plus a disk tier 8x; both again with the router blind to tiers; and the disk
-arm without the disk-offload filter (every block the host evicts is written)
-(``--host-tier-credit 0 --disk-tier-credit 0``). Tier bandwidths are the mocker's
-defaults (host 25 GB/s, disk 10 GB/s; 128 KiB of KV per token, so 2 MiB per block).
-Reported per arm: TTFT p50/p90, throughput, and the prompt blocks found in each tier over
-those looked up (the workers' ``dynamoctl_worker_kv_tier_hit_blocks_total``).
+The load: 64 concurrent agent sessions (closed loop). A session starts from 12-20k
+tokens of its own context (repository, instructions) and runs 8-20 turns, each adding
+1-3k tokens (a tool's output) and 50 output tokens (a tool call), with 3 s of simulated
+think time (the tool running) between turns; so it grows to 32-80k tokens. At steady
+state the live sessions hold ~2M tokens, twice the two GPU caches: without a lower tier
+every turn recomputes its whole history.
+
+Run slowed down (``--speedup-ratio 0.5``: one simulated second is two real ones) so that
+the host's own cost per request (HTTP, JSON of 30k-token prompts, routing, streaming on a
+shared 2-core machine) is small against the simulated engine. TTFTs are reported in
+simulated milliseconds (real x speedup), over the requests sent after a 50 s warm-up
+(the sessions' first turns are staggered 0.5 s apart); req/s per simulated second.
+The host's share is measured, not assumed: a probe model on its own idle, near-infinitely
+fast mocker behind the same frontend gets a request of the load's median prompt size
+every 2 s during the load; its TTFT is what the host adds to any request at that moment.
+
+Tier bandwidths: one replica is 4 GPUs, each with its own PCIe 5 x16 link and its shard
+of the KV heads, so host memory loads at 4 x 25 GB/s (the mocker's per-link default,
+docs/mocker.md); the disk tier is half of a DGX H100's 8 NVMe drives in RAID 0 at
+~5 GB/s each after the file system (20 GB/s).
+
+Arms (same load each): ``none``; ``host`` (3x the GPU cache: the working set fits);
+``host_blind`` (the same, router given no tier credit); ``host_small`` (1x: GPU + host
+hold about the working set, LRU thrashes); ``host_disk`` (1x host + 4x disk).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import platform
+import random
+import statistics
+from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,39 +57,73 @@ from cluster import MODEL, cluster
 from prometheus_client.parser import text_string_to_metric_families
 
 from dynamoctl import wire
-from dynamoctl.bench.client import Sender
+from dynamoctl.bench.client import RequestRecord, Sender
 from dynamoctl.bench.clock import LoopClock
 from dynamoctl.bench.http import Endpoint
 from dynamoctl.bench.schedule import Limits, drive
-from dynamoctl.bench.stats import Slo, summarize
-from dynamoctl.bench.workload import LengthDist, synthetic_sessions
+from dynamoctl.bench.stats import percentile
+from dynamoctl.bench.workload import Conversation, Session, Turn, random_tokens
 from dynamoctl.discovery import Discovery, store_from_url
 
-WORKERS = 4
-GPU_BLOCKS = 320
-BASE = ["--num-gpu-blocks", str(GPU_BLOCKS), "--speedup-ratio", "1", "--max-num-seqs", "64"]
-HOST = ["--num-host-blocks", str(4 * GPU_BLOCKS)]  # holds the working set with the GPU
-SMALL_HOST_DISK = ["--num-host-blocks", str(GPU_BLOCKS), "--num-disk-blocks", str(8 * GPU_BLOCKS)]
-NO_FILTER = ["--no-disk-offload-filter"]
+AIC_MODEL = "meta-llama/Meta-Llama-3.1-70B"
+REPLICAS = 2
+GPU_TOKENS = 454_016  # AI Configurator: TP4 H100 SXM, vLLM, 0.9 of memory, 32 x 8192
+BLOCK = 64
+GPU_BLOCKS = GPU_TOKENS // BLOCK
+KV_BYTES_PER_TOKEN = 327_680
+SPEEDUP = 0.5
+HOST_GBPS = 4 * 25.0
+DISK_GBPS = 20.0
+ENGINE = ["--perf-model", "aic", "--aic-model", AIC_MODEL, "--aic-system", "h100_sxm",
+          "--aic-tp-size", "4", "--block-size", str(BLOCK), "--num-gpu-blocks", str(GPU_BLOCKS),
+          "--kv-bytes-per-token", str(KV_BYTES_PER_TOKEN), "--max-num-seqs", "16",
+          "--max-num-batched-tokens", "8192", "--max-model-len", "131072",
+          "--speedup-ratio", str(SPEEDUP), "--host-gbps", str(HOST_GBPS),
+          "--disk-gbps", str(DISK_GBPS)]  # fmt: skip
+# Requests wait (in the frontend's queue for a worker that is not busy, then in the
+# engine's) rather than get 503s: a 503 would hide the no-tier arm's queueing from TTFT.
+# --busy-kv-usage 1 alone does not do it: the router's booked blocks can exceed 1.
+FRONTEND = ["--busy-kv-usage", "1", "--queue-timeout", "3600", "--max-queued", "1024"]
 BLIND = ["--host-tier-credit", "0", "--disk-tier-credit", "0"]
-ARMS: list[tuple[str, list[str], list[str]]] = [
-    ("no tiers", [], []),
-    ("host 4x", HOST, []),
-    ("host 1x + disk 8x", SMALL_HOST_DISK, []),
-    ("host 4x, tier-blind router", HOST, BLIND),
-    ("host 1x + disk 8x, tier-blind router", SMALL_HOST_DISK, BLIND),
-    ("host 1x + disk 8x, no disk filter", SMALL_HOST_DISK + NO_FILTER, []),
-]
-WORKLOAD = {"concurrency": 32, "turns": 8, "isl": 500, "osl": 8, "think_time_s": 4.0,
-            "block_size": 16}  # fmt: skip
+STAGGER_S = 0.5  # real seconds between the first turns of the first sessions
+WARMUP_S = 50.0  # real seconds of each arm not measured (staggered cold starts)
+ARMS: dict[str, tuple[list[str], list[str]]] = {
+    "none": ([], []),
+    "host": (["--num-host-blocks", str(3 * GPU_BLOCKS)], []),
+    "host_blind": (["--num-host-blocks", str(3 * GPU_BLOCKS)], BLIND),
+    "host_small": (["--num-host-blocks", str(GPU_BLOCKS)], []),
+    "host_disk": (["--num-host-blocks", str(GPU_BLOCKS), "--num-disk-blocks",
+                   str(4 * GPU_BLOCKS)], []),
+}  # fmt: skip
+PROBE = ["--model", "probe", "--perf-model", "polynomial", "--speedup-ratio", "1000000",
+         "--num-host-blocks", "0", "--num-disk-blocks", "0"]  # fmt: skip
+WORKLOAD: dict[str, Any] = {"sessions": 64, "turns": [8, 20], "context_tokens": [12_000, 20_000],
+            "turn_tokens": [1_000, 3_000], "output_tokens": 50, "think_time_s": 3.0,
+            "speedup": SPEEDUP}  # fmt: skip
+PROBE_TOKENS = 30_000  # about the load's median prompt
 ANCHOR = {
-    "source": "Dynamo KVBM design document: host offload, 10-turn chat, 80 users",
+    "source": "Dynamo KVBM design document: host offload on multi-turn chat",
     "ttft_reduction": 0.40,
 }
 
 
+def agent_sessions(seed: int) -> Iterator[Session]:
+    """Endless agent sessions (see the module docstring); the same ones for every arm."""
+    rng = random.Random(seed)
+    w = WORKLOAD
+    index = 0
+    while True:
+        context = random_tokens(rng, rng.randint(*w["context_tokens"]))
+        turns = [
+            Turn(random_tokens(rng, rng.randint(*w["turn_tokens"])), int(w["output_tokens"]))
+            for _ in range(rng.randint(*w["turns"]))
+        ]
+        yield Session(index, context, turns)
+        index += 1
+
+
 async def tier_counters(discovery: str) -> dict[str, dict[str, float]]:
-    """Per tier, the workers' hit, lookup and onboard block counters summed."""
+    """Per tier, the load model's hit, lookup and onboard block counters summed."""
     async with Discovery(store_from_url(discovery), lease_ttl=2) as disc:
         records = [
             wire.decode_json(raw, wire.InstanceRecord)
@@ -77,112 +131,205 @@ async def tier_counters(discovery: str) -> dict[str, dict[str, float]]:
         ]
     urls = {r.metrics_url for r in records if r.metrics_url}
     totals: dict[str, dict[str, float]] = {}
+    wanted = ("kv_tier_hit_blocks_total", "kv_lookup_blocks_total", "kv_onboarded_blocks_total")
     async with httpx.AsyncClient(timeout=10) as http:
         for url in urls:
-            text = (await http.get(url)).text
-            for family in text_string_to_metric_families(text):
+            for family in text_string_to_metric_families((await http.get(url)).text):
                 for sample in family.samples:
                     name = sample.name.removeprefix("dynamoctl_worker_")
-                    if name in ("kv_tier_hit_blocks_total", "kv_lookup_blocks_total",
-                                "kv_onboarded_blocks_total"):  # fmt: skip
+                    if name in wanted and sample.labels.get("model") == MODEL:
                         tier = totals.setdefault(sample.labels["tier"], {})
                         tier[name] = tier.get(name, 0.0) + sample.value
     return totals
 
 
-async def one_arm(name: str, worker_args: list[str], frontend_args: list[str],
-                  requests: int, seconds: float) -> dict[str, Any]:  # fmt: skip
-    async with cluster(processes=1, per_process=WORKERS, worker_args=BASE + worker_args,
-                       router_mode="kv", frontend_args=frontend_args) as deployment:  # fmt: skip
-        clock = LoopClock()
-        sender = Sender(Endpoint(deployment.url), MODEL, clock, timeout=60)
-        sessions = synthetic_sessions(
-            LengthDist.parse(str(WORKLOAD["isl"])),
-            LengthDist.parse(str(WORKLOAD["osl"])),
-            turns=int(WORKLOAD["turns"]),
-            seed=1,
-        )
-        outcome = await drive(sessions, sender.send, clock=clock,
-                              limits=Limits(requests, seconds, 30),
-                              concurrency=int(WORKLOAD["concurrency"]),
-                              think_time=float(WORKLOAD["think_time_s"]))  # fmt: skip
-        counters = await tier_counters(deployment.discovery)
-    summary = summarize(outcome, Slo(), label=name, concurrency=int(WORKLOAD["concurrency"]))
+async def probe(url: str, stop: asyncio.Event) -> list[float]:
+    """TTFTs (real seconds) of the probe model, one request every 2 s until ``stop``."""
+    clock = LoopClock()
+    sender = Sender(Endpoint(url), "probe", clock, timeout=120)
+    tokens = random_tokens(random.Random("probe"), PROBE_TOKENS)
+    ttfts: list[float] = []
+    while not stop.is_set():
+        conv = Conversation(Session(0, tokens, [Turn([1], 1)]), "completions", False)
+        record = await sender.send(conv, clock.now())
+        if record.ttft is not None and record.error is None:
+            ttfts.append(record.ttft)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), 2.0)
+    return ttfts[1:]  # the first one computed its prompt
+
+
+def prefill_ms_table() -> Any:
+    """The simulated prefill time of ``n`` uncached tokens on the benchmark's engine."""
+    from dynamoctl.configure import aic
+    from dynamoctl.configure.models import Parallel
+
+    return aic.step_latency(AIC_MODEL, "h100_sxm", "vllm", None, Parallel(tp=4)).prefill_ms
+
+
+def arm_result(name: str, records: list[RequestRecord], probe_ttfts: list[float],
+               counters: dict[str, dict[str, float]], seconds: float,
+               prefill_ms: Any) -> dict[str, Any]:  # fmt: skip
+    """One arm's figures (TTFTs in simulated ms)."""
+    records = [r for r in records if r.start >= WARMUP_S]
+    ok = [r for r in records if r.error is None and r.ttft is not None]
+    ttfts = sorted(r.ttft * 1e3 * SPEEDUP for r in ok if r.ttft is not None)
     lookups = counters.get("gpu", {}).get("kv_lookup_blocks_total", 0.0)
     hits = {
         tier: round(c.get("kv_tier_hit_blocks_total", 0.0) / lookups, 4) if lookups else 0.0
-        for tier, c in counters.items()
+        for tier, c in sorted(counters.items())
     }
-    onboarded = {t: c.get("kv_onboarded_blocks_total", 0.0) for t, c in counters.items()}
-    run = {
-        "arm": name,
-        "worker_args": BASE + worker_args,
-        "frontend_args": frontend_args,
-        "requests_sent": summary.requests_sent,
-        "completed": summary.completed,
-        "errors": summary.errors,
-        "error_samples": sorted({f"{r.error}: {r.detail}" for r in outcome.records if r.error})[:3],
-        "ttft_ms_p50": summary.ttft_ms.p50,
-        "ttft_ms_p90": summary.ttft_ms.p90,
-        "request_throughput": summary.request_throughput,
-        "output_token_throughput": summary.output_token_throughput,
-        "input_token_throughput": summary.input_token_throughput,
-        "prefix_hit_by_tier": hits,
-        "onboarded_blocks": {t: v for t, v in onboarded.items() if t != "gpu"},
-        "lookup_blocks": lookups,
+    # Each request's own simulated prefill (its uncached tokens), over its TTFT.
+    own = [
+        prefill_ms(max(1, (r.prompt_tokens or 0) - (r.cached_tokens or 0)))
+        / (r.ttft * 1e3 * SPEEDUP)
+        for r in ok
+        if r.ttft
+    ]
+    host_ms = statistics.median(probe_ttfts) * 1e3 * SPEEDUP if probe_ttfts else None
+    p50 = percentile(ttfts, 0.5)
+    return {
+        "ttft_p50_ms": round(p50, 1),
+        "ttft_p90_ms": round(percentile(ttfts, 0.9), 1),
+        "ttft_p99_ms": round(percentile(ttfts, 0.99), 1),
+        "req_s": round(len(ok) / (seconds - WARMUP_S) / SPEEDUP, 3),
+        "hits": hits,
+        "completed": len(ok),
+        "errors": dict(Counter(r.error for r in records if r.error is not None)),
+        "error_samples": sorted({f"{r.error}: {r.detail}" for r in records if r.error})[:3],
+        "cached_token_share": round(
+            sum(r.cached_tokens or 0 for r in ok) / max(1, sum(r.prompt_tokens or 0 for r in ok)), 4
+        ),
+        "mean_prompt_tokens": round(statistics.mean(r.prompt_tokens or 0 for r in ok)) if ok else 0,
+        "own_prefill_share_of_ttft_p50": round(statistics.median(own), 3) if own else None,
+        "host_overhead_ms_p50": round(host_ms, 1) if host_ms is not None else None,
+        "host_overhead_share_of_ttft_p50": round(host_ms / p50, 3) if host_ms and p50 else None,
+        "onboarded_blocks": {
+            t: c.get("kv_onboarded_blocks_total", 0.0) for t, c in counters.items() if t != "gpu"
+        },
     }
-    print(json.dumps(run), flush=True)
+
+
+async def one_arm(name: str, seconds: float, prefill_ms: Any) -> dict[str, Any]:
+    worker_args, frontend_args = ARMS[name]
+    async with cluster(per_process=REPLICAS, worker_args=ENGINE + worker_args,
+                       process_args=[[], PROBE], router_mode="kv",
+                       frontend_args=FRONTEND + frontend_args) as deployment:  # fmt: skip
+        clock = LoopClock()
+        sender = Sender(Endpoint(deployment.url), MODEL, clock, timeout=600)
+
+        async def send(conv: Conversation, origin: float) -> RequestRecord:
+            first = conv.turn == 0 and conv.session.id < int(WORKLOAD["sessions"])
+            if first:  # not every session's cold start at once
+                await asyncio.sleep(conv.session.id * STAGGER_S)
+            return await sender.send(conv, origin)
+
+        stop = asyncio.Event()
+        probing = asyncio.create_task(probe(deployment.url, stop))
+        load_before = os.getloadavg()[0]
+        outcome = await drive(agent_sessions(seed=1), send, clock=clock,
+                              limits=Limits(100_000, seconds, 60),
+                              concurrency=int(WORKLOAD["sessions"]),
+                              think_time=float(WORKLOAD["think_time_s"]) / SPEEDUP)  # fmt: skip
+        stop.set()
+        probe_ttfts = await probing
+        counters = await tier_counters(deployment.discovery)
+    run = arm_result(name, outcome.records, probe_ttfts, counters, seconds, prefill_ms)
+    run["unfinished"] = outcome.unfinished
+    run["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
+    run["worker_args"] = worker_args
+    run["frontend_args"] = frontend_args
+    print(name, json.dumps(run), flush=True)
     return run
 
 
-def table(runs: list[dict[str, Any]]) -> str:
-    lines = [
-        "| arm | TTFT p50 ms | TTFT p90 ms | req/s | hit GPU | hit host | hit disk |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in runs:
-        h = r["prefix_hit_by_tier"]
-        lines.append(
-            f"| {r['arm']} | {r['ttft_ms_p50']:.0f} | {r['ttft_ms_p90']:.0f} | "
-            f"{r['request_throughput']:.1f} | {h.get('gpu', 0):.2f} | {h.get('host', 0):.2f} | "
-            f"{h.get('disk', 0):.2f} |"
-        )
-    return "\n".join(lines)
+def goals(arms: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The issue's goals, checked from the file's own figures."""
+
+    def lower(a: str, b: str, key: str) -> float | None:
+        if a not in arms or b not in arms:
+            return None
+        return round(1 - float(arms[a][key]) / float(arms[b][key]), 3)
+
+    out: dict[str, Any] = {
+        "host_vs_none_p50": lower("host", "none", "ttft_p50_ms"),
+        "host_vs_none_p90": lower("host", "none", "ttft_p90_ms"),
+        "aware_vs_blind_p50": lower("host", "host_blind", "ttft_p50_ms"),
+        "disk_vs_host_small_p50": lower("host_disk", "host_small", "ttft_p50_ms"),
+        "disk_vs_host_small_p90": lower("host_disk", "host_small", "ttft_p90_ms"),
+    }
+    if "host" in arms and "none" in arms:
+        out["host_vs_none_req_s_ratio"] = round(arms["host"]["req_s"] / arms["none"]["req_s"], 3)
+    return out
+
+
+def plot(arms: dict[str, dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(arms)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    width = 0.27
+    for i, key in enumerate(("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms")):
+        xs = [j + (i - 1) * width for j in range(len(names))]
+        ax.bar(xs, [arms[n][key] / 1e3 for n in names], width, label=key[5:8])
+    ax.set_xticks(range(len(names)), names)
+    ax.set_ylabel("TTFT, simulated s")
+    ax.set_title("KV tiers: Llama-3.1-70B TP4 H100 (AI Configurator), 64 agent sessions")
+    ax.legend()
+    fig.text(0.01, 0.01, "2 replicas, 454k-token GPU KV each; sessions 12-20k + 8-20 turns of "
+             "1-3k; host 100 GB/s, disk 20 GB/s", fontsize=8)  # fmt: skip
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
+    fig.savefig(path, dpi=100)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=40.0, help="sending time per arm")
-    parser.add_argument("--requests", type=int, default=2000, help="most requests per arm")
-    parser.add_argument("--arms", default=",".join(str(i) for i in range(len(ARMS))))
+    parser.add_argument("--seconds", type=float, default=130.0, help="real sending time per arm")
+    parser.add_argument("--arms", default=",".join(ARMS))
     parser.add_argument("--out", default="benchmarks/results/kv_tiers.json")
     args = parser.parse_args()
-    runs = []
-    for i in (int(x) for x in args.arms.split(",")):
-        name, wargs, fargs = ARMS[i]
-        runs.append(asyncio.run(one_arm(name, wargs, fargs, args.requests, args.seconds)))
-    print(table(runs))
-    base = next((r for r in runs if r["arm"] == "no tiers"), None)
-    comparison = {}
-    if base is not None:
-        for r in runs:
-            if r is not base:
-                comparison[r["arm"]] = {
-                    "ttft_p50_reduction": round(1 - r["ttft_ms_p50"] / base["ttft_ms_p50"], 3),
-                    "ttft_p90_reduction": round(1 - r["ttft_ms_p90"] / base["ttft_ms_p90"], 3),
-                }
+    prefill_ms = prefill_ms_table()
+    arms = {}
+    for name in args.arms.split(","):
+        arms[name] = asyncio.run(one_arm(name, args.seconds, prefill_ms))
+        write(Path(args.out), args.seconds, arms)  # each arm as it ends: the run is long
+
+
+def write(out: Path, seconds: float, arms: dict[str, dict[str, Any]]) -> None:
     result = {
-        "machine": {"platform": platform.platform(), "python": platform.python_version()},
-        "deployment": f"1 worker process x {WORKERS} mocker instances ({' '.join(BASE)}, "
-        "block 16), 1 frontend (kv router) per arm",
+        "machine": {
+            "platform": platform.platform(),
+            "python": platform.python_version(),
+            "cpus": os.cpu_count(),
+        },
+        "engine": {
+            "aic_model": AIC_MODEL,
+            "system": "h100_sxm",
+            "tp": 4,
+            "replicas": REPLICAS,
+            "gpu_kv_tokens": GPU_TOKENS,
+            "block_size": BLOCK,
+            "kv_bytes_per_token": KV_BYTES_PER_TOKEN,
+            "host_gbps": HOST_GBPS,
+            "disk_gbps": DISK_GBPS,
+        },
         "workload": WORKLOAD,
+        "seconds_per_arm": seconds,
+        "warmup_seconds": WARMUP_S,
+        "req_s_unit": "completed requests per simulated second, after the warm-up",
+        "ttft_unit": "simulated ms (real ms x speedup)",
         "anchor": ANCHOR,
-        "runs": runs,
-        "vs_no_tiers": comparison,
+        "arms": arms,
+        "goals": goals(arms),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(f"wrote {args.out}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    plot(arms, out.with_suffix(".png"))
+    print(json.dumps(result["goals"]))
+    print(f"wrote {out}")
 
 
 if __name__ == "__main__":

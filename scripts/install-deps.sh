@@ -81,4 +81,19 @@ if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
         echo "[install-deps] pip install --no-deps lmcache==$lmcache_version"
         "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "lmcache==$lmcache_version"
     fi
+
+    # SGLang's wheel, unpacked (not installed) into .engine-parsers/: tests/recipe/
+    # test_kv_offload_engines.py parses the kv_offload arguments with SGLang's own
+    # ServerArgs parser, which needs only torch and msgspec (vLLM's). Installing it would
+    # pull CUDA packages and change what `import sglang` finds for the other tests.
+    sglang_version=0.5.23
+    sglang_dir=.engine-parsers/sglang-$sglang_version
+    if [ ! -f "$sglang_dir/sglang/srt/server_args.py" ]; then
+        echo "[install-deps] pip download --no-deps sglang==$sglang_version (unpacked in $sglang_dir)"
+        rm -rf "$sglang_dir" && mkdir -p "$sglang_dir"
+        "$PYTHON" -m pip download -q --disable-pip-version-check --no-deps \
+            "sglang==$sglang_version" -d "$sglang_dir.whl"
+        "$PYTHON" -m zipfile -e "$sglang_dir.whl"/sglang-"$sglang_version"-*.whl "$sglang_dir"
+        rm -rf "$sglang_dir.whl"
+    fi
 fi

@@ -3,6 +3,7 @@ virtual clock, vLLM-style tier events, the disk-offload filter and a full disk."
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import random
 from pathlib import Path
@@ -10,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from dynamoctl.engines.api import GenerateRequest
 from dynamoctl.engines.mocker import MockerConfig
 from dynamoctl.engines.mocker.timing import TimingModel
 from dynamoctl.kv.hashing import sequence_hashes
@@ -73,6 +75,58 @@ async def test_evicted_prefix_is_onboarded_from_host_at_bandwidth_cost(make_mock
     assert stats[Tier.HOST].hit_blocks == 4
     assert stats[Tier.HOST].offloaded_blocks >= 4
     assert stats[Tier.GPU].lookup_blocks == 4 + 7 + 4
+
+
+async def test_a_load_delays_only_its_request_while_others_compute(make_mocker: Any) -> None:
+    """A request waiting for host blocks does not hold up a fresh prompt admitted with it
+    (the old model charged the load to the whole step): the fresh one's TTFT is its own
+    prefill, and the load overlaps that compute."""
+    timing = TimingModel()
+    m = await make_mocker(**BASE, num_host_blocks=16, host_gbps=0.001)
+    await m.run("a", prompt(1, 4), 1)
+    await m.run("b", prompt(2, 7), 1)  # evicts a's blocks to the host tier
+    start = m.clock.now()
+    loaded, fresh = await asyncio.gather(m.run("a2", prompt(1, 4), 1), m.run("c", prompt(3, 2), 1))
+    load_s = 4 * MockerConfig(**BASE).block_bytes / (0.001 * 1e9)
+    assert load_s > timing.prefill_ms(2 * BS + 1) / 1e3  # the fresh prefill ends first
+    assert fresh.times[0] - start == pytest.approx(timing.prefill_ms(2 * BS + 1) / 1e3)
+    assert loaded.cached == 4 * BS
+    assert loaded.times[0] - start == pytest.approx(load_s + timing.prefill_ms(1) / 1e3)
+    m.engine.scheduler.check_invariants()
+
+
+async def test_loads_queue_on_the_one_host_to_gpu_link(make_mocker: Any) -> None:
+    """Two requests loading from the host: the second load starts when the first ends,
+    and each request computes as soon as its own load is done."""
+    timing = TimingModel()
+    m = await make_mocker(**BASE, num_host_blocks=16, host_gbps=0.001)
+    await m.run("a", prompt(1, 2), 1)
+    await m.run("b", prompt(2, 2), 1)
+    await m.run("c", prompt(3, 7), 1)  # evicts a's and b's blocks to the host tier
+    start = m.clock.now()
+    a2, b2 = await asyncio.gather(m.run("a2", prompt(1, 2), 1), m.run("b2", prompt(2, 2), 1))
+    load_s = 2 * MockerConfig(**BASE).block_bytes / (0.001 * 1e9)
+    assert a2.times[0] - start == pytest.approx(load_s + timing.prefill_ms(1) / 1e3)
+    assert b2.times[0] - start == pytest.approx(2 * load_s + timing.prefill_ms(1) / 1e3)
+    assert m.engine.scheduler.load_metrics().num_running == 0
+
+
+async def test_an_aborted_load_frees_its_blocks(make_mocker: Any) -> None:
+    m = await make_mocker(**BASE, num_host_blocks=16, host_gbps=0.001)
+    await m.run("a", prompt(1, 4), 1)
+    await m.run("b", prompt(2, 7), 1)
+    stream = m.engine.generate(GenerateRequest("a2", prompt(1, 4), 1))
+    await asyncio.sleep(0)
+    for _ in range(5):  # until the engine admits it, loading
+        if m.engine.scheduler.loading:
+            break
+        await asyncio.sleep(0)
+    assert [s.request_id for s in m.engine.scheduler.loading] == ["a2"]
+    await m.engine.abort("a2")
+    await stream.aclose()
+    m.engine.scheduler.check_invariants()
+    assert not m.engine.scheduler.has_work()
+    assert m.engine.scheduler.pool.num_active == 0
 
 
 async def test_tier_events_are_vllm_shaped_and_replay_to_the_tiers(make_mocker: Any) -> None:

@@ -436,11 +436,12 @@ class MockerEngine(
                 if not sched.has_work():
                     continue
                 sched.tiers.set_time(t)
-                plan = sched.schedule()
-                if not plan.scheduled:  # every added request can run alone: a bug
-                    raise RuntimeError("mocker scheduler made no progress with work queued")
+                plan = sched.schedule(t)
+                if not plan.scheduled:
+                    sched.finish_step(plan)  # nothing to compute: only loads in flight
+                    t = await self._wait_for_loads(t)
+                    continue
                 dt = timing.step_ms(plan.prefill_tokens, plan.num_decode, plan.kv_usage) / 1e3
-                dt += plan.onboard_s  # lower-tier KV loaded into GPU memory (tiers.py)
                 t += dt
                 if self._gang is None:
                     await clock.sleep_until(t)
@@ -479,6 +480,22 @@ class MockerEngine(
                 await asyncio.wait_for(self._work.wait(), IDLE_STEP_S)
                 return
             await self._gang.step_within(self.config.collective_timeout)
+
+    async def _wait_for_loads(self, t: float) -> float:
+        """Idle until the first lower-tier load ends or a request arrives; the time the
+        next step starts."""
+        done = self._scheduler.next_load_done()
+        if done is None:  # every added request can run alone: a bug
+            raise RuntimeError("mocker scheduler made no progress with work queued")
+        self._work.clear()
+        waits = {
+            asyncio.ensure_future(self.clock.sleep_until(done)),
+            asyncio.ensure_future(self._work.wait()),
+        }
+        _, pending = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        for task in pending:
+            task.cancel()
+        return max(t, min(done, self.clock.now()))
 
     def _emit(self, outputs: list[StepOutput]) -> None:
         streams = self._streams

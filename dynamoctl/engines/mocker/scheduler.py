@@ -13,7 +13,13 @@ time has passed):
 2. Then, unless something was preempted, waiting requests in order while the budget,
    ``max_num_seqs`` and free blocks allow: the longest cached prefix is reused (at most
    ``len - 1`` tokens: the last one is always computed, as vLLM does) and the rest is
-   computed, chunked over several steps when it exceeds the budget.
+   computed, chunked over several steps when it exceeds the budget. A request whose
+   prefix continues in a lower KV tier (host, disk) is admitted **loading** instead: it
+   takes GPU blocks for the blocks to load and leaves the step's budget alone; the load
+   queues on the engine's one host-to-GPU link (``blocks x block_bytes / tier bandwidth``)
+   and the request joins the running queue at the first step that starts after it ends.
+   Other requests compute meanwhile: only the loading request waits for its load, as in
+   vLLM's offloading connector (docs/mocker.md, "KV tiers").
 
 A request samples its next token when a step computes its last known token. Blocks are
 registered in the prefix cache once all their tokens are computed. A request that could
@@ -49,6 +55,8 @@ __all__ = ["Scheduler", "SeqState", "StepOutput", "StepPlan", "mock_token", "req
 class Status(enum.Enum):
     WAITING = "waiting"
     """Queued; holds no blocks (new, or preempted)."""
+    LOADING = "loading"
+    """Admitted with lower-tier blocks to load; holds blocks, computes nothing yet."""
     RUNNING = "running"
     """Scheduled every step until it finishes or is preempted; holds blocks."""
     FINISHED = "finished"
@@ -67,6 +75,7 @@ class SeqState:
         "num_stored",
         "pin",
         "prompt_len",
+        "ready_at",
         "remote_kv",
         "request_id",
         "sampler",
@@ -95,6 +104,8 @@ class SeqState:
         self.cached_tokens = -1
         """Prefix-cache hit at first admission, -1 before it."""
         self.status = Status.WAITING
+        self.ready_at = 0.0
+        """LOADING: simulated time its lower-tier blocks are in GPU memory."""
         self.pin = pin
         """Keep the blocks held when finished (a prefill for a remote decode)."""
         self.remote_kv = remote_kv
@@ -117,8 +128,8 @@ class StepPlan:
     """Requests extending their output by one token."""
     kv_usage: float = 0.0
     """Held blocks / total blocks once the step's blocks are allocated."""
-    onboard_s: float = 0.0
-    """Seconds the step spends loading lower-tier KV blocks into GPU memory."""
+    num_loading: int = 0
+    """Requests admitted loading lower-tier blocks (they compute in a later step)."""
     num_preempted: int = 0
 
 
@@ -139,6 +150,9 @@ class Scheduler:
         self.pool.listener = self.tiers.on_pool_event
         self.waiting: deque[SeqState] = deque()
         self.running: list[SeqState] = []
+        self.loading: list[SeqState] = []
+        """Admitted, waiting for their lower-tier blocks (``ready_at``), in load order."""
+        self._link_free_at = 0.0  # when the host-to-GPU link finishes its queued loads
         self._seqs: dict[str, SeqState] = {}
         self._stepping = False
         self._aborted_in_step: list[SeqState] = []
@@ -206,6 +220,10 @@ class Scheduler:
             return False
         if seq.status is Status.WAITING:
             self.waiting.remove(seq)
+        elif seq.status is Status.LOADING:  # no step uses its blocks yet
+            self.loading.remove(seq)
+            self.pool.release(seq.blocks)
+            seq.blocks = []
         elif self._stepping:  # blocks are in use by the step: free them when it ends
             self._aborted_in_step.append(seq)
         else:
@@ -216,17 +234,22 @@ class Scheduler:
         return True
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.running or self.loading)
+
+    def next_load_done(self) -> float | None:
+        """When the earliest lower-tier load ends (None: nothing loading)."""
+        return min((s.ready_at for s in self.loading), default=None)
 
     def clear(self) -> None:
         """Drop every request and release its blocks (engine stop); the cache stays."""
-        for seq in [*self.running, *self._pinned.values()]:
+        for seq in [*self.running, *self.loading, *self._pinned.values()]:
             self.pool.release(seq.blocks)
             seq.blocks = []
         self._pinned.clear()
         for seq in self._seqs.values():
             seq.status = Status.FINISHED
         self.running = []
+        self.loading = []
         self.waiting.clear()
         self._seqs.clear()
         self._aborted_in_step.clear()
@@ -234,15 +257,32 @@ class Scheduler:
 
     # ------------------------------------------------------------------ one step
 
-    def schedule(self) -> StepPlan:
-        """Pick the step's work and allocate its blocks (see the module docstring)."""
+    def schedule(self, now: float = 0.0) -> StepPlan:
+        """Pick the work of the step that starts at simulated time ``now`` and allocate
+        its blocks (see the module docstring)."""
         plan = StepPlan()
         self._stepping = True
+        self._start_loaded(now)
         budget = self._continue_running(plan, self.config.max_num_batched_tokens)
         if not plan.num_preempted:
-            self._admit_waiting(plan, budget)
+            self._admit_waiting(plan, budget, now)
         plan.kv_usage = self.pool.num_active / self.config.num_gpu_blocks
         return plan
+
+    def _start_loaded(self, now: float) -> None:
+        """Loading requests whose blocks are in GPU memory by ``now`` start running."""
+        # Loads end in admission order (one link, first come first served).
+        if not self.loading or self.loading[0].ready_at > now:
+            return
+        still = []
+        for seq in self.loading:
+            if seq.ready_at > now:
+                still.append(seq)
+                continue
+            self._store_full_blocks(seq)  # loaded: now in the GPU prefix cache
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+        self.loading = still
 
     def _continue_running(self, plan: StepPlan, budget: int) -> int:
         """Schedule the running sequences in order, preempting from the back when blocks
@@ -275,11 +315,11 @@ class Scheduler:
             i += 1
         return budget
 
-    def _admit_waiting(self, plan: StepPlan, budget: int) -> None:
+    def _admit_waiting(self, plan: StepPlan, budget: int, now: float) -> None:
         """Admit waiting sequences, in order, while budget, sequence slots and blocks last."""
         cfg, pool, tiers = self.config, self.pool, self.tiers
         bs, running = cfg.block_size, self.running
-        while self.waiting and budget > 0 and len(running) < cfg.max_num_seqs:
+        while self.waiting and budget > 0 and len(running) + len(self.loading) < cfg.max_num_seqs:
             seq = self.waiting[0]
             hits = (
                 pool.match_prefix(seq.hashes, (len(seq.tokens) - 1) // bs) if self._caching else []
@@ -288,6 +328,12 @@ class Scheduler:
             # Lower-tier blocks right after the GPU hit are onboarded (docs/mocker.md).
             lower = self._tier_hits(seq, len(hits)) if tiers.enabled and not remote else []
             computed = (len(hits) + len(lower)) * bs
+            if lower and self._caching:
+                if len(lower) + pool.num_unheld(hits) > pool.num_free:
+                    break
+                self._admit_loading(seq, hits, lower, now)
+                plan.num_loading += 1
+                continue
             if remote:
                 computed = len(seq.tokens) - 1
             n = len(seq.tokens) - computed
@@ -300,12 +346,10 @@ class Scheduler:
                 break
             pool.acquire(hits)  # before allocating, so that allocation cannot evict them
             if self._caching:
-                plan.onboard_s += self._onboard(seq, hits, lower)
+                self._onboard(seq, hits, [])
             seq.blocks = hits + pool.allocate(need)
             seq.num_computed = computed
             seq.num_stored = len(hits)
-            if lower:
-                self._store_full_blocks(seq)  # onboarded: in GPU memory once the step ends
             if seq.cached_tokens < 0:
                 seq.cached_tokens = computed
             seq.status = Status.RUNNING
@@ -317,6 +361,23 @@ class Scheduler:
             else:
                 plan.prefill_tokens += n
             budget -= n
+
+    def _admit_loading(self, seq: SeqState, hits: list[int], lower: list[int], now: float) -> None:
+        """Admit ``seq`` to load ``lower`` after its GPU ``hits``: blocks for them now, its
+        compute once the link has carried them (``ready_at``)."""
+        pool = self.pool
+        load_s = self._onboard(seq, hits, lower)
+        pool.acquire(hits)  # before allocating, so that allocation cannot evict them
+        seq.blocks = hits + pool.allocate(len(lower))
+        seq.num_computed = len(seq.blocks) * self.config.block_size
+        seq.num_stored = len(hits)
+        if seq.cached_tokens < 0:
+            seq.cached_tokens = seq.num_computed
+        # One host-to-GPU link per engine: loads queue on it, first admitted first served.
+        self._link_free_at = seq.ready_at = max(now, self._link_free_at) + load_s
+        seq.status = Status.LOADING
+        self.waiting.popleft()
+        self.loading.append(seq)
 
     def finish_step(self, plan: StepPlan) -> list[StepOutput]:
         """The step's compute is done: record progress, sample tokens, finish requests."""
@@ -429,10 +490,16 @@ class Scheduler:
             holds.update(seq.blocks)
         for seq in self.waiting:
             assert seq.status is Status.WAITING and not seq.blocks, seq.request_id
+        for seq in self.loading:
+            assert seq.status is Status.LOADING, seq.request_id
+            assert len(seq.blocks) * bs == seq.num_computed, f"{seq.request_id}: loading"
+            holds.update(seq.blocks)
         for seq in self._pinned.values():
             assert seq.status is Status.FINISHED, seq.request_id
             holds.update(seq.blocks)
-        assert len(self._seqs) == len(self.running) + len(self.waiting), "request table"
+        assert len(self._seqs) == len(self.running) + len(self.waiting) + len(self.loading), (
+            "request table"
+        )
         pool.check(holds)
 
     # ------------------------------------------------------------------ metrics
@@ -440,7 +507,7 @@ class Scheduler:
     def load_metrics(self) -> LoadMetrics:
         """Current load. ``prefill_tokens_queued`` counts waiting prompts in full: their
         prefix hits are known only once they are scheduled."""
-        queued = sum(len(s.tokens) - s.num_computed for s in self.waiting)
+        queued = sum(len(s.tokens) - s.num_computed for s in (*self.waiting, *self.loading))
         for s in self.running:
             todo = len(s.tokens) - s.num_computed
             if todo > 1 or not s.num_output:
@@ -450,7 +517,7 @@ class Scheduler:
             active_blocks=pool.num_active,
             total_blocks=pool.num_blocks,
             num_waiting=len(self.waiting),
-            num_running=len(self.running),
+            num_running=len(self.running) + len(self.loading),
             prefill_tokens_queued=queued,
             kv_usage=pool.num_active / pool.num_blocks,
         )

@@ -3,6 +3,7 @@ import."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -40,10 +41,15 @@ def kv_offload(
     # write_through_selective writes only blocks hit before: SGLang's frequency filter,
     # applied from GPU to host (HiCache backs up host blocks to its store).
     policy = "write_through_selective" if offload.disk_offload_filter else "write_through"
+    size_gb = math.floor(offload.host_gib * GIB / 1e9)  # SGLang's --hicache-size: whole GB
+    if size_gb < 1:
+        raise OffloadRefused(
+            "kv_offload.host_gib", "SGLang's hicache_size counts whole GB: >= 0.94"
+        )
     out = OffloadArgs(
         args={
             "enable_hierarchical_cache": True,
-            "hicache_size": offload.host_gib * GIB / 1e9,
+            "hicache_size": size_gb,
             "hicache_write_policy": policy,
         }
     )
