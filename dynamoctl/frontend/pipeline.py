@@ -4,14 +4,17 @@ pieces every endpoint shares (:class:`dynamoctl.frontend.app._Completions` is th
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Protocol
 
-from dynamoctl.frontend.choices import Choices
+from dynamoctl.frontend.asgi import Message, Receive, Scope, Send
+from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.generate import Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest
 from dynamoctl.frontend.refusals import Refusals
+from dynamoctl.frontend.respond import count_outcomes
 from dynamoctl.structured.plan import OutputPlan
 
 
@@ -28,3 +31,56 @@ class ChatPipeline(Protocol):
     async def chat_choices(
         self, body: ChatCompletionRequest, rid: str
     ) -> tuple[ServedModel, Choices]: ...
+
+
+SSE_START: Message = {
+    "type": "http.response.start",
+    "status": 200,
+    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
+}
+"""The headers of an SSE answer."""
+
+
+class Answer(Protocol):
+    """One request's answer in an endpoint's own shape, whole or streamed."""
+
+    status: str | None
+    """The status it ended with, when not what its choices say (an error, in-band)."""
+    cancelled: bool
+    """The client went away before it was written."""
+
+    async def whole(
+        self, scope: Scope, receive: Receive, send: Send, deltas: AsyncIterator[Delta]
+    ) -> None: ...
+
+    async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None: ...
+
+
+async def serve_answer(
+    chat: ChatPipeline,
+    endpoint: str,
+    model: ServedModel,
+    choices: Choices,
+    answer: Answer,
+    streamed: bool,
+    exchange: tuple[Scope, Receive, Send],
+) -> None:
+    """Runs ``choices`` into ``answer``, counted as every endpoint counts a request:
+    received, input tokens, in flight, outcome by status, cancellations."""
+    scope, receive, send = exchange
+    metrics, name = chat.metrics, model.name
+    metrics.received.labels(name).inc()
+    metrics.input_tokens.labels(name).inc(choices.prompt_tokens)
+    deltas = choices.run(chat.generator, model)
+    metrics.inflight.labels(name).inc()
+    try:
+        if streamed:
+            await answer.stream(receive, send, deltas)
+        else:
+            await answer.whole(scope, receive, send, deltas)
+    finally:
+        metrics.inflight.labels(name).dec()
+        status = answer.status or ("200" if choices.done() else "error")
+        count_outcomes(metrics, name, endpoint, choices.outcomes, status)
+        if answer.cancelled:
+            metrics.cancellations.labels(name).inc()

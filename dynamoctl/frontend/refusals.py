@@ -33,6 +33,9 @@ ENDPOINTS = {
     "/tokenize": "tokenize",
     "/detokenize": "detokenize",
     "/tokenizer_info": "tokenizer_info",
+    "/v1/responses": "responses",
+    "/v1/messages": "messages",
+    "/v1/messages/count_tokens": "count_tokens",
 }
 """The ``endpoint`` label of a path; any other path is ``other`` (a 404's path is the
 client's choice, not a label)."""

@@ -90,6 +90,52 @@ class Deployment:
             proc.wait()
 
 
+PARSED_MODELS = {
+    "mt-hermes": ["--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"],
+    "mt-llama": ["--tool-call-parser", "llama3_json", "--reasoning-parser", "qwen3"],
+    "mt-plain": [],
+}
+"""Mocker models whose recipes name a tool-call and a reasoning parser (the mocker writes
+calls and thinking in that format), and one with none."""
+WEATHER = {
+    "type": "object",
+    "properties": {
+        "city": {"type": "string", "minLength": 2},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7},
+    },
+    "required": ["city", "unit"],
+    "additionalProperties": False,
+}
+"""A function's arguments, as the tool tests offer it."""
+
+
+@contextlib.asynccontextmanager
+async def parsed_models(
+    tmp: Path, models: list[str], *frontend_args: str
+) -> AsyncIterator[Deployment]:
+    """One mocker worker per model of :data:`PARSED_MODELS`, one frontend that lists all."""
+    import httpx
+
+    dep = Deployment(tmp)
+    try:
+        for name in models:
+            dep.spawn(
+                f"worker-{name}", "worker", "--model", name, "--block-size", str(BLOCK),
+                "--num-gpu-blocks", str(BLOCKS), "--speedup-ratio", "50", *PARSED_MODELS[name],
+            )  # fmt: skip
+        await dep.wait_for("worker", len(models))
+        await dep.start_frontend(*frontend_args)
+        async with httpx.AsyncClient(base_url=dep.frontend_url) as http:
+            for _ in range(100):  # every model's card seen
+                if len((await http.get("/v1/models")).json()["data"]) == len(models):
+                    break
+                await asyncio.sleep(0.1)
+        yield dep
+    finally:
+        dep.stop()
+
+
 DeploymentFactory = Callable[..., "asyncio.Future[Deployment]"]
 
 

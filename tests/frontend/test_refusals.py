@@ -41,7 +41,9 @@ async def test_refused_requests_are_counted_by_status_and_logged(
         assert not_json.status_code == 400
         no_model = await http.post(f"{url}/v1/completions", json={"model": "nope", "prompt": "x"})
         assert no_model.status_code == 404
-        missing = await http.post(f"{url}/v1/responses", json={"model": MODEL, "input": "x"})
+        missing = await http.post(
+            f"{url}/v1/images/generations", json={"model": MODEL, "prompt": "x"}
+        )
         assert missing.status_code == 404
         ok = await http.post(f"{url}/v1/completions",
                              json={"model": MODEL, "prompt": "x", "max_tokens": 2})  # fmt: skip
@@ -54,7 +56,7 @@ async def test_refused_requests_are_counted_by_status_and_logged(
     assert counts[(MODEL, "completions", "200")] == 1
     log = (deployment.tmp / "frontend.log").read_text()
     assert "refused POST /v1/completions: 400 invalid_request_error (param bogus)" in log
-    assert "refused POST /v1/responses: 404" in log
+    assert "refused POST /v1/images/generations: 404" in log
     assert SECRET not in log
 
 

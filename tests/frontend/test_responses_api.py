@@ -17,47 +17,21 @@ import openai
 import pytest
 import pytest_asyncio
 
-from tests.frontend.conftest import BLOCK, BLOCKS, Deployment
+from tests.frontend.conftest import WEATHER, Deployment, parsed_models
 
 pytestmark = [pytest.mark.openai_compat, pytest.mark.asyncio(loop_scope="module")]
 
 HERMES = "mt-hermes"  # hermes tool calls, deepseek_r1 thinking
 PLAIN = "mt-plain"  # no parser
-MODELS = {
-    HERMES: ["--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"],
-    PLAIN: [],
-}
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "minLength": 2},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
 TOOLS: list[Any] = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
 ASK = "What is the weather in Paris?"
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def dep(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
-    deployment = Deployment(Path(tmp_path_factory.mktemp("responses")))
-    try:
-        for name, parsers in MODELS.items():
-            deployment.spawn(
-                f"worker-{name}", "worker", "--model", name, "--block-size", str(BLOCK),
-                "--num-gpu-blocks", str(BLOCKS), "--speedup-ratio", "50", *parsers,
-            )  # fmt: skip
-        await deployment.wait_for("worker", len(MODELS))
-        await deployment.start_frontend("--max-stored-responses", "4")
-        async with httpx.AsyncClient(base_url=deployment.frontend_url) as http:
-            for _ in range(100):  # every model's card seen
-                if len((await http.get("/v1/models")).json()["data"]) == len(MODELS):
-                    break
-        yield deployment
-    finally:
-        deployment.stop()
+    tmp = Path(tmp_path_factory.mktemp("responses"))
+    async with parsed_models(tmp, [HERMES, PLAIN], "--max-stored-responses", "4") as d:
+        yield d
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")

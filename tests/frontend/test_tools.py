@@ -15,28 +15,14 @@ import openai
 import pytest
 import pytest_asyncio
 
-from tests.frontend.conftest import BLOCK, BLOCKS, Deployment
+from tests.frontend.conftest import WEATHER, parsed_models
 
 pytestmark = [pytest.mark.openai_compat, pytest.mark.asyncio(loop_scope="module")]
 
 HERMES = "mt-hermes"  # hermes tool calls, deepseek_r1 thinking
 LLAMA = "mt-llama"  # llama3_json tool calls, qwen3 thinking
 PLAIN = "mt-plain"  # no parser
-MODELS = {
-    HERMES: ["--tool-call-parser", "hermes", "--reasoning-parser", "deepseek_r1"],
-    LLAMA: ["--tool-call-parser", "llama3_json", "--reasoning-parser", "qwen3"],
-    PLAIN: [],
-}
-WEATHER = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "minLength": 2},
-        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
-        "days": {"type": "integer", "minimum": 1, "maximum": 7},
-    },
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
+MODELS = [HERMES, LLAMA, PLAIN]
 TIME = {"type": "object", "properties": {"zone": {"type": "string"}}, "required": ["zone"]}
 TOOLS: list[Any] = [
     {"type": "function", "function": {"name": "get_weather", "parameters": WEATHER}},
@@ -49,25 +35,12 @@ ASK = [{"role": "user", "content": "What is the weather in Paris?"}]
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def oai(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[openai.AsyncOpenAI]:
     """One mocker worker per model, one frontend."""
-    dep = Deployment(Path(tmp_path_factory.mktemp("tools")))
-    try:
-        for name, parsers in MODELS.items():
-            dep.spawn(
-                f"worker-{name}", "worker", "--model", name, "--block-size", str(BLOCK),
-                "--num-gpu-blocks", str(BLOCKS), "--speedup-ratio", "50", *parsers,
-            )  # fmt: skip
-        await dep.wait_for("worker", len(MODELS))
-        await dep.start_frontend()
+    async with parsed_models(Path(tmp_path_factory.mktemp("tools")), MODELS) as dep:
         client = openai.AsyncOpenAI(
             base_url=f"{dep.frontend_url}/v1", api_key="unused", max_retries=0
         )
-        for _ in range(100):  # every model's card seen
-            if len((await client.models.list()).data) == len(MODELS):
-                break
         yield client
         await client.close()
-    finally:
-        dep.stop()
 
 
 def check_call(call: Any) -> dict[str, Any]:

@@ -22,22 +22,16 @@ from dynamoctl.frontend.anthropic.events import (
 )
 from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dynamoctl.frontend.anthropic.translate import chat_fields, to_chat
-from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send, read_body
+from dynamoctl.frontend.asgi import Disconnect, Receive, Scope, Send, read_body
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
-from dynamoctl.frontend.pipeline import ChatPipeline
+from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, serve_answer
 from dynamoctl.frontend.protocol import ChatCompletionRequest
-from dynamoctl.frontend.respond import count_outcomes
 
 log = logging.getLogger(__name__)
 
 ENDPOINT = "messages"
-_SSE_START: Message = {
-    "type": "http.response.start",
-    "status": 200,
-    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
-}
 
 
 class AnthropicMessages:
@@ -83,23 +77,9 @@ class AnthropicMessages:
         except Exception:
             log.exception("messages request failed")
             return await self.refuse(scope, receive, send, internal_error())
-        metrics = self.chat.metrics
-        metrics.received.labels(model.name).inc()
-        metrics.input_tokens.labels(model.name).inc(choices.prompt_tokens)
-        deltas = choices.run(self.chat.generator, model)
         answer = _Answer(body, model.name, choices)
-        metrics.inflight.labels(model.name).inc()
-        try:
-            if body.stream:
-                await answer.stream(receive, send, deltas)
-            else:
-                await answer.whole(scope, receive, send, deltas)
-        finally:
-            metrics.inflight.labels(model.name).dec()
-            status = answer.status or ("200" if choices.done() else "error")
-            count_outcomes(metrics, model.name, ENDPOINT, choices.outcomes, status)
-            if answer.cancelled:
-                metrics.cancellations.labels(model.name).inc()
+        exchange = (scope, receive, send)
+        await serve_answer(self.chat, ENDPOINT, model, choices, answer, body.stream, exchange)
 
 
 class _Answer:
@@ -148,7 +128,7 @@ class _Answer:
         await JSONResponse(whole)(scope, receive, send)
 
     async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None:
-        await send(_SSE_START)
+        await send(SSE_START)
         watch = Disconnect(receive)
         outcome = self.choices.outcomes[0]
         start = usage(self.choices.prompt_tokens, outcome)

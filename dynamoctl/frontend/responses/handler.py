@@ -13,12 +13,11 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send, read_body
+from dynamoctl.frontend.asgi import Disconnect, Receive, Scope, Send, read_body
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, internal_error
-from dynamoctl.frontend.pipeline import ChatPipeline
-from dynamoctl.frontend.respond import count_outcomes
+from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, serve_answer
 from dynamoctl.frontend.responses.events import (
     OutputItems,
     ResponseObject,
@@ -33,11 +32,6 @@ from dynamoctl.frontend.responses.translate import to_chat
 log = logging.getLogger(__name__)
 
 ENDPOINT = "responses"
-_SSE_START: Message = {
-    "type": "http.response.start",
-    "status": 200,
-    "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
-}
 
 
 def not_found(response_id: str, param: str | None = None) -> OpenAIError:
@@ -83,23 +77,9 @@ class Responses:
             bug = internal_error()
             self.chat.refusals.refused("POST", scope["path"], bug)
             return await bug.response()(scope, receive, send)
-        metrics = self.chat.metrics
-        metrics.received.labels(model.name).inc()
-        metrics.input_tokens.labels(model.name).inc(choices.prompt_tokens)
         answer = _Answer(body, ResponseObject(body, choices.request_id, model.name), choices)
-        deltas = choices.run(self.chat.generator, model)
-        metrics.inflight.labels(model.name).inc()
-        try:
-            if body.stream:
-                await answer.stream(receive, send, deltas)
-            else:
-                await answer.whole(scope, receive, send, deltas)
-        finally:
-            metrics.inflight.labels(model.name).dec()
-            status = answer.status or ("200" if choices.done() else "error")
-            count_outcomes(metrics, model.name, ENDPOINT, choices.outcomes, status)
-            if answer.cancelled:
-                metrics.cancellations.labels(model.name).inc()
+        exchange = (scope, receive, send)
+        await serve_answer(self.chat, ENDPOINT, model, choices, answer, body.stream, exchange)
         if answer.final is not None and body.store:
             reply = assistant_message(answer.final["output"])
             self.store.put(Stored(answer.final, [*conversation, *([reply] if reply else [])]))
@@ -163,7 +143,7 @@ class _Answer:
         await JSONResponse(self._finish())(scope, receive, send)
 
     async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None:
-        await send(_SSE_START)
+        await send(SSE_START)
         watch = Disconnect(receive)
         items = self.items
         started = self.response.render("in_progress")
