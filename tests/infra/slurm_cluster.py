@@ -290,9 +290,16 @@ def _cancel_all(cluster: SlurmCluster) -> None:
         _wait_for(lambda: not cluster.run("squeue", "-h", "-o", "%i", check=False).strip(), 30, 0.2)
 
 
+ROOT_BASE_MAX = 30
+"""Longest directory the cluster's tree may sit in. Unix socket paths are limited to 108
+bytes, and slurmstepd's longest is ``ROOT/spool-NODE/NODE_JOB.STEP``: about 72 bytes past
+the base with this module's node names. A pytest-xdist worker's temp directory
+(``/tmp/pytest-of-root/pytest-234/popen-gw1/mn0``, 43 bytes) is already too long."""
+
+
 def _make_root(tmp_dir: Path) -> Path:
     # Unix socket paths are limited to 108 bytes: keep the tree short.
-    base = tmp_dir if len(str(tmp_dir)) < 60 else Path(tempfile.gettempdir())
+    base = tmp_dir if len(str(tmp_dir)) <= ROOT_BASE_MAX else Path(tempfile.gettempdir())
     root = Path(tempfile.mkdtemp(prefix="slurm-", dir=base))
     for sub in ("state", "spool", "log"):
         (root / sub).mkdir()
