@@ -173,6 +173,10 @@ def test_a_stopped_follower_stalls_its_leader_and_the_gang_is_restarted_as_hung(
         if follower.is_running():
             follower.kill()
     assert errors == []
-    assert "hung: no token generated" in _row(report, "agg-0")["message"]
+    # Two judgements see a stalled gang, whichever is first on a loaded machine: tokens
+    # stopped with requests in flight (hang_timeout 4 s), or the leader's collective
+    # waiting on a member past wedge_timeout (6 s). Either restarts the gang whole.
+    message = _row(report, "agg-0")["message"]
+    assert "hung: no token generated" in message or "wedged: its gang's step stalled" in message
     assert _row(report, "agg-0.1")["state"] == "READY"
     assert cli("down", "--now").returncode == 0
