@@ -4,10 +4,11 @@ pieces every endpoint shares (:class:`dynamoctl.frontend.app._Completions` is th
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+from collections.abc import AsyncIterator, Callable
 from typing import Protocol
 
-from dynamoctl.frontend.asgi import Message, Receive, Scope, Send
+from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.generate import Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
@@ -39,6 +40,26 @@ SSE_START: Message = {
     "headers": [(b"content-type", b"text/event-stream; charset=utf-8")],
 }
 """The headers of an SSE answer."""
+
+
+async def read_whole(
+    receive: Receive, deltas: AsyncIterator[Delta], take: Callable[[str | None], object]
+) -> bool:
+    """Hands each of a one-choice request's texts to ``take`` (None: the choice ended)
+    until the generation ends; False when the client went away meanwhile (the generation
+    is cancelled). A refusal of the generation (:class:`OpenAIError`) propagates."""
+    watch = Disconnect(receive)
+    try:
+        async for _, piece in deltas:
+            take(piece)
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise
+        watch.absorb()
+        return False
+    finally:
+        watch.stop()
+    return True
 
 
 class Answer(Protocol):

@@ -26,7 +26,7 @@ from dynamoctl.frontend.asgi import Disconnect, Receive, Scope, Send, read_body
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
-from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, serve_answer
+from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, read_whole, serve_answer
 from dynamoctl.frontend.protocol import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -102,23 +102,16 @@ class _Answer:
 
     async def whole(self, scope: Scope, receive: Receive, send: Send,
                     deltas: AsyncIterator[Delta]) -> None:  # fmt: skip
-        watch = Disconnect(receive)
-        text = ""
+        pieces: list[str] = []
         try:
-            async for _, piece in deltas:
-                text += piece or ""
-        except asyncio.CancelledError:
-            if not watch.gone:
-                raise
-            watch.absorb()
-            self.cancelled = True
-            return
+            if not await read_whole(receive, deltas, lambda piece: pieces.append(piece or "")):
+                self.cancelled = True
+                return
         except OpenAIError as exc:
             self.status = str(exc.status)
             await JSONResponse(error_body(exc), exc.status)(scope, receive, send)
             return
-        finally:
-            watch.stop()
+        text = "".join(pieces)
         outcome = self.choices.outcomes[0]
         shapers = self.choices.shapers
         message = shapers[0].message(text) if shapers else {"content": text}

@@ -17,7 +17,7 @@ from dynamoctl.frontend.asgi import Disconnect, Receive, Scope, Send, read_body
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, internal_error
-from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, serve_answer
+from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, read_whole, serve_answer
 from dynamoctl.frontend.responses.events import (
     OutputItems,
     ResponseObject,
@@ -110,6 +110,10 @@ class _Answer:
             return []
         return shaper.push(piece) if shaper else [{"content": piece}]
 
+    def _take(self, piece: str | None) -> None:
+        for delta in self._pieces(piece):
+            self.items.feed(delta)
+
     def _finish(self) -> dict[str, Any]:
         outcome = self.choices.outcomes[0]
         incomplete = "max_output_tokens" if outcome.finish_reason == "length" else None
@@ -122,24 +126,15 @@ class _Answer:
 
     async def whole(self, scope: Scope, receive: Receive, send: Send,
                     deltas: AsyncIterator[Delta]) -> None:  # fmt: skip
-        watch = Disconnect(receive)
         try:
-            async for _, piece in deltas:
-                for delta in self._pieces(piece):
-                    self.items.feed(delta)
-            self.items.close()
-        except asyncio.CancelledError:
-            if not watch.gone:
-                raise
-            watch.absorb()
-            self.cancelled = True
-            return
+            if not await read_whole(receive, deltas, self._take):
+                self.cancelled = True
+                return
         except OpenAIError as exc:
             self.status = str(exc.status)
             await exc.response()(scope, receive, send)
             return
-        finally:
-            watch.stop()
+        self.items.close()
         await JSONResponse(self._finish())(scope, receive, send)
 
     async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None:
