@@ -57,6 +57,18 @@ def events_key(ns: str, component: str, instance_id: str) -> str:
     return f"{events_prefix(ns, component)}{_check(instance_id, 'instance_id')}"
 
 
+def promotions_prefix(ns: str) -> str:
+    """Every promotion asked of a warm spare in ``ns``."""
+    return f"{namespace_prefix(ns)}promote/"
+
+
+def promote_key(ns: str, instance_id: str) -> str:
+    """The supervisor's request that the warm spare ``instance_id`` join routing (its
+    standby record names the id; a restarted process has a new one, so a stale request
+    never promotes it)."""
+    return f"{promotions_prefix(ns)}{_check(instance_id, 'instance_id')}"
+
+
 def split_instance_key(key: str) -> tuple[str, str, str, str]:
     """Inverse of :func:`instance_key`: ``(ns, component, endpoint, instance_id)``."""
     parts = key.split(_SEP)

@@ -33,8 +33,8 @@ def pool_counts(report: StatusReport, roles: list[Role]) -> tuple[dict[Role, int
     ready = dict.fromkeys(roles, 0)
     for row in report.instances:
         role = next((r for r in roles if r == row.pool), None)
-        if role is None or row.component != "worker" or row.rank:
-            continue
+        if role is None or row.component != "worker" or row.rank or row.state is State.STANDBY:
+            continue  # a warm spare is no replica until promoted
         if row.state not in gone:
             wanted[role] += 1
         if row.state is State.READY:

@@ -283,6 +283,12 @@ class WorkerPool(RecipeModel):
     """Number of replicas; 0 declares the pool with nothing running (``dynamoctl scale``
     changes it later). At most 1024, each a process the supervisor probes every
     ``probe_interval``."""
+    spares: int = Field(default=0, ge=0, le=64)
+    """Warm spares kept beside the replicas: started and ready, but out of routing
+    (``STANDBY`` in ``status``), so that ``scale`` up, or the replacement of a replica that
+    failed, is a promotion in about a second instead of a start; a promoted spare is
+    replaced in the background (docs/operations.md, "Warm spares"). Each holds what a
+    replica holds (GPUs, memory). Replicas on one node only (``nodes_per_replica: 1``)."""
     gpus_per_replica: int = Field(default=1, ge=0, le=4096)
     """GPUs each replica gets, over all its nodes; 0 for the mocker or CPU engines. With
     ``nodes_per_replica`` > 1 it must be that many whole nodes' GPUs."""
@@ -310,6 +316,10 @@ class WorkerPool(RecipeModel):
 
     @model_validator(mode="after")
     def _gang_flags_are_ours(self) -> WorkerPool:
+        if self.spares and self.nodes_per_replica > 1:
+            raise rule_error(
+                "spares", "is for replicas on one node; a multi-node replica has no spares yet"
+            )
         if self.nodes_per_replica == 1:
             return self
         for key in self.engine_args:
@@ -373,6 +383,11 @@ class Supervision(RecipeModel):
     """First restart delay in seconds; doubles per consecutive failure, with jitter."""
     backoff_cap: float = Field(default=30.0, gt=0, le=86400)
     """Longest restart delay in seconds."""
+    start_timeout_factor: float | None = Field(default=None, gt=1, le=100)
+    """When set, a worker's start timeout is this many times the measured start-up of its
+    model on its kind of node (the median of the recent starts, kept in the state directory;
+    at least 30 s) instead of ``start_timeout``, which still applies until a start has been
+    measured. Default: unset, ``start_timeout`` always."""
     hang_timeout: float = Field(default=60.0, gt=0, le=86400)
     """Seconds an instance may answer its probes unhealthy (not ready, not registered),
     or a worker with requests in flight go without generating a token, before it counts

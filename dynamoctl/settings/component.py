@@ -49,5 +49,8 @@ class WorkerOptions(ComponentSettings):
     """Port of ``/metrics`` and ``/health``; 0 picks a free one (logged)."""
     parsers: OutputParserSettings = Field(default_factory=OutputParserSettings)
     """How the model writes tool calls and thinking (put on the model card)."""
+    standby: bool = False
+    """Start as a warm spare: engine ready, registered as standby (out of routing) until
+    the supervisor promotes it (recipe ``spares``, docs/operations.md "Warm spares")."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Engine arguments (the command line's other ``--options``), passed untouched."""

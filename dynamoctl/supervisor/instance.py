@@ -7,7 +7,10 @@ from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import msgspec
+
 from dynamoctl.launch.api import InstanceSpec, Launched
+from dynamoctl.supervisor.startups import StartClock
 from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.planner import PlannerStatus
@@ -40,6 +43,20 @@ class InstanceName:
 
     def __str__(self) -> str:
         return f"{self.pool}-{self.index}" + (f".{self.rank}" if self.rank else "")
+
+
+STANDBY_FLAG = "--standby"
+"""The worker flag that makes a process a warm spare (``dynamoctl worker --standby``)."""
+
+
+def as_spare(spec: InstanceSpec, spare: bool) -> InstanceSpec:
+    """``spec`` with its worker started as a warm spare, or not: the flag follows
+    ``worker`` in its command line, before the engine's arguments."""
+    argv = [arg for arg in spec.argv if arg != STANDBY_FLAG]
+    if spare:
+        at = argv.index("worker") + 1 if "worker" in argv else len(argv)
+        argv.insert(at, STANDBY_FLAG)
+    return msgspec.structs.replace(spec, argv=argv)
 
 
 Failure = tuple[RestartReason, str]
@@ -90,10 +107,17 @@ class Instance:
     """Set by drain, scale-down or ``down``: never restarted again."""
     stop_why: str = ""
     """Who asked it to stop (``drain``, ``scale-down``, ``down``), for the log."""
+    clock: StartClock = field(default_factory=StartClock)
+    """Its current start's stamps and the phases of its last timed start."""
 
     @property
     def name(self) -> InstanceName:
         return InstanceName.of(self.spec)
+
+    @property
+    def standby(self) -> bool:
+        """A warm spare: started with ``--standby``, out of routing until promoted."""
+        return STANDBY_FLAG in self.spec.argv
 
     @property
     def wanted(self) -> bool:

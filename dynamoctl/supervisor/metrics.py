@@ -16,6 +16,12 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from dynamoctl.supervisor.view import MetricsView
+from dynamoctl.wire.start_phases import (
+    MEASURED_START_SECONDS,
+    SPARE_PROMOTION_SECONDS,
+    SPARE_PROMOTIONS,
+    START_PHASE_SECONDS,
+)
 from dynamoctl.wire.states import SUPERVISOR_PHASES, GrowthState, State
 
 _INSTANCE = ["deployment", "instance", "component", "role"]
@@ -75,6 +81,26 @@ class SupervisorCollector(Collector):
             "Extra Slurm jobs beyond the allocation, in each state.",
             labels=["deployment", "state"],
         )
+        phases = GaugeMetricFamily(
+            START_PHASE_SECONDS,
+            "Seconds of each phase of the instance's last start (staging, process, ready, "
+            "total; promotion for a promoted warm spare).",
+            labels=[*_INSTANCE, "phase"],
+        )
+        measured = GaugeMetricFamily(
+            MEASURED_START_SECONDS,
+            "Median seconds from launch to ready of the recent starts of a model on a kind "
+            "of node (the history in the state directory).",
+            labels=["deployment", "model", "node_kind"],
+        )
+        promotions = CounterMetricFamily(
+            SPARE_PROMOTIONS, "Warm spares promoted to READY, by why.", labels=["deployment", "why"]
+        )
+        promotion_s = GaugeMetricFamily(
+            SPARE_PROMOTION_SECONDS,
+            "Seconds the instance's last promotion from warm spare took, asked to READY.",
+            labels=_INSTANCE,
+        )
         sup = self.supervisor() if self.supervisor is not None else None
         if sup is not None:
             name, now = sup.plan.name, time.monotonic()
@@ -90,6 +116,12 @@ class SupervisorCollector(Collector):
                 running = inst.proc is not None and inst.proc.returncode is None
                 up = now - inst.started_at if running and inst.started_at else 0.0
                 uptime.add_metric(labels, up)
+                last = inst.clock.last
+                for phase_name, seconds in (last.by_phase() if last else {}).items():
+                    if phase_name == "promotion":
+                        promotion_s.add_metric(labels, seconds)
+                    else:
+                        phases.add_metric([*labels, phase_name], seconds)
             for each in State:
                 by_state.add_metric([name, str(each)], float(counted[each]))
             for (instance, component, role, reason), n in sorted(sup.restart_counts.items()):
@@ -101,8 +133,12 @@ class SupervisorCollector(Collector):
                 silences.add_metric([name, instance, component, role, outcome], float(n))
             for each_phase in SUPERVISOR_PHASES:
                 phase.add_metric([name, str(each_phase)], float(sup.phase is each_phase))
+            for (model, kind), seconds in sorted(sup.starts.history.by_key().items()):
+                measured.add_metric([name, model, kind], seconds)
+            for why, n in sorted(sup.spares.promotions.items()):
+                promotions.add_metric([name, why], float(n))
             jobs = Counter(job.state for job in sup.capacity.status())
             for each_growth in GrowthState:
                 growth.add_metric([name, str(each_growth)], float(jobs[each_growth]))
         yield from (restarts, state, by_state, budget, uptime, transitions, silences, phase)
-        yield growth
+        yield from (growth, phases, measured, promotions, promotion_s)

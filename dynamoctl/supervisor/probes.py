@@ -133,8 +133,9 @@ class RouterProbe(ComponentProbe, component="router"):
 
 
 class WorkerProbe(RouterProbe, component="worker"):
-    """Ready once registered (the instance record means ready); healthy while registered
-    and its ``/health`` says ready, with its token counter when requests are in flight."""
+    """Ready once registered (the instance record means ready; a warm spare's standby record
+    means on standby); healthy while registered and its ``/health`` says ready (or
+    standby), with its token counter when requests are in flight."""
 
     async def health(self, spec: InstanceSpec) -> Health:
         await self.probes.refresh_records()
@@ -143,7 +144,7 @@ class WorkerProbe(RouterProbe, component="worker"):
             return Health(False)
         reply = await self.probes.reply(record.health_url)
         sample = _typed(reply, WorkerHealth)
-        if sample is None or sample.status != "ready":
+        if sample is None or sample.status not in ("ready", "standby"):  # a spare: STANDBY
             return Health(False, silent=reply is None)
         tokens = sample.output_tokens if sample.inflight > 0 else None
         if sample.stalled_s > self.probes.health_timeout:  # a gang member is frozen

@@ -61,6 +61,7 @@ def instance_status(inst: Instance, now: float) -> InstanceStatus:
         gang=inst.spec.gang,
         rank=inst.spec.rank,
         mpi_nodes=inst.spec.mpi_nodes,
+        start=inst.clock.last,
     )
 
 

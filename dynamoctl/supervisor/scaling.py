@@ -1,4 +1,5 @@
-"""``scale``: a pool's replicas added at the lowest free indices, placed (GPUs included) as
+"""``scale``: a pool's warm spares promoted first (``spares.py``), then replicas added at the
+lowest free indices, placed (GPUs included) as
 the plan places them, or the highest-numbered drained; past the deployment's own hosts, in
 the launcher's extra capacity when it has some (:mod:`dynamoctl.launch.capacity`: the
 Slurm launcher's extra jobs, when the recipe allows them). A gang counts once.
@@ -48,7 +49,7 @@ class Scaling:
             (
                 i
                 for i in dep.instances.values()
-                if i.spec.pool == pool and i.wanted and not i.spec.rank
+                if i.spec.pool == pool and i.wanted and not i.spec.rank and not i.standby
             ),
             key=lambda i: i.name,
         )
@@ -60,9 +61,13 @@ class Scaling:
                 drained += await dep.drain(inst.spec.name, "scale-down")
             withdrawn = [str(InstanceName(pool, index)) for index in gone]
             return ScaleReply(drained=drained, withdrawn=withdrawn)
-        reply = ScaleReply()
-        taken = [*(i.name.index for i in active), *waiting]
-        for index in free_indices(taken, replicas - len(taken)):
+        # Warm spares first: a promotion is READY in about a second, a start in minutes.
+        need = replicas - len(active) - len(waiting)
+        reply = ScaleReply(started=await dep.spares.promote_for(pool, need))
+        promoted = [dep.instances[name] for name in reply.started]
+        taken = [*(i.name.index for i in [*active, *promoted]), *waiting]
+        spares = [i.name.index for i in dep.spares.kept(pool)]
+        for index in free_indices([*taken, *spares], replicas - len(taken)):
             old = dep.instances.get(str(InstanceName(pool, index)))
             if old is not None and old.task is not None and not old.task.done():
                 raise PlanError(f"{old.spec.name} is still stopping; try again when it is STOPPED")

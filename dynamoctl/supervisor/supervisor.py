@@ -44,6 +44,8 @@ from dynamoctl.supervisor.report import (
 )
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.scaling import Scaling
+from dynamoctl.supervisor.spares import Spares
+from dynamoctl.supervisor.startups import StartHistory, Starts
 from dynamoctl.supervisor.view import RestartKey, TransitionKey
 from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
@@ -112,6 +114,11 @@ class Supervisor:
         """Multi-node replicas: followers live, fail and stop with their leader."""
         self.scaling = Scaling(self)
         """``scale``: replicas added where the plan places them, or drained."""
+        self.spares = Spares(self)
+        """Warm spares (recipe ``spares``): kept on standby, promoted on scale-up or failure."""
+        history = StartHistory.load(run_dir.path.parent.parent)  # the state dir: all runs'
+        self.starts = Starts(recipe, plan.model, history)
+        """Start-up timing: each start's phases, the history of a model's starts."""
         self.capacity = extra_capacity(launcher, recipe, self.scaling, run_dir.logs)
         """Room beyond the hosts, the launcher's (Slurm: extra jobs, ``target.growth``)."""
         for name, proc in (adopted or {}).items():  # their lives begin at watching
@@ -169,6 +176,7 @@ class Supervisor:
                         await self.prober.reset()  # re-opened against the now running etcd
             self._starting = False
             self._set_phase(Phase.SERVING)
+            self.spares.fill()
             if self.access.url:
                 lease_ttl = self.recipe.discovery.lease_ttl
                 self._discovery = await register_control(self.plan, self.access.url, lease_ttl)
@@ -185,6 +193,7 @@ class Supervisor:
                 self._discovery = None
             await self._teardown(now=self._down_now)
             await self.capacity.close()  # after the teardown drained their replicas
+            await self.spares.close()
             if self.phase is Phase.FAILED:
                 self.save()  # without the records of what the teardown stopped
             else:
@@ -285,6 +294,8 @@ class Supervisor:
             while inst.wanted:
                 failure = await self._run_once(inst)
                 inst.ended.set()
+                if inst.wanted:  # a spare takes a failed replica's place at once
+                    self.spares.replace(inst)
                 if inst.wanted and not await self._after_failure(inst, failure):
                     return  # stays FAILED
             self._stopped(inst, inst.stop_why)
@@ -302,11 +313,13 @@ class Supervisor:
             self.transition(inst, State.STARTING, f"adopted pid {proc.record.pid}")
         else:
             self.transition(inst, State.STARTING, "restart" if inst.restarts else "start")
+            inst.clock.launching()
             try:
                 proc = await self.start_process(inst.spec)
             except LaunchError as exc:
                 inst.proc = None
                 return RestartReason.LAUNCH, str(exc)
+            inst.clock.launched()
         inst.proc = proc
         failure = await self.gangs.launch(inst)  # a gang's followers start with it
         self.save()
@@ -354,10 +367,12 @@ class Supervisor:
                 if ready:
                     inst.ready_since = time.monotonic()
                     wedge.ready(inst.ready_since)
-                    self.transition(inst, State.READY, f"ready after {took:.1f} s")
+                    self.starts.ready(inst.spec.component, inst.spec.pool, inst.clock)
+                    new = State.STANDBY if inst.standby else State.READY
+                    self.transition(inst, new, f"{new.lower()} after {took:.1f} s")
                     inst.ready.set()
-                elif took > s.start_timeout:
-                    return RestartReason.START_TIMEOUT, f"not ready after {s.start_timeout:g} s"
+                elif took > (limit := self.starts.timeout(inst.spec.component, inst.spec.pool)):
+                    return RestartReason.START_TIMEOUT, f"not ready after {limit:g} s"
                 continue
             health = await self.prober.health(inst.spec)
             if not inst.wanted or proc.returncode is not None:
@@ -473,6 +488,7 @@ class Supervisor:
             self.plan, self.phase, self.instances.values(), self.prober.discovery()
         )
         report.growth = self.capacity.status()
+        report.measured_start_s = self.starts.measured()
         return report
 
     def changed(self) -> None:

@@ -25,11 +25,29 @@ if TYPE_CHECKING:
     from dynamoctl.plan.gpu_map import GpuMap
     from dynamoctl.recipe.models import Recipe, Supervision
     from dynamoctl.supervisor.rundir import RunDir
+    from dynamoctl.supervisor.startups import Starts
 
 RestartKey = tuple[str, str, str, RestartReason]
 """(instance, component, role, reason) of :attr:`MetricsView.restart_counts`."""
 TransitionKey = tuple[str, str, str, State, State]
 """(instance, component, role, from, to) of :attr:`MetricsView.transition_counts`."""
+
+
+class SpareKeeper(Protocol):
+    """A deployment's warm spares (``spares.py``), as ``scale`` and ``/metrics`` use them."""
+
+    @property
+    def promotions(self) -> Counter[str]:
+        """Spares promoted, by why (``scale``, ``replace``)."""
+        ...
+
+    def kept(self, pool: str) -> list[Instance]:
+        """The pool's spares that are wanted, starting or on standby."""
+        ...
+
+    async def promote_for(self, pool: str, count: int) -> list[str]:
+        """Promote up to ``count`` of the pool's spares; the names promoted."""
+        ...
 
 
 class GangView(Protocol):
@@ -78,6 +96,9 @@ class ScalingView(Protocol):
     @property
     def capacity(self) -> ExtraCapacity: ...
 
+    @property
+    def spares(self) -> SpareKeeper: ...
+
     def begin(self, specs: Sequence[InstanceSpec]) -> str:
         """Supervise the instances of one new replica (a gang's members, leader first) and
         start its life; the leader's name."""
@@ -86,6 +107,35 @@ class ScalingView(Protocol):
     async def drain(self, target: str, why: str = "drain") -> list[str]: ...
 
     def changed(self) -> None: ...
+
+    def save(self) -> None: ...
+
+
+class SparesView(Protocol):
+    """What warm spares need: the pools and their placement, the instances, replicas
+    begun, and a spare's state moved to READY when promoted."""
+
+    @property
+    def recipe(self) -> Recipe: ...
+
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def run_dir(self) -> RunDir: ...
+
+    @property
+    def gpu_map(self) -> GpuMap: ...
+
+    @property
+    def phase(self) -> Phase: ...
+
+    @property
+    def instances(self) -> Mapping[str, Instance]: ...
+
+    def begin(self, specs: Sequence[InstanceSpec]) -> str: ...
+
+    def transition(self, inst: Instance, new: State, why: str) -> None: ...
 
     def save(self) -> None: ...
 
@@ -116,3 +166,9 @@ class MetricsView(Protocol):
 
     @property
     def silence_counts(self) -> Counter[SilenceKey]: ...
+
+    @property
+    def spares(self) -> SpareKeeper: ...
+
+    @property
+    def starts(self) -> Starts: ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import msgspec
 
 from dynamoctl.wire.planner import PlannerStatus
+from dynamoctl.wire.start_phases import StartPhases
 from dynamoctl.wire.states import GrowthState, Phase, State
 
 
@@ -36,6 +37,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     """Its node rank in ``gang`` (0: the leader, which serves)."""
     mpi_nodes: list[str] = []
     """The nodes its one launch spans (a TensorRT-LLM gang's MPI world); empty otherwise."""
+    start: StartPhases | None = None
+    """How long its last start took, by phase; None before its first start."""
 
 
 class DiscoveryStatus(msgspec.Struct, kw_only=True):
@@ -80,6 +83,10 @@ class StatusReport(msgspec.Struct, kw_only=True):
     planner (or before its first probe)."""
     growth: list[GrowthJob] = []
     """Extra Slurm jobs beyond the allocation, current and past (``target.growth``)."""
+    measured_start_s: dict[str, float] = {}
+    """Each worker pool's measured start-up, seconds from launch to ready: the median of the
+    recent starts of the model on the pool's kind of node (kept in the state directory
+    across deployments); a pool none of whose starts is known yet is absent."""
 
 
 class DrainRequest(msgspec.Struct, kw_only=True):

@@ -7,7 +7,8 @@ from typing import Literal
 
 import msgspec
 
-HealthStatus = Literal["starting", "ready", "draining"]
+HealthStatus = Literal["starting", "ready", "standby", "draining"]
+"""``standby``: a warm spare, engine ready, kept out of routing until promoted (503)."""
 StartupPhase = Literal["weights", "init", "ready"]
 
 

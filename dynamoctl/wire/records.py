@@ -22,6 +22,10 @@ class Component(Word):
     ROUTER = "router"
     SUPERVISOR = "supervisor"
     PLANNER = "planner"
+    STANDBY = "standby"
+    """A warm spare worker: its record (``{ns}/instances/standby/generate/{id}``) says it
+    runs and where its ``/health`` is; routers and planners watch ``worker`` only, so it is
+    never picked. Promoted, it registers as a worker and drops this record."""
 
 
 class Endpoint(Word):

@@ -35,6 +35,11 @@ class State(Word):
     exits, stops answering probes, or (a worker with requests in flight) generates no token
     for ``supervision.hang_timeout``; after ``budget_window`` READY, its next failure
     restarts with the shortest backoff again."""
+    STANDBY = "STANDBY"
+    """A warm spare (recipe ``spares``): started and ready like a READY replica, but kept
+    out of routing (registered in discovery as standby, not as a worker), so that ``scale``
+    up or the replacement of a failed replica is a promotion to READY in about a second
+    instead of a start. Probed like READY; it fails, wedges and drains like it."""
     WEDGED = "WEDGED"
     """Was READY, then hung: it answered no probe for ``supervision.wedge_timeout`` (a
     frozen or deadlocked process: its sockets open, nothing answers), or (a worker with
@@ -59,7 +64,13 @@ STATE_TRANSITIONS: Mapping[State, frozenset[State]] = {
     State.PENDING: frozenset({State.STARTING, State.STOPPED}),
     # STOPPED from STARTING or READY: stopped before launch returned, or its process ended
     # by itself just as it was asked to stop (no SIGTERM was needed: never DRAINING).
-    State.STARTING: frozenset({State.READY, State.FAILED, State.DRAINING, State.STOPPED}),
+    State.STARTING: frozenset(
+        {State.READY, State.STANDBY, State.FAILED, State.DRAINING, State.STOPPED}
+    ),
+    # READY: promoted (scale up, or a failed replica replaced).
+    State.STANDBY: frozenset(
+        {State.READY, State.FAILED, State.WEDGED, State.DRAINING, State.STOPPED}
+    ),
     State.READY: frozenset({State.FAILED, State.WEDGED, State.DRAINING, State.STOPPED}),
     # DRAINING or STOPPED: asked to stop while it was being put down.
     State.WEDGED: frozenset({State.FAILED, State.DRAINING, State.STOPPED}),

@@ -103,6 +103,8 @@ class WorkerCollector(Collector):
 def worker_health(instances: Sequence[WorkerInstance], ready: bool) -> WorkerHealth:
     """The process's ``/health``: its state, and what tells a hung engine from a busy one."""
     status: HealthStatus = "ready" if ready else "starting"
+    if ready and any(inst.standby for inst in instances):
+        status = "standby"
     if any(inst.draining for inst in instances):
         status = "draining"
     usage = [inst.engine.load_metrics().kv_usage for inst in instances]

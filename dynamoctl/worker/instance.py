@@ -119,6 +119,10 @@ class WorkerInstance:
             f"tcp://{host}:0", f"tcp://{host}:0", topic=LOAD_TOPIC, snapshot=self._load_snapshot
         )
         self._kv_relay: KvEventRelay | None = None
+        self._kv_source: KvEventSource | None = None
+        self._kv_ours = True
+        self.standby = False
+        """A warm spare not promoted yet: ready, registered as standby, out of routing."""
         """Carries an engine's node-local KV stream under CURVE, when it has one."""
         self.draining = False
         self.stopping = False
@@ -162,12 +166,19 @@ class WorkerInstance:
         return keys.model_key(self.namespace, self.engine.model_card.model, self.instance_id)
 
     @property
+    def standby_key(self) -> str:
+        """Where a warm spare says it runs (never read by routers)."""
+        return keys.instance_key(self.namespace, Component.STANDBY, GENERATE, self.instance_id)
+
+    @property
     def events_key(self) -> str:
         return keys.events_key(self.namespace, COMPONENT, self.instance_id)
 
     # -- lifecycle -------------------------------------------------------------------
 
-    async def start(self) -> None:
+    async def start(self, standby: bool = False) -> None:
+        """Start the engine and the planes, then register (ready); a warm spare
+        (``standby``) registers as standby instead, until :meth:`promote`."""
         engine = self.engine
         engine.set_kv_event_sink(self._on_kv_batch)
         own = engine if isinstance(engine, PublishesKvEvents) else None
@@ -199,7 +210,43 @@ class WorkerInstance:
         if peers is not None:
             peers.set_peer_address(self.server.address)
         self._load_task = asyncio.create_task(self._publish_load(), name="worker-load")
-        card = engine.model_card
+        self._kv_source, self._kv_ours = kv, ours
+        if standby:
+            self.standby = True
+            await self.discovery.register(self.standby_key, self._record(Component.STANDBY))
+            log.info("[%s] standby: a warm spare, out of routing", self.instance_id)
+            return
+        await self.register()
+
+    async def promote(self) -> None:
+        """A warm spare joins routing: its standby record goes, its worker records come
+        (the same order as a start's, so the instance record still means ready)."""
+        await self.discovery.unregister(self.standby_key)
+        await self.register()
+        self.standby = False
+
+    def _record(self, component: Component) -> bytes:
+        return wire.encode_json(
+            wire.InstanceRecord(
+                instance_id=self.instance_id,
+                component=component,
+                endpoint=GENERATE,
+                address=self.server.address,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                role=self.role,
+                model=self.engine.model_card.model,
+                metrics_url=self.metrics_url,
+                health_url=self.health_url,
+                label=self.label,
+            )
+        )
+
+    async def register(self) -> None:
+        """The events record, the model card, then the instance record routers act on."""
+        kv, ours = self._kv_source, self._kv_ours
+        assert kv is not None, "start() runs first"
+        card = self.engine.model_card
         if self.traits is not None:
             card = msgspec.structs.replace(card, traits=self.traits)
         await self.discovery.register(
@@ -218,24 +265,7 @@ class WorkerInstance:
             ),
         )
         await self.discovery.register(self.model_key, wire.encode_json(card))
-        await self.discovery.register(
-            self.instance_key,
-            wire.encode_json(
-                wire.InstanceRecord(
-                    instance_id=self.instance_id,
-                    component=COMPONENT,
-                    endpoint=GENERATE,
-                    address=self.server.address,
-                    host=socket.gethostname(),
-                    pid=os.getpid(),
-                    role=self.role,
-                    model=card.model,
-                    metrics_url=self.metrics_url,
-                    health_url=self.health_url,
-                    label=self.label,
-                )
-            ),
-        )
+        await self.discovery.register(self.instance_key, self._record(COMPONENT))
         log.info(
             "[%s] ready: %s serving %s on %s",
             self.instance_id,
@@ -248,7 +278,7 @@ class WorkerInstance:
         """Stop taking requests, let in-flight ones finish for up to ``grace`` seconds,
         abort the rest. Returns how many were aborted."""
         self.draining = True
-        for key in (self.instance_key, self.model_key):
+        for key in (self.instance_key, self.model_key, self.standby_key):
             try:
                 await self.discovery.unregister(key)
             except Exception as exc:  # discovery down: the lease expiry removes them anyway
@@ -325,7 +355,7 @@ class WorkerInstance:
             self.inflight,
         )
         self.draining = True
-        for key in (self.instance_key, self.model_key):
+        for key in (self.instance_key, self.model_key, self.standby_key):
             with contextlib.suppress(Exception):  # discovery down: the lease expiry removes it
                 await self.discovery.unregister(key)
         # Open streams end with "abort" (or EngineStopped, which _generate turns into one).

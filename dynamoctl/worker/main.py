@@ -1,5 +1,6 @@
 """``dynamoctl worker``: a process hosting one or more worker instances until SIGTERM.
 
+With ``--standby`` the instances are warm spares until promoted (:mod:`.standby`).
 SIGTERM or SIGINT drains (deregister, finish in-flight within ``drain_grace``, abort the
 rest), then closes everything and revokes the process's lease. A second signal during the
 drain skips the rest of the grace period. An instance whose engine dies fails its requests
@@ -19,6 +20,7 @@ from dynamoctl.wire.records import Component
 from dynamoctl.wire.structured import OutputTraits
 from dynamoctl.worker.http import build_app
 from dynamoctl.worker.instance import WorkerInstance
+from dynamoctl.worker.standby import promote_when_asked
 
 log = logging.getLogger(__name__)
 
@@ -63,14 +65,18 @@ async def run_worker(opts: WorkerOptions) -> None:
     runtime.on_close(close_instances)
     async with runtime:
         for inst in instances:
-            await inst.start()
+            await inst.start(standby=opts.standby)
             started.append(inst)
         ready[0] = True
-        log.info("%d instance(s) ready; metrics on %s", len(instances), runtime.metrics_url)
+        what = "on standby" if opts.standby else "ready"
+        log.info("%d instance(s) %s; metrics on %s", len(instances), what, runtime.metrics_url)
+        promotion = asyncio.create_task(
+            promote_when_asked(runtime.discovery, opts.namespace, started), name="promotion"
+        )
         watches = [asyncio.create_task(inst.watch_engine()) for inst in started]
         stopping = asyncio.create_task(runtime.stop.wait())
         await asyncio.wait([stopping, *watches], return_when=asyncio.FIRST_COMPLETED)
-        for task in [stopping, *watches]:
+        for task in [stopping, promotion, *watches]:
             task.cancel()
         await asyncio.gather(*watches, return_exceptions=True)
         live = [inst for inst in started if inst.death is None]
