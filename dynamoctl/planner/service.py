@@ -175,6 +175,7 @@ class PlannerService:
             log.info("planning %s from %s", self.settings.mode, _counts(wanted))
         self.phase = "planning"
         totals = await self._observe()
+        self._measured_startup(report.measured_start_s)
         now = self.clock()
         if self.settings.mode != "load":
             self.throughput(totals, now)
@@ -188,6 +189,15 @@ class PlannerService:
                 now=now,
             )
             self._apply(decision)
+
+    def _measured_startup(self, measured: dict[str, float]) -> None:
+        """Each pool's start-up as the supervisor measured it (launch to ready: the median
+        of the model's recent starts on the pool's kind of node), where it is longer than
+        what the replicas report of themselves or they report nothing (real engines)."""
+        for role, pool in self.metrics.items():
+            figures = [s for s in (pool.startup_s, measured.get(role)) if s is not None]
+            if figures:
+                self.metrics[role] = msgspec.structs.replace(pool, startup_s=max(figures))
 
     async def _observe(self) -> FrontendTotals | None:
         """Refresh :attr:`metrics` (pools with usable metrics only) and :attr:`window`."""

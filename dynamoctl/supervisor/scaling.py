@@ -80,6 +80,7 @@ class Scaling:
                     raise PlanError(str(no_room)) from None
                 reply.started.append(str(InstanceName(pool, index)))
                 reply.submitted += [job] if job else []
+        dep.spares.fill()  # the promoted spares' successors, once the replicas have room
         dep.save()
         return reply
 

@@ -103,13 +103,11 @@ class Spares:
 
     async def promote_for(self, pool: str, count: int) -> list[str]:
         """Promote up to ``count`` of the pool's spares at once (``scale`` up); the names
-        promoted. The spares are replaced in the background."""
+        promoted. ``scale`` then places what is still missing, and :meth:`fill` starts new
+        spares after it, so that replicas get the room first."""
         chosen = self.on_standby(pool)[: max(count, 0)]
         done = await asyncio.gather(*(self.promote(i, "scale") for i in chosen))
-        promoted = [i.spec.name for i, ok in zip(chosen, done, strict=True) if ok]
-        if chosen:
-            self.fill()
-        return promoted
+        return [i.spec.name for i, ok in zip(chosen, done, strict=True) if ok]
 
     def replace(self, failed: Instance) -> None:
         """A replica failed while serving: a spare of its pool takes its place now, and
@@ -125,7 +123,11 @@ class Spares:
         self._promoting.add(spare.spec.name)  # claimed now: no second failure takes it
         failed.spec = as_spare(failed.spec, True)
         log.warning("%s failed: %s takes its place", failed.spec.name, spare.spec.name)
-        self._background.spawn(self.promote(spare, "replace"))
+        self._background.spawn(self._take_place(failed, spare))
+
+    async def _take_place(self, failed: Instance, spare: Instance) -> None:
+        if not await self.promote(spare, "replace"):  # the failed one stays a replica
+            failed.spec = as_spare(failed.spec, False)
 
     async def promote(self, inst: Instance, why: str) -> bool:
         """Ask ``inst``'s worker to join routing and wait until it has: READY. False when it

@@ -49,6 +49,10 @@ class SpareKeeper(Protocol):
         """Promote up to ``count`` of the pool's spares; the names promoted."""
         ...
 
+    def fill(self) -> list[str]:
+        """Start the spares each pool is short of; their names."""
+        ...
+
 
 class GangView(Protocol):
     """What gangs need: the instances, a follower's process started, its state moved."""

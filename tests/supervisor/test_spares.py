@@ -154,3 +154,4 @@ def test_spare_is_promoted_on_scale_and_replaces_a_killed_replica(cli: Cli) -> N
     groups = [r["pid"] for r in report["instances"] if r["pid"]]
     assert cli("down").returncode == 0
     assert [g for g in groups if live_in_group(g)] == []
+    assert records(cli, "spare", "standby") == {} == records(cli, "spare", "worker")
