@@ -16,7 +16,6 @@ from rich.table import Table
 
 from dynamoctl.wire.control import DiscoveryStatus, StatusReport
 from dynamoctl.wire.planner import PlannerStatus
-from dynamoctl.wire.start_phases import StartPhases
 from dynamoctl.wire.states import State
 
 if TYPE_CHECKING:
@@ -68,7 +67,6 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
             _uptime(row.uptime_s),
             "-" if row.inflight is None else str(row.inflight),
             "-" if row.kv_usage is None else f"{row.kv_usage:.0%}",
-            _start(row.start),
         )
         for row in report.instances
     ]
@@ -100,24 +98,29 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
         failures.insert(0, _unreachable_line(disc))
     if report.planner is not None:
         failures.insert(0, planner_line(report.planner))
-    if report.measured_start_s:  # the history's medians: what the start timeout may use
-        figures = ", ".join(f"{p} {s:.1f} s" for p, s in report.measured_start_s.items())
-        failures.append(f"measured start-up: {figures}")
+    if starts := _starts(report):  # the history's medians: what the start timeout may use
+        failures.append(starts)
     if failures:  # below the table, where a long message does not squeeze the columns
         table.caption = "\n".join(failures)
         table.caption_justify = "left"
     return table
 
 
-_HEADERS = ("instance", "state", "host", "pid", "restarts", "uptime", "reqs", "KV", "start")
+_HEADERS = ("instance", "state", "host", "pid", "restarts", "uptime", "reqs", "KV")
 
 
-def _start(start: StartPhases | None) -> str:
-    """The last start's whole seconds (a promoted spare's promotion after an arrow)."""
-    if start is None or start.total_s is None:
-        return "-" if start is None or start.promotion_s is None else f"↑{start.promotion_s:.1f}s"
-    whole = f"{start.total_s:.1f}s"
-    return whole if start.promotion_s is None else f"{whole}↑{start.promotion_s:.1f}s"
+def _starts(report: StatusReport) -> str:
+    """Each pool's measured start-up, and its last promoted spare's promotion."""
+    promoted: dict[str, float] = {}
+    for row in report.instances:
+        if row.start is not None and row.start.promotion_s is not None:
+            promoted[row.pool] = row.start.promotion_s
+    pools = [
+        f"{pool} {seconds:.1f} s"
+        + (f" (spare promoted in {promoted[pool]:.2f} s)" if pool in promoted else "")
+        for pool, seconds in report.measured_start_s.items()
+    ]
+    return f"measured start-up: {', '.join(pools)}" if pools else ""
 
 
 def planner_line(planner: PlannerStatus) -> str:

@@ -105,3 +105,23 @@ def test_a_gang_row_names_every_node_an_mpi_world_included() -> None:
     assert any("agg-0" in line and "n1,n2" in line for line in lines)
     assert any("decode-0 " in line and "n3,n4" in line for line in lines)
     assert any("└ decode-0.1" in line and "n4" in line for line in lines)
+
+
+def test_spares_and_start_phases_at_80_columns() -> None:
+    from dynamoctl.wire.start_phases import StartPhases
+
+    report = _report()
+    report.instances[0].start = StartPhases(process_s=0.03, ready_s=46.1, total_s=46.13)
+    report.instances[1].state = "STANDBY"  # type: ignore[assignment]
+    report.instances[1].start = StartPhases(total_s=50.0, promotion_s=0.12)
+    report.measured_start_s = {"prefill": 46.13}
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(status_table(report, 80))
+    lines = out.getvalue().splitlines()
+    assert all(len(line) <= 80 for line in lines)
+    assert re.search(r"decode-1 +STANDBY ", next(x for x in lines if "decode-1" in x))
+    assert "measured start-up: prefill 46.1 s" in out.getvalue()
+    report.instances[0].start.promotion_s = 0.123
+    out = io.StringIO()
+    Console(file=out, width=80, color_system=None).print(status_table(report, 80))
+    assert "prefill 46.1 s (spare promoted in 0.12 s)" in out.getvalue()
