@@ -111,3 +111,22 @@ def test_spares_of_a_multi_node_replica_are_refused() -> None:
         load_recipe_text(RECIPE, "r.yaml")
     assert "workers.agg.spares" in str(caught.value)
     assert "multi-node replica has no spares" in str(caught.value)
+
+
+def test_the_planner_takes_the_longer_of_the_measured_and_reported_start_up() -> None:
+    from types import SimpleNamespace
+
+    from dynamoctl.planner.records import PoolMetrics
+    from dynamoctl.planner.service import PlannerService
+
+    service = SimpleNamespace(
+        metrics={
+            "agg": PoolMetrics(at=0.0, ready=1),  # a real engine reports none
+            "prefill": PoolMetrics(at=0.0, ready=1, startup_s=60.0),
+            "decode": PoolMetrics(at=0.0, ready=1, startup_s=20.0),
+        }
+    )
+    PlannerService._measured_startup(service, {"agg": 46.0, "decode": 46.0})  # type: ignore[arg-type]
+    assert {r: m.startup_s for r, m in service.metrics.items()} == {
+        "agg": 46.0, "prefill": 60.0, "decode": 46.0,
+    }  # fmt: skip
