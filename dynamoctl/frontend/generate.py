@@ -64,9 +64,9 @@ __all__ = ["Admission", "Generator", "Job", "NoWorkerAvailable", "Outcome", "Wor
 class Admission:
     """The bounded queue in front of busy workers (docs/router.md): a request that finds every
     worker busy waits up to ``queue_timeout`` seconds for one to free up, at most ``max_queued``
-    requests wait at once, and anything beyond gets 503 with ``Retry-After``. In ``fair``
-    ``admission_order`` the waiting requests of a model are served by their keys' classes and
-    keys (:mod:`dynamoctl.frontend.tenants.fair`); without it, whoever tries first."""
+    requests wait at once, and anything beyond gets 503 with ``Retry-After``. Unless
+    ``fifo_admission``, the waiting requests of a model are served by their keys' classes and
+    keys (:mod:`dynamoctl.frontend.tenants.fair`); with it, whoever tries first."""
 
     settings: AdmissionSettings = field(default_factory=AdmissionSettings)
     """How many may wait, and how long (recipe ``frontend``)."""
@@ -86,7 +86,7 @@ class Admission:
         exclude: set[str],
         model: str = "",
     ) -> WorkerChoice:
-        queue = self._queues.get(model) if self.settings.admission_order == "fair" else None
+        queue = self._queues.get(model) if not self.settings.fifo_admission else None
         if queue is None or not queue.waiting:  # nobody waits before it: try at once
             try:
                 return await pick(token_ids, request_id, exclude)
@@ -98,7 +98,7 @@ class Admission:
         self.waiting += 1
         try:
             deadline = time.monotonic() + self.settings.queue_timeout
-            if self.settings.admission_order == "fair":
+            if not self.settings.fifo_admission:
                 return await self._in_turn(pick, token_ids, request_id, exclude, model, deadline)
             while True:
                 await asyncio.sleep(self.poll)

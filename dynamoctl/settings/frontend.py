@@ -44,11 +44,11 @@ class AdmissionSettings(Options):
     ``Retry-After``."""
     max_queued: int = Field(default=256, ge=0)
     """Requests allowed to wait at once; beyond it, 503 at once."""
-    admission_order: Literal["fair", "fifo"] = "fair"
-    """The order in which requests waiting for a busy worker get one: ``fair`` serves
-    their keys' priority classes in proportion to the classes' weights and the keys of a
-    class in turn (docs/security.md, "Priority classes"); ``fifo``, whoever tries first
-    when a worker frees up (fair share off)."""
+    fifo_admission: bool = False
+    """Fair share off: requests waiting for a busy worker get one in no particular order
+    (whoever tries first when one frees up). Off by default: they are served by their
+    keys' priority classes in proportion to the classes' weights, and the keys of a class
+    in turn (docs/security.md, "Priority classes")."""
     max_choices: int = Field(default=64, ge=1)
     """Most choices one request may ask for (``n``, times the prompts of a batched
     completion); more is a 400, since each choice is a request to a worker. The default
