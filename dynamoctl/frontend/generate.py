@@ -245,9 +245,14 @@ class Generator:
                         yield text
                 except Overloaded:
                     exclude.add(choice.worker_id)  # refused before starting: nothing lost
+                    picker.finished(job.request_id)  # see below
                     handoff = offered
                 except (PeerDeadError, ClientClosedError, _Migrate) as exc:
                     exclude.add(choice.worker_id)
+                    # Its booking on the worker it leaves goes now, not at the re-pick: a
+                    # re-pick may wait in the admission queue, and bookings held there by
+                    # migrating requests made that worker busy for everyone else.
+                    picker.finished(job.request_id)
                     self._migrating(job, choice, exc, outcome, len(tokens.generated))
                 except RemoteError as exc:
                     self._handoff_failed(job, exc, remote and not tokens.generated)
