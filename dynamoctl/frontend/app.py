@@ -53,6 +53,7 @@ from dynamoctl.frontend.responses.protocol import ResponsesRequest
 from dynamoctl.frontend.responses.store import ResponseStore
 from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
+from dynamoctl.frontend.tenants.service import Tenants
 from dynamoctl.frontend.tokenization import Tokenization
 from dynamoctl.structured.errors import StructuredError
 from dynamoctl.structured.plan import OutputPlan, plan_chat, plan_completion
@@ -75,6 +76,7 @@ def build_app(
     metrics: FrontendMetrics,
     *,
     api_keys: ApiKeys | None = None,
+    tenants: Tenants | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_stored_responses: int = 1024,
 ) -> FrontendApp:
@@ -170,7 +172,7 @@ def build_app(
     async def delete_response(response_id: str) -> dict[str, Any]:
         return responses.delete(response_id)
 
-    return FrontendApp(app, hot, anthropic, responses, api_keys, refusals)
+    return FrontendApp(app, hot, anthropic, responses, api_keys, refusals, tenants)
 
 
 class FrontendApp:
@@ -187,22 +189,35 @@ class FrontendApp:
         responses: Responses,
         api_keys: ApiKeys | None = None,
         refusals: Refusals | None = None,
+        tenants: Tenants | None = None,
     ) -> None:
         self.api = api
         self.hot = hot
         self.api_keys = api_keys
+        self.tenants = tenants
+        """Keys with names, classes and limits; when set, it checks the keys."""
         self.refusals = refusals or hot.refusals
         self.messages = messages
         self.responses = responses
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self.tenants is not None and scope["type"] == "http":
+            return await self.tenants.serve(scope, receive, send, self._route, self._refuse)
         if self.api_keys is not None and scope["type"] == "http":
             refused = self.api_keys.check(scope["path"], scope["headers"])
             if refused is not None:
-                if scope["path"].startswith("/v1/messages"):  # in Anthropic's shape
-                    return await self.messages.refuse(scope, receive, send, refused)
-                self.refusals.refused(scope["method"], scope["path"], refused)
-                return await refused.response()(scope, receive, send)
+                return await self._refuse(scope, receive, send, refused)
+        await self._route(scope, receive, send)
+
+    async def _refuse(
+        self, scope: Scope, receive: Receive, send: Send, refused: OpenAIError
+    ) -> None:
+        if scope["path"].startswith("/v1/messages"):  # in Anthropic's shape
+            return await self.messages.refuse(scope, receive, send, refused)
+        self.refusals.refused(scope["method"], scope["path"], refused)
+        await refused.response()(scope, receive, send)
+
+    async def _route(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and not scope.get("root_path"):
             path = scope["path"]
             if path == "/v1/completions":

@@ -14,21 +14,31 @@ import hmac
 from collections.abc import Iterable
 
 from dynamoctl.frontend.errors import OpenAIError, invalid_api_key
+from dynamoctl.settings.keyfile import KeyEntry
 
 OPEN_PATHS = frozenset({"/health", "/live", "/metrics"})
 """Served without a key: liveness, readiness and Prometheus scrapes."""
 
 
 class ApiKeys:
-    def __init__(self, keys: Iterable[str]) -> None:
-        self._digests = [hashlib.sha256(key.encode()).digest() for key in keys]
-        if not self._digests:
+    """The keys of one reading of the key file, each with its entry (name, class, limits)."""
+
+    def __init__(self, keys: Iterable[str | KeyEntry]) -> None:
+        entries = [KeyEntry.model_construct(name="key", key=k) if isinstance(k, str) else k
+                   for k in keys]  # fmt: skip
+        self._keys = [(entry.digest(), entry) for entry in entries]
+        if not self._keys:
             raise ValueError("API keys are configured, but none was found")
 
     def check(self, path: str, headers: Iterable[tuple[bytes, bytes]]) -> OpenAIError | None:
         """None if the request may go on; else the 401 to answer."""
         if path in OPEN_PATHS:
             return None
+        found = self.identify(headers)
+        return found if isinstance(found, OpenAIError) else None
+
+    def identify(self, headers: Iterable[tuple[bytes, bytes]]) -> KeyEntry | OpenAIError:
+        """The entry of the key the request carries; else the 401 to answer."""
         token = b""
         for name, value in headers:
             if name == b"authorization":
@@ -46,7 +56,8 @@ class ApiKeys:
                 "(or 'x-api-key: KEY')."
             )
         digest = hashlib.sha256(token).digest()
-        match = False
-        for key in self._digests:  # every key, whatever matched: no timing of which
-            match |= hmac.compare_digest(digest, key)
-        return None if match else invalid_api_key("Incorrect API key provided.")
+        found: KeyEntry | None = None
+        for key, entry in self._keys:  # every key, whatever matched: no timing of which
+            equal = hmac.compare_digest(digest, key)
+            found = (found, entry)[equal]
+        return found if found is not None else invalid_api_key("Incorrect API key provided.")

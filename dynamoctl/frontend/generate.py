@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -37,6 +37,8 @@ from dynamoctl.frontend.picking import (
     WorkerPicker,
     skip_unreachable,
 )
+from dynamoctl.frontend.tenants.fair import FairQueue, QueueTimeout
+from dynamoctl.frontend.tenants.service import CURRENT
 from dynamoctl.planes.request import (
     ClientClosedError,
     Overloaded,
@@ -46,6 +48,7 @@ from dynamoctl.planes.request import (
     StreamProbe,
 )
 from dynamoctl.settings.frontend import AdmissionSettings
+from dynamoctl.settings.keyfile import DEFAULT_CLASS
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, TokenLogprobs
@@ -61,25 +64,42 @@ __all__ = ["Admission", "Generator", "Job", "NoWorkerAvailable", "Outcome", "Wor
 class Admission:
     """The bounded queue in front of busy workers (docs/router.md): a request that finds every
     worker busy waits up to ``queue_timeout`` seconds for one to free up, at most ``max_queued``
-    requests wait at once, and anything beyond gets 503 with ``Retry-After``."""
+    requests wait at once, and anything beyond gets 503 with ``Retry-After``. Unless
+    ``fifo_admission``, the waiting requests of a model are served by their keys' classes and
+    keys (:mod:`dynamoctl.frontend.tenants.fair`); with it, whoever tries first."""
 
     settings: AdmissionSettings = field(default_factory=AdmissionSettings)
     """How many may wait, and how long (recipe ``frontend``)."""
     poll: float = 0.02
     """Seconds between retries while waiting (load updates arrive every ~50 ms)."""
     waiting: int = 0
+    on_queued: Callable[[str, int], None] | None = None
+    """Told each change (+1, -1) of a class's waiting requests (``/metrics``)."""
+    _queues: dict[str, FairQueue] = field(default_factory=dict)
+    """Each model's fair queue."""
 
     async def pick(
-        self, pick: PickFn, token_ids: list[int], request_id: str, exclude: set[str]
+        self,
+        pick: PickFn,
+        token_ids: list[int],
+        request_id: str,
+        exclude: set[str],
+        model: str = "",
     ) -> WorkerChoice:
-        try:
-            return await pick(token_ids, request_id, exclude)
-        except NoWorkerAvailable as exc:
-            if not exc.busy or self.waiting >= self.settings.max_queued:
-                raise
+        queue = self._queues.get(model) if not self.settings.fifo_admission else None
+        if queue is None or not queue.waiting:  # nobody waits before it: try at once
+            try:
+                return await pick(token_ids, request_id, exclude)
+            except NoWorkerAvailable as exc:
+                if not exc.busy or self.waiting >= self.settings.max_queued:
+                    raise
+        elif self.waiting >= self.settings.max_queued:
+            raise NoWorkerAvailable("every worker is busy and the queue is full", busy=True)
         self.waiting += 1
         try:
             deadline = time.monotonic() + self.settings.queue_timeout
+            if not self.settings.fifo_admission:
+                return await self._in_turn(pick, token_ids, request_id, exclude, model, deadline)
             while True:
                 await asyncio.sleep(self.poll)
                 try:
@@ -89,6 +109,42 @@ class Admission:
                         raise
         finally:
             self.waiting -= 1
+
+    async def _in_turn(
+        self,
+        pick: PickFn,
+        token_ids: list[int],
+        request_id: str,
+        exclude: set[str],
+        model: str,
+        deadline: float,
+    ) -> WorkerChoice:
+        """Wait in the model's fair queue, in the class and key of the request's ticket."""
+        ticket = CURRENT.get()
+        queue = self._queues.get(model)
+        if queue is None:
+            queue = self._queues[model] = FairQueue(self.poll, self.on_queued)
+        refused: list[NoWorkerAvailable] = []
+
+        async def attempt() -> WorkerChoice | None:
+            try:
+                return await pick(token_ids, request_id, exclude)
+            except NoWorkerAvailable as exc:
+                if not exc.busy:
+                    raise
+                refused[:] = [exc]
+                return None
+
+        if ticket is None:
+            who = (DEFAULT_CLASS, 1.0, "")
+        else:
+            who = (ticket.class_name, ticket.weight, ticket.key_name)
+        try:
+            return await queue.wait(*who, attempt, deadline)
+        except QueueTimeout:
+            raise (refused or [NoWorkerAvailable("every worker stayed busy", busy=True)])[
+                0
+            ] from None
 
 
 @dataclass
@@ -168,6 +224,9 @@ class Generator:
 
         The loop: prefill remotely (or decide not to), then pick a worker, stream from it,
         and on a broken stream pick another and resume with the tokens so far."""
+        ticket = CURRENT.get()
+        if ticket is not None:  # the key's context limit, and its prompt counted
+            ticket.start(len(job.prompt_ids), job.max_tokens)
         tokens = _TokenStream(job, tokenizer, picker, self.metrics, outcome)
         exclude: set[str] = set()
         attempt = 0
@@ -186,15 +245,22 @@ class Generator:
                         yield text
                 except Overloaded:
                     exclude.add(choice.worker_id)  # refused before starting: nothing lost
+                    picker.finished(job.request_id)  # see below
                     handoff = offered
                 except (PeerDeadError, ClientClosedError, _Migrate) as exc:
                     exclude.add(choice.worker_id)
+                    # Its booking on the worker it leaves goes now, not at the re-pick: a
+                    # re-pick may wait in the admission queue, and bookings held there by
+                    # migrating requests made that worker busy for everyone else.
+                    picker.finished(job.request_id)
                     self._migrating(job, choice, exc, outcome, len(tokens.generated))
                 except RemoteError as exc:
                     self._handoff_failed(job, exc, remote and not tokens.generated)
         finally:
             picker.finished(job.request_id)
             outcome.completion_tokens = len(tokens.generated)
+            if ticket is not None:
+                ticket.finish(outcome.completion_tokens)
             if outcome.finish_reason is not None:
                 self.metrics.duration.labels(job.model).observe(tokens.elapsed())
 
@@ -217,7 +283,7 @@ class Generator:
         pick = skip_unreachable(chosen, self.client.peer_down)
         try:
             return await self.admission.pick(
-                pick, job.prompt_ids + generated, job.request_id, exclude
+                pick, job.prompt_ids + generated, job.request_id, exclude, job.model
             )
         except NoWorkerAvailable as exc:
             if generated:

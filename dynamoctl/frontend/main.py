@@ -8,25 +8,29 @@ bookings; those of one host share the port (``--reuse-port``). See docs/operatio
 SIGTERM/SIGINT: the frontend leaves discovery, stops accepting connections, lets open
 streams finish for ``drain_grace`` seconds, then closes.
 
-API keys (``--api-keys-file``/``--api-keys-env``) are read once, before anything starts:
-a source that is named but holds no key stops the frontend rather than leave it open.
+API keys (``--api-keys-file``/``--api-keys-env``) are read before anything starts: a
+source that is named but holds no key stops the frontend rather than leave it open. The
+file is read again whenever it changes (:mod:`dynamoctl.frontend.tenants`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import socket
+from collections.abc import Awaitable, Callable
 
 from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.discovery import keys
 from dynamoctl.frontend.app import build_app
-from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.disagg import Prefiller
 from dynamoctl.frontend.generate import Admission, Generator
 from dynamoctl.frontend.longtext import limit_malloc_arenas
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import EmbeddedRouting, create_routing
+from dynamoctl.frontend.tenants.service import Tenants
 from dynamoctl.planes.request import RequestClient
 from dynamoctl.settings import FrontendOptions
 from dynamoctl.wire.records import Component, Endpoint
@@ -36,10 +40,9 @@ log = logging.getLogger(__name__)
 
 async def run_frontend(opts: FrontendOptions) -> None:
     limit_malloc_arenas()  # before any thread: memory goes back after bursts
-    found = opts.api_keys.load_api_keys()
-    api_keys = ApiKeys(found) if found else None
     runtime = ComponentRuntime(Component.FRONTEND, opts)
     metrics = FrontendMetrics()
+    tenants = Tenants(opts.api_keys, metrics.registry) if opts.api_keys.has_keys() else None
     silence = opts.streams.stream_silence_timeout
     client = RequestClient(heartbeat_interval=silence / 4, heartbeat_timeout=silence)
     routing = create_routing(
@@ -52,14 +55,14 @@ async def run_frontend(opts: FrontendOptions) -> None:
     generator = Generator(
         client,
         metrics,
-        admission=Admission(opts.admission),
+        admission=Admission(opts.admission, on_queued=tenants.queued if tenants else None),
         prefiller=Prefiller(client, metrics, opts.disagg),
     )
     app = build_app(
         registry,
         generator,
         metrics,
-        api_keys=api_keys,
+        tenants=tenants,
         max_body_bytes=opts.http.max_body_bytes,
         max_stored_responses=opts.responses.max_stored_responses,
     )
@@ -75,6 +78,9 @@ async def run_frontend(opts: FrontendOptions) -> None:
     async with runtime:
         await routing.start()
         await registry.start()
+        if tenants is not None:
+            watch = asyncio.create_task(tenants.watch(), name="key-file")
+            runtime.on_close(_cancelling(watch))
         base = f"http://{opts.host}:{http.port}"
         key = keys.instance_key(
             opts.namespace, Component.FRONTEND, Endpoint.HTTP, runtime.instance_id
@@ -85,7 +91,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
             base,
             opts.namespace,
             opts.router.mode if opts.routing == "embedded" else opts.routing,
-            "API keys required" if api_keys else "no API keys",
+            "API keys required" if tenants else "no API keys",
         )
         await runtime.stop.wait()
         log.info("stopping: leaving discovery, finishing open streams")
@@ -95,3 +101,12 @@ async def run_frontend(opts: FrontendOptions) -> None:
 def _reachable(host: str) -> str:
     """An address of this host the other frontends reach: ``host`` unless a wildcard."""
     return socket.gethostbyname(socket.gethostname()) if host in ("0.0.0.0", "::") else host
+
+
+def _cancelling(task: asyncio.Task[None]) -> Callable[[], Awaitable[None]]:
+    async def cancel() -> None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    return cancel

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator
@@ -13,6 +12,7 @@ from pydantic import Field, field_validator
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.component import ComponentSettings
 from dynamoctl.settings.http import HttpLimitSettings
+from dynamoctl.settings.keyfile import KeyEntry, KeyFile, Limits, load_key_file
 from dynamoctl.settings.routing import RouterSettings
 
 DEFAULT_PORT = 8000
@@ -44,6 +44,11 @@ class AdmissionSettings(Options):
     ``Retry-After``."""
     max_queued: int = Field(default=256, ge=0)
     """Requests allowed to wait at once; beyond it, 503 at once."""
+    fifo_admission: bool = False
+    """Fair share off: requests waiting for a busy worker get one in no particular order
+    (whoever tries first when one frees up). Off by default: they are served by their
+    keys' priority classes in proportion to the classes' weights, and the keys of a class
+    in turn (docs/security.md, "Priority classes")."""
     max_choices: int = Field(default=64, ge=1)
     """Most choices one request may ask for (``n``, times the prompts of a batched
     completion); more is a 400, since each choice is a request to a worker. The default
@@ -78,12 +83,16 @@ class ApiKeySettings(Options):
     user of the machine, and a recipe is shared."""
 
     api_keys_file: str | None = None
-    """File of API keys, one per line (blank lines and ``#`` comments ignored); a client
-    sends one as ``Authorization: Bearer KEY``. Read when the frontend starts, on the
-    frontend's host. ``/health``, ``/live`` and ``/metrics`` stay open."""
+    """File of API keys: one per line (blank lines and ``#`` comments ignored), or a YAML
+    key file giving each key a name, a priority class and limits (docs/security.md, "The
+    key file"). A client sends one as ``Authorization: Bearer KEY``. Read when the
+    frontend starts, on the frontend's host, and again whenever it changes (a file that
+    no longer validates is logged and the keys before it are kept). ``/health``,
+    ``/live`` and ``/metrics`` stay open."""
     api_keys_env: str | None = None
     """Name of an environment variable of the frontend's process holding API keys,
-    separated by commas or whitespace (the variable's name, not the keys)."""
+    separated by commas or whitespace (the variable's name, not the keys); they are
+    unlimited, in the default class, named ``env-1``, ``env-2``..."""
 
     @field_validator("api_keys_env")
     @classmethod
@@ -93,24 +102,33 @@ class ApiKeySettings(Options):
         return value
 
     def load_api_keys(self) -> list[str]:
-        """The keys from the file and the variable; [] when neither is set. A source that
-        is set but yields no key is an error: refusing to start beats serving open."""
-        keys: list[str] = []
+        """The keys a client may send, from the file and the variable; [] when neither is
+        set. Unlimited keys come first (the supervisor's probe and ``bench`` use the
+        first). A source that is set but yields no key is an error: refusing to start
+        beats serving open."""
+        entries = self.load_key_file().keys if self.has_keys() else []
+        plain = [e for e in entries if e.key is not None]
+        plain.sort(key=lambda e: e.limits != Limits())  # stable: unlimited first
+        return [e.key for e in plain if e.key is not None]
+
+    def has_keys(self) -> bool:
+        return self.api_keys_file is not None or self.api_keys_env is not None
+
+    def load_key_file(self) -> KeyFile:
+        """Every key with its name, class and limits: the file's, then the variable's."""
+        keyfile = KeyFile.model_construct(classes={}, keys=[])
         if self.api_keys_file is not None:
-            try:
-                lines = Path(self.api_keys_file).read_text(encoding="utf-8").splitlines()
-            except (OSError, UnicodeDecodeError) as exc:
-                raise ValueError(f"API key file {self.api_keys_file}: {exc}") from None
-            found = [line.strip() for line in lines if line.strip()[:1] not in ("", "#")]
-            if not found:
-                raise ValueError(f"API key file {self.api_keys_file} holds no key")
-            keys += found
+            keyfile = load_key_file(self.api_keys_file)
         if self.api_keys_env is not None:
             found = os.environ.get(self.api_keys_env, "").replace(",", " ").split()
             if not found:
                 raise ValueError(f"API key variable {self.api_keys_env} is unset or empty")
-            keys += found
-        return keys
+            named = [
+                KeyEntry.model_construct(name=f"env-{n}", key=key)
+                for n, key in enumerate(found, start=1)
+            ]
+            keyfile = keyfile.model_copy(update={"keys": keyfile.keys + named})
+        return keyfile
 
 
 class FrontendOptions(ComponentSettings):

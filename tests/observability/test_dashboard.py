@@ -7,9 +7,11 @@ import json
 import re
 from pathlib import Path
 
+from prometheus_client import CollectorRegistry
 from prometheus_client.registry import Collector
 
 from dynamoctl.frontend.metrics import FrontendMetrics
+from dynamoctl.frontend.tenants.metrics import KeyMetrics
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.worker.http import WorkerCollector
 from dynamoctl.worker.kv_tier_metrics import KvTierCollector
@@ -33,11 +35,19 @@ def code_metrics() -> dict[str, str]:
     """The worker's, the frontend's (embedded router) and the supervisor's metrics."""
     return {
         **exported(FrontendMetrics().registry),
+        **exported(_key_metrics()),
         **exported(WorkerCollector([])),
         **exported(KvTierCollector([])),
         **exported(StartupCollector([])),
         **exported(SupervisorCollector(None)),
     }
+
+
+def _key_metrics() -> CollectorRegistry:
+    """The per-key series a frontend with a key file adds to its registry."""
+    registry = CollectorRegistry()
+    KeyMetrics(registry)
+    return registry
 
 
 def documented() -> dict[str, str]:

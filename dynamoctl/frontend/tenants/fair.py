@@ -1,0 +1,134 @@
+"""Fair share of busy workers (docs/security.md, "Priority classes"): the requests
+waiting for a worker are served by class in proportion to the classes' weights (stride
+scheduling: each class has a pass that grows by 1/weight per request served, and the
+waiting class with the lowest pass goes next), and inside a class by key in turn (round
+robin), so that one key's thousand waiting requests do not stand before another's one.
+
+Only the request at the head of this order tries the workers; the others wait on an event,
+so N waiting requests cost one pick per poll, not N. A class that starts waiting again
+joins at the pass of the last request served: what it did not use while idle is not
+saved up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict, deque
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class QueueTimeout(Exception):
+    """The request waited its whole deadline without reaching a worker."""
+
+
+@dataclass(eq=False)
+class _Waiter:
+    class_name: str
+    key: str
+    woken: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+@dataclass
+class _Class:
+    weight: float
+    passed: float = 0.0
+    keys: OrderedDict[str, deque[_Waiter]] = field(default_factory=OrderedDict)
+
+
+@dataclass
+class FairQueue:
+    """The waiting requests of one model, in fair order."""
+
+    poll: float = 0.02
+    """Seconds between the head's tries while every worker is busy."""
+    on_change: Callable[[str, int], None] | None = None
+    """Told each change (+1, -1) of a class's waiting requests (``/metrics``)."""
+    _classes: dict[str, _Class] = field(default_factory=dict)
+    _clock: float = 0.0
+    """The pass of the last request served."""
+    waiting: int = 0
+
+    async def wait(
+        self,
+        class_name: str,
+        weight: float,
+        key: str,
+        attempt: Callable[[], Awaitable[T | None]],
+        deadline: float,
+    ) -> T:
+        """Wait in turn until ``attempt`` returns a value when this request is at the
+        head; raise :class:`QueueTimeout` at ``deadline`` (monotonic), and what
+        ``attempt`` raises."""
+        waiter = _Waiter(class_name, key)
+        self._join(waiter, weight)
+        try:
+            while True:
+                if self._head() is waiter:
+                    found = await attempt()
+                    if found is not None:
+                        self._served(waiter)
+                        return found
+                    if time.monotonic() >= deadline:
+                        raise QueueTimeout
+                    await asyncio.sleep(self.poll)
+                    continue
+                waiter.woken.clear()
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise QueueTimeout
+                try:
+                    await asyncio.wait_for(waiter.woken.wait(), left)
+                except TimeoutError:
+                    raise QueueTimeout from None
+        finally:
+            self._leave(waiter)
+
+    def _join(self, waiter: _Waiter, weight: float) -> None:
+        klass = self._classes.get(waiter.class_name)
+        if klass is None:
+            klass = self._classes[waiter.class_name] = _Class(weight, self._clock)
+        elif not klass.keys:  # idle until now: no credit saved up
+            klass.passed = max(klass.passed, self._clock)
+        klass.weight = weight  # a reloaded key file may have changed it
+        klass.keys.setdefault(waiter.key, deque()).append(waiter)
+        self._counted(waiter.class_name, +1)
+        self._wake_head()
+
+    def _head(self) -> _Waiter | None:
+        waiting = [c for c in self._classes.values() if c.keys]
+        if not waiting:
+            return None
+        klass = min(waiting, key=lambda c: c.passed)
+        first_key = next(iter(klass.keys))
+        return klass.keys[first_key][0]
+
+    def _served(self, waiter: _Waiter) -> None:
+        """The head got a worker: its class's pass grows, its key goes to the back."""
+        klass = self._classes[waiter.class_name]
+        self._clock = klass.passed
+        klass.passed += 1.0 / klass.weight
+        klass.keys.move_to_end(waiter.key)
+
+    def _leave(self, waiter: _Waiter) -> None:
+        klass = self._classes[waiter.class_name]
+        queue = klass.keys[waiter.key]
+        queue.remove(waiter)
+        if not queue:
+            del klass.keys[waiter.key]
+        self._counted(waiter.class_name, -1)
+        self._wake_head()
+
+    def _wake_head(self) -> None:
+        head = self._head()
+        if head is not None:
+            head.woken.set()
+
+    def _counted(self, class_name: str, change: int) -> None:
+        self.waiting += change
+        if self.on_change is not None:
+            self.on_change(class_name, change)
