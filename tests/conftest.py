@@ -38,8 +38,8 @@ def etcd_server() -> Iterator[ManagedEtcd]:
 # and gangs, and the wall-clock tests (etcd freezes, planner load steps, ``vllm bench
 # serve``), which wait more than they compute; their deadlines leave room for the vLLM
 # beside them. With the wall-clock tests in ``engines`` that lane ended ~9 min after
-# ``hosts`` (serial part 15 min); by that run's durations the lanes now hold ~670 s and
-# ~590 s. The serial run took ~18 min in one lane (most of it waiting on daemons).
+# ``hosts`` (serial part 15 min); now they end within a minute of each other (44 s in a
+# serial run at load 4-17). The serial run took ~18 min in one lane (most of it waiting).
 _ENGINES = "engines"
 _HOSTS = "hosts"
 _SERIAL_FIXTURES = {
