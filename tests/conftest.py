@@ -33,9 +33,13 @@ def etcd_server() -> Iterator[ManagedEtcd]:
 # Serial tests run in two lanes, one pytest-xdist worker each (``--dist loadgroup``): within
 # a lane one test at a time, the lanes side by side. A lane owns its session clusters
 # (each kind is started in one process only) and what must not overlap: every vLLM test
-# is in ``engines`` (never two vLLMs' memory at once), and the wall-clock tests are there
-# too, beside the ``hosts`` lane's mostly idle Slurm, sshd and gang tests rather than beside
-# another vLLM. The serial run took ~18 min in one lane (most of it waiting on daemons).
+# is in ``engines`` (never two vLLMs' memory at once), and so is the multi-node Slurm
+# cluster one of them runs on. The rest is in ``hosts``: the single-node Slurm, sshd hosts
+# and gangs, and the wall-clock tests (etcd freezes, planner load steps, ``vllm bench
+# serve``), which wait more than they compute; their deadlines leave room for the vLLM
+# beside them. With the wall-clock tests in ``engines`` that lane ended ~9 min after
+# ``hosts`` (serial part 15 min); now they end within a minute of each other (44 s in a
+# serial run at load 4-17). The serial run took ~18 min in one lane (most of it waiting).
 _ENGINES = "engines"
 _HOSTS = "hosts"
 _SERIAL_FIXTURES = {
@@ -55,12 +59,12 @@ _SERIAL_PATHS = {
     "tests/engines/test_vllm_lmcache_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_multinode.py": _ENGINES,
-    "tests/frontend/test_openai_clients.py": _ENGINES,  # vllm bench serve
-    "tests/discovery/test_etcd_outage.py": _ENGINES,
-    "tests/discovery/test_stale_serving.py": _ENGINES,
-    "tests/supervisor/test_discovery_outage.py": _ENGINES,
-    "tests/planner/test_planner_up.py": _ENGINES,
-    "tests/planner/test_profile_mocker.py": _ENGINES,
+    "tests/frontend/test_openai_clients.py": _HOSTS,  # vllm bench serve: a client, no engine
+    "tests/discovery/test_etcd_outage.py": _HOSTS,
+    "tests/discovery/test_stale_serving.py": _HOSTS,
+    "tests/supervisor/test_discovery_outage.py": _HOSTS,
+    "tests/planner/test_planner_up.py": _HOSTS,
+    "tests/planner/test_profile_mocker.py": _HOSTS,
 }
 _MULTINODE = "multinode"
 """Marker of the tests on a multi-node Slurm cluster (``slurm_multinode`` or their own)."""

@@ -7,6 +7,7 @@ them. Start-to-ready and restart times are printed (figures, never asserted)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -51,18 +52,39 @@ supervision: {{probe_interval: 0.3, backoff_base: 0.2, hang_timeout: 4, drain_ti
     return path
 
 
-def _follower(label: str) -> psutil.Process:
-    """The follower process itself (not its keeper, nor the srun that started it)."""
+def _in_cluster(pid: int, cluster: MultiNodeCluster) -> bool:
+    """Whether ``pid`` runs in one of ``cluster``'s network namespaces: other tests' gangs
+    (the other serial lane, another checkout) have followers of the same labels."""
+    try:
+        own = os.stat(f"/proc/{pid}/ns/net").st_ino
+    except OSError:
+        return False  # gone meanwhile
+    return any(
+        os.stat(f"/run/netns/{host.namespace}").st_ino == own for host in cluster.network.hosts
+    )
+
+
+def _followers(cluster: MultiNodeCluster) -> list[psutil.Process]:
+    """The follower processes themselves (not their keepers, nor the sruns that started
+    them) on ``cluster``'s nodes."""
     found = []
     for proc in psutil.process_iter(["cmdline", "status"]):
         line = proc.info["cmdline"] or []
         if (
             proc.info["status"] != psutil.STATUS_ZOMBIE
             and line[1:4] == ["-m", "dynamoctl", "follower"]
-            and f"--label {label} " in " ".join(line)
+            and _in_cluster(proc.pid, cluster)
         ):
             found.append(proc)
-    (proc,) = found
+    return found
+
+
+def _follower(label: str, cluster: MultiNodeCluster) -> psutil.Process:
+    (proc,) = [
+        proc
+        for proc in _followers(cluster)
+        if f"--label {label} " in " ".join(proc.info["cmdline"] or [])
+    ]
     return proc
 
 
@@ -102,8 +124,8 @@ def test_a_killed_follower_restarts_its_gang_once_with_no_failed_request(
 
         load = login.start_load(endpoint, stop_file, seconds=180)
         time.sleep(2.0)
-        victim = _follower("agg-0.1")
-        assert _netns(victim.pid) != _netns(_follower("agg-1.1").pid)
+        victim = _follower("agg-0.1", cluster)
+        assert _netns(victim.pid) != _netns(_follower("agg-1.1", cluster).pid)
         killed_at = time.monotonic()
         victim.kill()
         deadline = time.monotonic() + 120
@@ -131,20 +153,11 @@ def test_a_killed_follower_restarts_its_gang_once_with_no_failed_request(
     )
     assert down.returncode == 0, down.stdout + down.stderr
     _wait_gone(name)
-    deadline = time.monotonic() + 30  # followers carry no namespace: looked up by label
-    while _followers_left() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 30  # followers name no deployment: found on its nodes
+    while _followers_left(cluster) and time.monotonic() < deadline:
         time.sleep(0.3)
-    assert _followers_left() == []
+    assert _followers_left(cluster) == []
 
 
-def _followers_left() -> list[str]:
-    left = []
-    for proc in psutil.process_iter(["cmdline", "status"]):
-        line = proc.info["cmdline"] or []
-        if proc.info["status"] != psutil.STATUS_ZOMBIE and line[1:4] == [
-            "-m",
-            "dynamoctl",
-            "follower",
-        ]:
-            left.append(" ".join(line)[:200])
-    return left
+def _followers_left(cluster: MultiNodeCluster) -> list[str]:
+    return [" ".join(proc.info["cmdline"] or [])[:200] for proc in _followers(cluster)]

@@ -1,0 +1,65 @@
+"""A ``dynamoctl`` process imports only the command group it runs (``dynamoctl.cli``): the
+supervisor starts every component as a ``dynamoctl`` command, and each start paid for all
+twelve groups' imports."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import typer.main
+
+from dynamoctl.cli import GROUPS, build_app, groups_for
+
+
+@pytest.mark.parametrize("group", sorted(GROUPS))
+def test_each_group_registers_the_commands_its_entry_names(group: str) -> None:
+    command = typer.main.get_command(build_app([group]))
+    assert isinstance(command, typer.main.TyperGroup)
+    assert sorted(command.commands) == sorted(GROUPS[group])
+
+
+def test_the_whole_app_has_every_command_once() -> None:
+    command = typer.main.get_command(build_app())
+    assert isinstance(command, typer.main.TyperGroup)
+    named = [name for names in GROUPS.values() for name in names]
+    assert sorted(command.commands) == sorted(named)
+    assert len(set(named)) == len(named)
+
+
+def test_a_command_line_without_a_known_command_gets_every_group() -> None:
+    assert groups_for(["--help"]) == tuple(GROUPS)
+    assert groups_for(["nonsense"]) == tuple(GROUPS)
+    assert groups_for(["--version"]) == tuple(GROUPS)
+    assert groups_for(["lb-config", "x.yaml"]) == ("deploy",)
+
+
+_IMPORTED = """
+import sys
+sys.argv = ["dynamoctl", *sys.argv[1:]]
+from dynamoctl.cli import main
+try:
+    main()
+except SystemExit:
+    pass
+print(" ".join(name for name in sys.modules if name.startswith("dynamoctl.")))
+"""
+
+
+@pytest.mark.parametrize("command", ["worker", "follower", "frontend", "router", "planner", "up"])
+def test_a_component_command_imports_no_other_group(command: str) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORTED, command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
+    imported = set(out.split())
+    own = next(group for group, commands in GROUPS.items() if command in commands)
+    assert f"dynamoctl.cli.{own}" in imported
+    others = {f"dynamoctl.cli.{group}" for group in GROUPS if group != own}
+    assert imported & others == set()
+    assert "dynamoctl.configure.options" not in imported  # AI Configurator's option set
+    assert "dynamoctl.bench.options" not in imported
