@@ -71,6 +71,39 @@ ENGINE_ARGS: dict[str, Any] = {
     "max_num_batched_tokens": 2048, "weights_model": MODEL, "weights_source": "shared-fs",
     "eos_distribution": "none", "enable_prefix_caching": False,
 }  # fmt: skip
+COLD_S = 46.06
+"""Seconds the cold start above takes (16.06 GB at 1 GB/s, then 30 s of initialisation)."""
+
+
+@dataclass(frozen=True)
+class StartMode:
+    """How a replica of the planner arm starts: issue 28 (node-local cache, warm spares)
+    as a benchmark parameter, not a dependency on its code."""
+
+    engine_args: dict[str, Any]
+    """Overrides of ``ENGINE_ARGS`` (the mocker's start-up: weights source, init time)."""
+    spares: int = 0
+    """Warm spares held out of routing (each holds a GPU, counted in GPU-seconds); a
+    scale-up promotes one in ``promotion_s`` and starts its replacement."""
+    promotion_s: float = 1.0
+    title: str = ""
+
+
+START_MODES = {
+    "cold": StartMode({}, title="cold: weights from the shared filesystem (46 s)"),
+    "cache": StartMode(
+        {"weights_source": "local-disk", "engine_init_s": COLD_S / 5 - 16.06 / 3},
+        title="node-local cache: 5x faster than cold (issue 28's goal), 9.2 s",
+    ),
+    "cache+spare": StartMode(
+        {"weights_source": "local-disk", "engine_init_s": COLD_S / 5 - 16.06 / 3},
+        spares=1,
+        title="node-local cache (9.2 s) and one warm spare promoted in 1 s",
+    ),
+}
+"""The planner arm's start-up modes (``--startup``); the static arms start before the
+load, so their start-up does not change their figures."""
+
 TTFT_S, ITL_S = 1.0, 0.05
 ISL, OSL = (4000, 12000), (32, 96)
 MAX_REPLICAS = 5
@@ -197,6 +230,8 @@ class Replica:
     asked_at: float
     ready_at: float | None = None
     draining: bool = False
+    spare: bool = False
+    """Started and held out of routing until promoted."""
     gone_at: float | None = None
     inflight: int = 0
     task: asyncio.Task[None] | None = None
@@ -224,6 +259,7 @@ class Fleet:
 
     clock: FleetClock
     timing: AicTiming
+    mode: StartMode = START_MODES["cold"]
     replicas: list[Replica] = field(default_factory=list)
     records: list[Record] = field(default_factory=list)
     counts: list[tuple[float, int, int]] = field(default_factory=list)
@@ -232,14 +268,22 @@ class Fleet:
 
     def _note(self) -> None:
         holding = [r for r in self.replicas if r.gone_at is None]
-        ready = sum(r.ready_at is not None and not r.draining for r in holding)
+        ready = sum(r.ready_at is not None and not r.draining and not r.spare for r in holding)
         self.counts.append((self.clock.now(), len(holding), ready))
 
-    def add(self) -> None:
-        config = MockerConfig.from_options(ENGINE_ARGS)
+    def add(self, spare: bool = False) -> None:
+        """One more replica: a warm spare promoted if one is ready (and its replacement
+        started), else a start."""
+        promoted = next((r for r in self.replicas if r.spare and r.ready_at is not None), None)
+        if promoted is not None and not spare:
+            self._promote(promoted)
+            self.add(spare=True)
+            return
+        config = MockerConfig.from_options({**ENGINE_ARGS, **self.mode.engine_args})
         replica = Replica(
             MockerEngine(config, clock=self.clock, timing=self.timing), self.clock.now()
         )
+        replica.spare = spare
         self.replicas.append(replica)
 
         async def start() -> None:
@@ -250,9 +294,19 @@ class Fleet:
         replica.task = asyncio.create_task(start())
         self._note()
 
+    def _promote(self, replica: Replica) -> None:
+        replica.ready_at = None
+
+        async def promote() -> None:
+            await self.clock.sleep(self.mode.promotion_s)
+            replica.spare, replica.ready_at = False, self.clock.now()
+            self._note()
+
+        replica.task = asyncio.create_task(promote())
+
     def remove(self) -> None:
         """Drain the newest replica (a starting one first: it holds no request)."""
-        live = [r for r in self.replicas if not r.draining and r.gone_at is None]
+        live = [r for r in self.replicas if not (r.draining or r.spare) and r.gone_at is None]
         replica = max(live, key=lambda r: (r.ready_at is None, r.asked_at))
         replica.draining = True
 
@@ -269,7 +323,7 @@ class Fleet:
         self._note()
 
     def serving(self) -> list[Replica]:
-        return [r for r in self.replicas if r.ready_at is not None and not r.draining]
+        return [r for r in self.replicas if r.ready_at is not None and not (r.draining or r.spare)]
 
     async def send(self, index: int, arrival: Arrival) -> None:
         record = Record(self.clock.now(), arrival.isl)
@@ -392,7 +446,7 @@ async def plan(fleet: Fleet, model: PerfModel, replicas: int, end: float, log: l
 
 
 def apply(fleet: Fleet, desired: int, log: list[str], line: str) -> None:
-    holding = sum(not r.draining and r.gone_at is None for r in fleet.replicas)
+    holding = sum(not (r.draining or r.spare) and r.gone_at is None for r in fleet.replicas)
     if desired == holding:
         return
     log.append(f"{line} -> {desired}")
@@ -406,16 +460,17 @@ def apply(fleet: Fleet, desired: int, log: list[str], line: str) -> None:
 
 
 async def run_arm(
-    name: str, load: list[Arrival], seconds: float, timing: AicTiming
+    name: str, load: list[Arrival], seconds: float, timing: AicTiming, mode: StartMode
 ) -> dict[str, Any]:
     clock = FleetClock()
-    fleet = Fleet(clock, timing)
+    fleet = Fleet(clock, timing, mode)
     model = PerfModel(profile(timing))
     replicas = warm_size(model, load) if name == "planner" else int(name.split("-")[1])
     for _ in range(replicas):
         fleet.add()
-    startup = Startup(MockerConfig.from_options(ENGINE_ARGS)).expected_s
-    await clock.run_until(startup)  # static arms are ready when the load starts
+    for _ in range(mode.spares if name == "planner" else 0):
+        fleet.add(spare=True)
+    await clock.run_until(COLD_S)  # every arm is ready when the load starts
     origin = clock.now()
     log: list[str] = []
     planner = None
@@ -496,9 +551,10 @@ def plot(name: str, workload: Workload, found: dict[str, Any], path: Path) -> No
     bottom.set_ylabel("% meeting SLA (10 s bins)")
     bottom.set_xlabel("simulated seconds since the load started")
     mid.legend(loc="upper left", fontsize=7, ncol=4)
+    spares = f", {found['spares']} warm spare(s) promoted in 1 s" if found.get("spares") else ""
     fig.suptitle(
         f"{name}: {workload.title}\nLlama-3.1-8B on H100 (AI Configurator timing), start-up "
-        f"{found['startup_s']:.0f} s; TTFT {TTFT_S:g} s, mean ITL {ITL_S * 1e3:g} ms",
+        f"{found['startup_s']:.1f} s{spares}; TTFT {TTFT_S:g} s, mean ITL {ITL_S * 1e3:g} ms",
         fontsize=8,
     )
     fig.tight_layout()
@@ -532,9 +588,41 @@ def verdict(arms: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def run_workload(
+    name: str, mode: str, kept: list[dict[str, Any]], arm_names: list[str], timing: AicTiming
+) -> dict[str, Any]:
+    """One workload under one start-up mode: ``arm_names`` run, the other arms of ``kept``
+    kept (the static arms' figures do not depend on the planner's start-up mode)."""
+    workload, start = WORKLOADS[name], START_MODES[mode]
+    load = arrivals(workload, seed=11)
+    arms = [a for a in kept if a["name"] not in arm_names]
+    for arm in arm_names:
+        t0 = time.monotonic()
+        arms.append(asyncio.run(run_arm(arm, load, workload.seconds, timing, start)))
+        row = {k: v for k, v in arms[-1].items() if not k.endswith("time") and k != "decisions"}
+        print(f"{name}/{mode} {row} in {time.monotonic() - t0:.0f} s", flush=True)
+    arms.sort(key=lambda a: (a["name"] != "planner", a["name"]))
+    config = MockerConfig.from_options({**ENGINE_ARGS, **start.engine_args})
+    found = {
+        "startup_s": round(Startup(config).expected_s, 1),
+        "title": workload.title,
+        "arms": arms,
+        "goal": verdict(arms),
+    }
+    if start.spares:
+        found.update(spares=start.spares, promotion_s=start.promotion_s)
+    print(name, mode, json.dumps(found["goal"]), flush=True)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", nargs="*", choices=sorted(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument(
+        "--startup", nargs="*", choices=list(START_MODES), default=list(START_MODES),
+        help="the planner arm's start-up modes; cold's results go under \"workloads\", "
+        "the others' under \"startups\"",
+    )  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/planner.json")
     parser.add_argument("--plots", default="docs/img")
     parser.add_argument(
@@ -543,38 +631,29 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots of --out")
     args = parser.parse_args()
+    path = Path(args.out)
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.setdefault("workloads", {})
+    result.setdefault("startups", {})
     if args.plot_only:
-        for name, found in json.loads(Path(args.out).read_text())["workloads"].items():
-            plot(name, WORKLOADS[name], found, Path(args.plots) / f"planner_{name}.png")
+        for mode, name, found in _results(result):
+            plot(name, WORKLOADS[name], found, _plot_path(args.plots, name, mode))
         return
     began, load_before = time.monotonic(), os.getloadavg()
     timing = AicTiming.build(MockerConfig.from_options(ENGINE_ARGS))
-    startup = Startup(MockerConfig.from_options(ENGINE_ARGS)).expected_s
-    path = Path(args.out)
-    result = json.loads(path.read_text()) if path.exists() else {}
-    if "workloads" not in result:
-        result = {"workloads": {}}
     names = args.arms or ["planner", *(f"static-{n}" for n in range(1, MAX_REPLICAS + 1))]
-    for name in args.workload:
-        workload = WORKLOADS[name]
-        load = arrivals(workload, seed=11)
-        kept = result["workloads"].get(name, {}).get("arms", [])
-        arms = [a for a in kept if a["name"] not in names]
-        for arm in names:
-            t0 = time.monotonic()
-            arms.append(asyncio.run(run_arm(arm, load, workload.seconds, timing)))
-            row = {k: v for k, v in arms[-1].items() if not k.endswith("time") and k != "decisions"}
-            print(f"{name} {row} in {time.monotonic() - t0:.0f} s", flush=True)
-        arms.sort(key=lambda a: (a["name"] != "planner", a["name"]))
-        found = {
-            "startup_s": round(startup, 1),
-            "title": workload.title,
-            "arms": arms,
-            "goal": verdict(arms),
-        }
-        result["workloads"][name] = found
-        plot(name, workload, found, Path(args.plots) / f"planner_{name}.png")
-        print(name, json.dumps(found["goal"]), flush=True)
+    for mode in args.startup:
+        into = result["workloads"] if mode == "cold" else result["startups"].setdefault(
+            mode, {"title": START_MODES[mode].title, "workloads": {}})["workloads"]  # fmt: skip
+        for name in args.workload:
+            cold = result["workloads"].get(name, {}).get("arms", [])
+            kept = into.get(name, {}).get("arms", []) or cold
+            static = [a for a in cold if a["name"] != "planner"]  # the cold run's, kept
+            arm_names = names if mode == "cold" else ["planner"]
+            if mode != "cold":
+                kept = [*static, *(a for a in kept if a["name"] == "planner")]
+            into[name] = run_workload(name, mode, kept, arm_names, timing)
+            plot(name, WORKLOADS[name], into[name], _plot_path(args.plots, name, mode))
     result.update(
         machine=machine(),
         load_average=[round(x, 2) for x in (*load_before, *os.getloadavg())],
@@ -588,6 +667,19 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def _results(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(start-up mode, workload, its results) of every run in ``result``."""
+    found = [("cold", name, w) for name, w in result["workloads"].items()]
+    for mode, run in result["startups"].items():
+        found += [(mode, name, w) for name, w in run["workloads"].items()]
+    return found
+
+
+def _plot_path(folder: str, name: str, mode: str) -> Path:
+    suffix = "" if mode == "cold" else "_" + mode.replace("+", "_")
+    return Path(folder) / f"planner_{name}{suffix}.png"
 
 
 if __name__ == "__main__":
