@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import heapq
 import itertools
 import json
 import math
@@ -39,14 +38,29 @@ import os
 import random
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from machine import machine
+from planner_fleet import (
+    COLD_S,
+    ENGINE_ARGS,
+    ISL,
+    ITL_S,
+    MODEL,
+    OSL,
+    START_MODES,
+    SYSTEM,
+    TTFT_S,
+    Arrival,
+    Fleet,
+    FleetClock,
+    Record,
+    StartMode,
+)
 
-from dynamoctl.engines.api import EngineError, GenerateRequest
-from dynamoctl.engines.mocker import MockerConfig, MockerEngine
+from dynamoctl.engines.mocker import MockerConfig
 from dynamoctl.engines.mocker.aic_timing import AicTiming
 from dynamoctl.engines.mocker.startup import Startup
 from dynamoctl.planner.decide import decide_load, decide_throughput
@@ -64,15 +78,6 @@ from dynamoctl.planner.records import Forecast, PlannerState, PoolSpec, TrafficS
 from dynamoctl.planner.service import pool_metrics
 from dynamoctl.planner.settings import PlannerSettings
 
-MODEL, SYSTEM = "meta-llama/Meta-Llama-3.1-8B", "h100_sxm"
-ENGINE_ARGS: dict[str, Any] = {
-    "perf_model": "aic", "aic_model": MODEL, "aic_system": SYSTEM,
-    "num_gpu_blocks": 8192, "block_size": 16, "max_num_seqs": 128,
-    "max_num_batched_tokens": 2048, "weights_model": MODEL, "weights_source": "shared-fs",
-    "eos_distribution": "none", "enable_prefix_caching": False,
-}  # fmt: skip
-TTFT_S, ITL_S = 1.0, 0.05
-ISL, OSL = (4000, 12000), (32, 96)
 MAX_REPLICAS = 5
 SETTINGS = PlannerSettings(
     mode="both", ttft_target_ms=TTFT_S * 1e3, itl_target_ms=ITL_S * 1e3,
@@ -83,45 +88,6 @@ SETTINGS = PlannerSettings(
 """The planner arm's settings (the recipe's ``planner:`` section). The last three were
 chosen on the diurnal workload (docs/planner.md, "Measured": 30 s / 1.0 / 1.0 breached
 592 times, 15 s / 0.5 / 1.0 81 times, these 8)."""
-
-
-class FleetClock:
-    """A discrete-event clock many engines share: ``sleep_until`` parks the caller on a
-    heap; :meth:`run_until` moves time to the earliest deadline only once nothing else can
-    run at the current instant (the event loop's ready queue is empty)."""
-
-    def __init__(self) -> None:
-        self._now = 0.0
-        self._heap: list[tuple[float, int, asyncio.Future[None]]] = []
-        self._order = itertools.count()
-
-    def now(self) -> float:
-        return self._now
-
-    async def sleep_until(self, deadline: float) -> None:
-        if deadline <= self._now:
-            await asyncio.sleep(0)
-            return
-        future = asyncio.get_running_loop().create_future()
-        heapq.heappush(self._heap, (deadline, next(self._order), future))
-        await future
-
-    async def sleep(self, seconds: float) -> None:
-        await self.sleep_until(self._now + seconds)
-
-    async def run_until(self, end: float) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            await asyncio.sleep(0)
-            if loop._ready:  # type: ignore[attr-defined]  # something runs at this instant
-                continue
-            if not self._heap or self._heap[0][0] > end:
-                self._now = end
-                return
-            deadline, _, future = heapq.heappop(self._heap)
-            self._now = deadline
-            if not future.done():
-                future.set_result(None)
 
 
 # -- workloads -------------------------------------------------------------------------
@@ -170,13 +136,6 @@ WORKLOADS = {
 }
 
 
-@dataclass(frozen=True)
-class Arrival:
-    at: float
-    isl: int
-    osl: int
-
-
 def arrivals(workload: Workload, seed: int) -> list[Arrival]:
     """Poisson arrivals at ``workload.rate`` (by thinning), uniform lengths."""
     rng = random.Random(f"{seed}/arrivals")
@@ -186,117 +145,6 @@ def arrivals(workload: Workload, seed: int) -> list[Arrival]:
         if rng.random() * peak <= workload.rate(t):
             found.append(Arrival(t, rng.randint(*ISL), rng.randint(*OSL)))
     return found
-
-
-# -- the fleet ---------------------------------------------------------------------------
-
-
-@dataclass
-class Replica:
-    engine: MockerEngine
-    asked_at: float
-    ready_at: float | None = None
-    draining: bool = False
-    gone_at: float | None = None
-    inflight: int = 0
-    task: asyncio.Task[None] | None = None
-
-
-@dataclass
-class Record:
-    arrived: float
-    isl: int
-    first: float | None = None
-    last: float | None = None
-    tokens: int = 0
-    failed: bool = False
-
-    def breached(self) -> bool:
-        if self.failed or self.first is None or self.first - self.arrived > TTFT_S:
-            return True
-        itl = (self.last - self.first) / (self.tokens - 1) if self.tokens > 1 else 0.0
-        return self.last is None or itl > ITL_S
-
-
-@dataclass
-class Fleet:
-    """One arm: its replicas, requests and replica count over time."""
-
-    clock: FleetClock
-    timing: AicTiming
-    replicas: list[Replica] = field(default_factory=list)
-    records: list[Record] = field(default_factory=list)
-    counts: list[tuple[float, int, int]] = field(default_factory=list)
-    """(time, replicas holding a GPU, ready) after each change."""
-    draining: list[asyncio.Task[None]] = field(default_factory=list)
-
-    def _note(self) -> None:
-        holding = [r for r in self.replicas if r.gone_at is None]
-        ready = sum(r.ready_at is not None and not r.draining for r in holding)
-        self.counts.append((self.clock.now(), len(holding), ready))
-
-    def add(self) -> None:
-        config = MockerConfig.from_options(ENGINE_ARGS)
-        replica = Replica(
-            MockerEngine(config, clock=self.clock, timing=self.timing), self.clock.now()
-        )
-        self.replicas.append(replica)
-
-        async def start() -> None:
-            await replica.engine.start()  # the simulated start-up: weights, then init
-            replica.ready_at = self.clock.now()
-            self._note()
-
-        replica.task = asyncio.create_task(start())
-        self._note()
-
-    def remove(self) -> None:
-        """Drain the newest replica (a starting one first: it holds no request)."""
-        live = [r for r in self.replicas if not r.draining and r.gone_at is None]
-        replica = max(live, key=lambda r: (r.ready_at is None, r.asked_at))
-        replica.draining = True
-
-        async def drain() -> None:
-            if replica.task is not None and not replica.task.done():
-                replica.task.cancel()
-            while replica.inflight:
-                await self.clock.sleep(0.5)
-            await replica.engine.stop()
-            replica.gone_at = self.clock.now()
-            self._note()
-
-        self.draining.append(asyncio.create_task(drain()))
-        self._note()
-
-    def serving(self) -> list[Replica]:
-        return [r for r in self.replicas if r.ready_at is not None and not r.draining]
-
-    async def send(self, index: int, arrival: Arrival) -> None:
-        record = Record(self.clock.now(), arrival.isl)
-        self.records.append(record)
-        choices = self.serving()
-        if not choices:
-            record.failed = True
-            return
-        replica = min(choices, key=_busyness)
-        replica.inflight += 1
-        tokens = [index % 8000] * arrival.isl  # no prefix caching: the ids do not matter
-        request = GenerateRequest(f"r{index}", tokens, arrival.osl, ignore_eos=True)
-        try:
-            async for chunk in replica.engine.generate(request):
-                now = self.clock.now()
-                record.first = now if record.first is None else record.first
-                record.tokens += len(chunk.token_ids)
-                record.last = now
-        except EngineError:
-            record.failed = True
-        finally:
-            replica.inflight -= 1
-
-
-def _busyness(replica: Replica) -> tuple[int, int]:
-    load = replica.engine.load_metrics()
-    return load.num_waiting + load.num_running, load.prefill_tokens_queued
 
 
 # -- the planner, as the service runs it ----------------------------------------------------
@@ -392,7 +240,7 @@ async def plan(fleet: Fleet, model: PerfModel, replicas: int, end: float, log: l
 
 
 def apply(fleet: Fleet, desired: int, log: list[str], line: str) -> None:
-    holding = sum(not r.draining and r.gone_at is None for r in fleet.replicas)
+    holding = sum(not (r.draining or r.spare) and r.gone_at is None for r in fleet.replicas)
     if desired == holding:
         return
     log.append(f"{line} -> {desired}")
@@ -406,16 +254,17 @@ def apply(fleet: Fleet, desired: int, log: list[str], line: str) -> None:
 
 
 async def run_arm(
-    name: str, load: list[Arrival], seconds: float, timing: AicTiming
+    name: str, load: list[Arrival], seconds: float, timing: AicTiming, mode: StartMode
 ) -> dict[str, Any]:
     clock = FleetClock()
-    fleet = Fleet(clock, timing)
+    fleet = Fleet(clock, timing, mode)
     model = PerfModel(profile(timing))
     replicas = warm_size(model, load) if name == "planner" else int(name.split("-")[1])
     for _ in range(replicas):
         fleet.add()
-    startup = Startup(MockerConfig.from_options(ENGINE_ARGS)).expected_s
-    await clock.run_until(startup)  # static arms are ready when the load starts
+    for _ in range(mode.spares if name == "planner" else 0):
+        fleet.add(spare=True)
+    await clock.run_until(COLD_S)  # every arm is ready when the load starts
     origin = clock.now()
     log: list[str] = []
     planner = None
@@ -496,9 +345,10 @@ def plot(name: str, workload: Workload, found: dict[str, Any], path: Path) -> No
     bottom.set_ylabel("% meeting SLA (10 s bins)")
     bottom.set_xlabel("simulated seconds since the load started")
     mid.legend(loc="upper left", fontsize=7, ncol=4)
+    spares = f", {found['spares']} warm spare(s) promoted in 1 s" if found.get("spares") else ""
     fig.suptitle(
         f"{name}: {workload.title}\nLlama-3.1-8B on H100 (AI Configurator timing), start-up "
-        f"{found['startup_s']:.0f} s; TTFT {TTFT_S:g} s, mean ITL {ITL_S * 1e3:g} ms",
+        f"{found['startup_s']:.1f} s{spares}; TTFT {TTFT_S:g} s, mean ITL {ITL_S * 1e3:g} ms",
         fontsize=8,
     )
     fig.tight_layout()
@@ -532,9 +382,41 @@ def verdict(arms: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def run_workload(
+    name: str, mode: str, kept: list[dict[str, Any]], arm_names: list[str], timing: AicTiming
+) -> dict[str, Any]:
+    """One workload under one start-up mode: ``arm_names`` run, the other arms of ``kept``
+    kept (the static arms' figures do not depend on the planner's start-up mode)."""
+    workload, start = WORKLOADS[name], START_MODES[mode]
+    load = arrivals(workload, seed=11)
+    arms = [a for a in kept if a["name"] not in arm_names]
+    for arm in arm_names:
+        t0 = time.monotonic()
+        arms.append(asyncio.run(run_arm(arm, load, workload.seconds, timing, start)))
+        row = {k: v for k, v in arms[-1].items() if not k.endswith("time") and k != "decisions"}
+        print(f"{name}/{mode} {row} in {time.monotonic() - t0:.0f} s", flush=True)
+    arms.sort(key=lambda a: (a["name"] != "planner", a["name"]))
+    config = MockerConfig.from_options({**ENGINE_ARGS, **start.engine_args})
+    found = {
+        "startup_s": round(Startup(config).expected_s, 1),
+        "title": workload.title,
+        "arms": arms,
+        "goal": verdict(arms),
+    }
+    if start.spares:
+        found.update(spares=start.spares, promotion_s=start.promotion_s)
+    print(name, mode, json.dumps(found["goal"]), flush=True)
+    return found
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--workload", nargs="*", choices=sorted(WORKLOADS), default=list(WORKLOADS))
+    parser.add_argument(
+        "--startup", nargs="*", choices=list(START_MODES), default=list(START_MODES),
+        help="the planner arm's start-up modes; cold's results go under \"workloads\", "
+        "the others' under \"startups\"",
+    )  # fmt: skip
     parser.add_argument("--out", default="benchmarks/results/planner.json")
     parser.add_argument("--plots", default="docs/img")
     parser.add_argument(
@@ -543,38 +425,29 @@ def main() -> None:
     )  # fmt: skip
     parser.add_argument("--plot-only", action="store_true", help="redraw the plots of --out")
     args = parser.parse_args()
+    path = Path(args.out)
+    result = json.loads(path.read_text()) if path.exists() else {}
+    result.setdefault("workloads", {})
+    result.setdefault("startups", {})
     if args.plot_only:
-        for name, found in json.loads(Path(args.out).read_text())["workloads"].items():
-            plot(name, WORKLOADS[name], found, Path(args.plots) / f"planner_{name}.png")
+        for mode, name, found in _results(result):
+            plot(name, WORKLOADS[name], found, _plot_path(args.plots, name, mode))
         return
     began, load_before = time.monotonic(), os.getloadavg()
     timing = AicTiming.build(MockerConfig.from_options(ENGINE_ARGS))
-    startup = Startup(MockerConfig.from_options(ENGINE_ARGS)).expected_s
-    path = Path(args.out)
-    result = json.loads(path.read_text()) if path.exists() else {}
-    if "workloads" not in result:
-        result = {"workloads": {}}
     names = args.arms or ["planner", *(f"static-{n}" for n in range(1, MAX_REPLICAS + 1))]
-    for name in args.workload:
-        workload = WORKLOADS[name]
-        load = arrivals(workload, seed=11)
-        kept = result["workloads"].get(name, {}).get("arms", [])
-        arms = [a for a in kept if a["name"] not in names]
-        for arm in names:
-            t0 = time.monotonic()
-            arms.append(asyncio.run(run_arm(arm, load, workload.seconds, timing)))
-            row = {k: v for k, v in arms[-1].items() if not k.endswith("time") and k != "decisions"}
-            print(f"{name} {row} in {time.monotonic() - t0:.0f} s", flush=True)
-        arms.sort(key=lambda a: (a["name"] != "planner", a["name"]))
-        found = {
-            "startup_s": round(startup, 1),
-            "title": workload.title,
-            "arms": arms,
-            "goal": verdict(arms),
-        }
-        result["workloads"][name] = found
-        plot(name, workload, found, Path(args.plots) / f"planner_{name}.png")
-        print(name, json.dumps(found["goal"]), flush=True)
+    for mode in args.startup:
+        into = result["workloads"] if mode == "cold" else result["startups"].setdefault(
+            mode, {"title": START_MODES[mode].title, "workloads": {}})["workloads"]  # fmt: skip
+        for name in args.workload:
+            cold = result["workloads"].get(name, {}).get("arms", [])
+            kept = into.get(name, {}).get("arms", []) or cold
+            static = [a for a in cold if a["name"] != "planner"]  # the cold run's, kept
+            arm_names = names if mode == "cold" else ["planner"]
+            if mode != "cold":
+                kept = [*static, *(a for a in kept if a["name"] == "planner")]
+            into[name] = run_workload(name, mode, kept, arm_names, timing)
+            plot(name, WORKLOADS[name], into[name], _plot_path(args.plots, name, mode))
     result.update(
         machine=machine(),
         load_average=[round(x, 2) for x in (*load_before, *os.getloadavg())],
@@ -588,6 +461,19 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {path}")
+
+
+def _results(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+    """(start-up mode, workload, its results) of every run in ``result``."""
+    found = [("cold", name, w) for name, w in result["workloads"].items()]
+    for mode, run in result["startups"].items():
+        found += [(mode, name, w) for name, w in run["workloads"].items()]
+    return found
+
+
+def _plot_path(folder: str, name: str, mode: str) -> Path:
+    suffix = "" if mode == "cold" else "_" + mode.replace("+", "_")
+    return Path(folder) / f"planner_{name}{suffix}.png"
 
 
 if __name__ == "__main__":

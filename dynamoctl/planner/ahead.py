@@ -43,7 +43,9 @@ def backlog_need(
     """Replicas that carry the pool's load and backlog within the targets, and the
     arithmetic. With the window's arrival rate and lengths: what that rate needs (the
     throughput loop's sizing, :mod:`~dynamoctl.planner.perf`) plus the queued prefill work
-    drained within one start-up (replicas asked now help no sooner). Without them: the
+    drained within one start-up (replicas asked now help no sooner), plus, while the ready
+    replicas carry less than that rate, the backlog they will pile up over one start-up,
+    drained within the next. Without them: the
     queued prefill work drained within one TTFT target, plus the requests in flight at
     the largest batch whose ITL meets the target at their mean context."""
     if metrics.arrival_rate is not None and metrics.mean_isl > 0:
@@ -84,10 +86,15 @@ def _rate_need(
     if role != "decode":
         horizon = max(settings.ttft_target, startup_s or 0.0)
         queue = metrics.queued_prefill_tokens / (model.prefill_tokens_per_second() * horizon)
-    needed = replicas_for(steady.replicas + queue)
-    arithmetic = f"{rate:.2f} req/s needs {steady.replicas}"
+    # Until the replicas asked now are ready, the ready ones fall behind by what they lack;
+    # that backlog is drained within the start-up after (a step is sized at once to it).
+    deficit = max(0.0, steady.share - metrics.ready) if startup_s else 0.0
+    needed = max(steady.replicas, replicas_for(steady.share + queue + deficit))
+    arithmetic = f"{rate:.2f} req/s needs {steady.share:.2f}"
     if queue:
         arithmetic += f" + queue {queue:.2f} (drained within a start-up)"
+    if deficit:
+        arithmetic += f" + {deficit:.2f} for the backlog of {metrics.ready} ready until a start-up"
     return needed, f"load: {arithmetic} -> {needed}"
 
 
@@ -110,6 +117,34 @@ def rate_trend(rates: Sequence[tuple[float, float]]) -> float:
         return 0.0
     slope = float(np.polyfit(times, values, 1)[0])
     return slope if math.isfinite(slope) else 0.0
+
+
+SHIFT_RATIO = 0.1
+"""A series is a level shift, not a ramp, when two flat levels leave at most this share of
+the squared error a straight line leaves."""
+
+
+def level_shift(rates: Sequence[tuple[float, float]]) -> float | None:
+    """The new level when ``(time, rate)`` samples are a step rather than a ramp: the
+    series split into two flat runs (at the best break) fits better than a line by
+    :data:`SHIFT_RATIO`, and the later run is at least one sample long. ``None``: no step
+    (fewer than three samples, flat, or a ramp). A step read as a ramp is extrapolated
+    one start-up ahead to a rate that never comes (docs/planner.md, "Measured")."""
+    if len(rates) < 3:
+        return None
+    values = np.array([r for _, r in rates], dtype=float)
+    times = np.array([t for t, _ in rates], dtype=float)
+    if float(np.ptp(values)) == 0.0 or float(np.ptp(times)) == 0.0:
+        return None
+    line = np.polyval(np.polyfit(times, values, 1), times)
+    line_error = float(((values - line) ** 2).sum())
+    best, level = math.inf, 0.0
+    for cut in range(1, len(values)):
+        before, after = values[:cut], values[cut:]
+        error = float(((before - before.mean()) ** 2).sum() + ((after - after.mean()) ** 2).sum())
+        if error < best:
+            best, level = error, float(after.mean())
+    return level if best <= SHIFT_RATIO * line_error else None
 
 
 def rate_ahead(forecast: Forecast, lead: float) -> Forecast:

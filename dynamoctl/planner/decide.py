@@ -274,14 +274,23 @@ def _decide_pool(
     startup = max(filter(None, (pool.startup_s, metrics.startup_s)), default=None)
     wanted, backlog = _up_to(spec, pool, metrics, model, settings) if up else (0, "")
     sized = wanted > pool.target + 1  # the backlog needs more than one: a sized step
+    by_rate = model is not None and metrics.arrival_rate is not None and metrics.mean_isl > 0
+    needs = pool.needs
+    if model is not None and by_rate:
+        need = backlog_need(spec.role, metrics, model, settings, startup)[0]
+        needs = (*pool.needs, need)[-_need_window(settings, startup) :]
     pool = msgspec.structs.replace(
         pool,
         up_streak=pool.up_streak + 1 if up else 0,
         down_streak=pool.down_streak + 1 if not up and not keep else 0,
         startup_s=startup,
+        needs=needs,
     )
-    if up:
-        streak, needed, reason = pool.up_streak, settings.stable_intervals, ", ".join(up)
+    if not up and by_rate:
+        return _down_to_need(spec, pool, metrics, settings, floor, now, settle)
+    if up:  # a sized step (a level shift the backlog shows) waits for no second interval
+        streak, reason = pool.up_streak, ", ".join(up)
+        needed = 1 if sized else settings.stable_intervals
         reason += f"; {backlog}" if sized else ""
     elif not keep:
         streak, needed, reason = pool.down_streak, down_hold(settings, startup), "every signal low"
@@ -300,6 +309,45 @@ def _decide_pool(
             return settle(pool.target, f"{reason}; at its floor {floor}", pool)
         return settle(pool.target - 1, reason, pool)
     return _grow(spec, pool, wanted, reason, gpus_elsewhere, settings, settle)
+
+
+def _need_window(settings: PlannerSettings, startup: float | None) -> int:
+    """Load intervals whose needs a scale-down must stay under: a start-up's worth
+    (:func:`~dynamoctl.planner.ahead.down_hold`), and never under the cool-down's (a fast
+    start is no reason to follow every 5 s window's noise down)."""
+    return down_hold(settings, max(startup or 0.0, settings.cooldown))
+
+
+def _down_to_need(
+    spec: PoolSpec,
+    pool: PoolState,
+    metrics: PoolMetrics,
+    settings: PlannerSettings,
+    floor: int,
+    now: float,
+    settle: Callable[[int, str, PoolState], tuple[PoolDecision, PoolState]],
+) -> tuple[PoolDecision, PoolState]:
+    """The scale-down when the arrival rate is known: to the highest need of the last
+    start-up's worth of intervals (what a replica removed now could not be brought back
+    in time for), in one step, and only while the latencies are clear of their targets."""
+    latency: list[str] = []
+    fraction = settings.scale_down_fraction
+    if spec.role in PREFILL_ROLES:
+        _latency("TTFT", metrics.ttft, settings.ttft_target, fraction, latency, latency)
+    if spec.role in DECODE_ROLES:
+        _latency("ITL", metrics.itl, settings.itl_target, fraction, latency, latency)
+    if latency:
+        return settle(pool.target, "hold: " + ", ".join(latency), pool)
+    hold, highest = _need_window(settings, pool.startup_s), max(pool.needs, default=pool.target)
+    seen = f"highest need {highest} over {len(pool.needs)}/{hold} intervals"
+    if len(pool.needs) < hold or highest >= pool.target:
+        return settle(pool.target, f"hold: {seen}", pool)
+    if pool.target <= floor:
+        return settle(pool.target, f"{seen}; at its floor {floor}", pool)
+    if pool.changed_at is not None and now - pool.changed_at < settings.cooldown:
+        left = settings.cooldown - (now - pool.changed_at)
+        return settle(pool.target, f"{seen}; cool-down, {left:.0f} s left", pool)
+    return settle(max(highest, floor), f"{seen} (a start-up)", pool)
 
 
 def _grow(

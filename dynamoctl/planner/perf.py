@@ -211,6 +211,9 @@ class PoolNeed(msgspec.Struct, frozen=True, kw_only=True):
     """False: no replica count meets the target (one request alone misses it); the pool is
     sized to keep up with the load instead."""
     reason: str
+    share: float = 0.0
+    """The same need in replicas' worth of work, before rounding up (a backlog's share is
+    added to it, then rounded once)."""
 
 
 def max_utilisation(service: float, target: float) -> float:
@@ -254,12 +257,14 @@ def prefill_need(
     if utilisation <= 0.0:
         return PoolNeed(
             replicas=replicas_for(busy),
+            share=busy,
             meets_target=False,
             reason=f"{arithmetic}; one prefill alone misses TTFT {ttft_target * 1e3:.0f} ms",
         )
     needed = replicas_for(busy / utilisation)
     return PoolNeed(
         replicas=needed,
+        share=busy / utilisation,
         meets_target=True,
         reason=f"{arithmetic}, at most {utilisation:.0%} busy for TTFT "
         f"{ttft_target * 1e3:.0f} ms -> {needed}",
@@ -284,11 +289,13 @@ def decode_need(
     if batch == 0:
         return PoolNeed(
             replicas=needed,
+            share=tokens / per_replica,
             meets_target=False,
             reason=f"{arithmetic}; one request alone misses ITL {target * 1e3:.1f} ms",
         )
     return PoolNeed(
         replicas=needed,
+        share=tokens / per_replica,
         meets_target=True,
         reason=f"{arithmetic} within ITL {target * 1e3:.1f} ms (x1/{factor:.2f})",
     )
@@ -313,6 +320,7 @@ def agg_need(
     needed = replicas_for(prefill_share + decode_share)
     return PoolNeed(
         replicas=needed,
+        share=prefill_share + decode_share,
         meets_target=utilisation > 0 and batch > 0,
         reason=f"prefill {prefill_share:.2f} + decode {decode_share:.2f} replicas -> {needed}",
     )

@@ -15,7 +15,7 @@ from typing import Protocol
 import numpy as np
 import numpy.typing as npt
 
-from dynamoctl.planner.ahead import rate_trend
+from dynamoctl.planner.ahead import level_shift, rate_trend
 from dynamoctl.planner.records import Forecast, TrafficSample
 from dynamoctl.util.registry import Registry
 
@@ -179,9 +179,15 @@ class TrafficForecaster:
             self._osl.observe(sample.mean_osl)
 
     def forecast(self) -> Forecast | None:
-        """The next interval, or ``None`` until an interval with requests was seen."""
+        """The next interval, or ``None`` until an interval with requests was seen. When
+        the latest rates are a level shift (:func:`~dynamoctl.planner.ahead.level_shift`),
+        the rate is the new level (or the predictor's, if higher) with no trend."""
         rate, isl, osl = self._rate.predict(), self._isl.predict(), self._osl.predict()
         if rate is None or isl is None or osl is None:
             return None
-        trend = rate_trend(list(self._rates))
+        rates = list(self._rates)
+        shifted = level_shift(rates)
+        if shifted is not None:  # a step: the new level now, no trend to carry ahead
+            return Forecast(rate=max(shifted, rate, 0.0), isl=max(isl, 0.0), osl=max(osl, 0.0))
+        trend = rate_trend(rates)
         return Forecast(rate=max(rate, 0.0), isl=max(isl, 0.0), osl=max(osl, 0.0), trend=trend)

@@ -109,6 +109,9 @@ class PoolState(msgspec.Struct, frozen=True, kw_only=True):
     """Load intervals in a row that allowed one fewer."""
     startup_s: float | None = None
     """The pool's start-up time, the longest its replicas reported (kept once seen)."""
+    needs: tuple[int, ...] = ()
+    """Replicas the arrival rate and backlog needed at each of the latest load intervals,
+    a start-up's worth of them: a scale-down goes to their highest, never lower."""
 
 
 class PlannerState(msgspec.Struct, frozen=True, kw_only=True):

@@ -81,7 +81,9 @@ class PlannerSettings(Options):
     scale_down_hold: float = Field(default=1.0, ge=0.0, le=100.0)
     """Start-up times every signal must stay low before a pool loses a replica (at least
     ``stable_intervals``): a dip shorter than that is held through, since a replica
-    removed and asked back costs one start-up of missed targets."""
+    removed and asked back costs one start-up of missed targets. With the frontends'
+    arrival rate known, the pool goes down only to the highest need of that many
+    start-ups' worth of intervals (at least the ``cooldown``'s), in one step."""
     forecast_startups: float = Field(default=1.0, ge=0.0, le=100.0)
     """How many start-up times ahead the throughput loop forecasts (along the rate's
     trend), so replicas it asks for are ready when the load comes; never less than one

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import itertools
 
+import msgspec
 import numpy as np
 import pytest
 
-from dynamoctl.planner.ahead import down_hold, lead_time, rate_trend
+from dynamoctl.planner.ahead import down_hold, lead_time, level_shift, rate_trend
 from dynamoctl.planner.budget import BudgetError, check_budget, fit_to_budget, units
 from dynamoctl.planner.decide import decide_load, decide_throughput
 from dynamoctl.planner.records import (
@@ -240,9 +241,10 @@ def test_random_sequences_never_exceed_the_budget() -> None:
 
 
 def test_a_backlog_is_met_in_one_step_not_one_replica_per_cool_down() -> None:
-    # 30 requests in flight; at context 1000 a batch of 5 keeps ITL at 15 ms: 6 replicas.
+    # 30 requests in flight; at context 1000 a batch of 5 keeps ITL at 15 ms: 6 replicas,
+    # on the first interval that shows it (a sized step waits for no second one).
     current = state(prefill=1, decode=1)
-    for step in range(2):
+    for step in range(1):
         now = 100.0 + 5 * step
         load = {
             "decode": PoolMetrics(at=now, ready=1, kv_usage=0.61, inflight=30, itl=0.05),
@@ -344,8 +346,10 @@ def test_lead_and_trend_arithmetic() -> None:
 
 def test_with_the_window_s_rate_a_step_is_sized_for_that_rate_plus_the_queue() -> None:
     # 30 req/s of 1000-token prompts: 3.0 replicas busy / 0.947 (M/D/1 at 0.1 s of a 0.5 s
-    # target) -> 4; 100k queued tokens at 10k tok/s are 10 s of work, over a 60 s
-    # start-up 0.17 of a replica: 5 in all (the queue alone, within a TTFT: 20).
+    # target) plus decode: 3.43 replicas' worth; 100k queued tokens at 10k tok/s are 10 s
+    # of work, over a 60 s start-up 0.17 of a replica; the one ready replica falls 2.43
+    # behind until the others start, drained within the start-up after: 6.03 -> 7 (the
+    # queue alone, within a TTFT: 20).
     current = PlannerState(pools={"agg": PoolState(target=1, startup_s=60.0)})
     agg = [spec("agg")]
     settings = SETTINGS.model_copy(update={"stable_intervals": 1, "itl_target_ms": 50.0})
@@ -358,5 +362,52 @@ def test_with_the_window_s_rate_a_step_is_sized_for_that_rate_plus_the_queue() -
     decision, after = decide_load(
         settings=settings, specs=agg, state=current, model=model(), load=load, now=100.0
     )
-    assert after.pools["agg"].target == 5
-    assert "30.00 req/s needs 4 + queue 0.17" in decision.reason
+    assert after.pools["agg"].target == 7
+    assert "30.00 req/s needs 3.43 + queue 0.17" in decision.reason
+    assert "+ 2.43 for the backlog of 1 ready" in decision.reason
+    # Two ready fall 1.43 behind: 3.43 + 0.17 + 1.43 = 5.03 -> 6.
+    ready = {"agg": msgspec.structs.replace(load["agg"], ready=2)}
+    current = PlannerState(pools={"agg": PoolState(target=2, startup_s=60.0)})
+    _, after = decide_load(
+        settings=settings, specs=agg, state=current, model=model(), load=ready, now=100.0
+    )
+    assert after.pools["agg"].target == 6
+
+
+def test_a_scale_down_goes_to_the_highest_need_over_a_start_up_in_one_step() -> None:
+    # 60 s start-up, 5 s intervals: 12 intervals. 10 req/s needs 2 (1.14 replicas' worth);
+    # one interval at 20 req/s (3) in the window keeps 3; once it leaves the window, 2.
+    settings = SETTINGS.model_copy(update={"stable_intervals": 1, "cooldown": 0.0})
+    agg = [spec("agg")]
+    state = PlannerState(pools={"agg": PoolState(target=6, startup_s=60.0)})
+    rates = [20.0] + [10.0] * 13
+    targets = []
+    for i, rate in enumerate(rates):
+        load = {
+            "agg": PoolMetrics(
+                at=5.0 * i, ready=6, ttft=0.1, itl=0.01, arrival_rate=rate,
+                mean_isl=1000.0, mean_osl=1.0,
+            )
+        }  # fmt: skip
+        decision, state = decide_load(
+            settings=settings, specs=agg, state=state, model=model(), load=load, now=5.0 * i
+        )
+        targets.append(state.pools["agg"].target)
+    assert targets[:11] == [6] * 11, decision.reason  # not a start-up's worth seen yet
+    assert targets[11:] == [3, 2, 2]
+    # A latency near its target holds whatever the rate says.
+    near = {"agg": msgspec.structs.replace(load["agg"], at=65.0, ttft=0.45)}
+    state = msgspec.structs.replace(state, pools={"agg": msgspec.structs.replace(
+        state.pools["agg"], target=4)})  # fmt: skip
+    decision, after = decide_load(
+        settings=settings, specs=agg, state=state, model=model(), load=near, now=65.0
+    )
+    assert after.pools["agg"].target == 4 and "TTFT 450 ms within 80%" in decision.reason
+
+
+def test_a_step_in_the_rate_is_read_as_a_step_a_ramp_as_a_ramp() -> None:
+    step = [(0.0, 2.0), (15.0, 2.1), (30.0, 1.9), (45.0, 11.0)]
+    assert level_shift(step) == pytest.approx(11.0)
+    assert level_shift([(0.0, 2.0), (15.0, 5.0), (30.0, 8.0), (45.0, 11.0)]) is None
+    assert level_shift([(0.0, 2.0), (15.0, 2.0), (30.0, 2.0)]) is None
+    assert level_shift(step[-2:]) is None  # two samples: a line through them fits
