@@ -81,6 +81,14 @@ if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
         echo "[install-deps] pip install --no-deps lmcache==$lmcache_version"
         "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "lmcache==$lmcache_version"
     fi
+    # Its file-system L2 adapter (kv_offload.disk_path on the CPU build) imports aiofiles,
+    # which the --no-deps install leaves out.
+    aiofiles_version=25.1.0
+    aiofiles_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("aiofiles"))' 2>/dev/null || true)
+    if [ "$aiofiles_version" != "$aiofiles_have" ]; then
+        echo "[install-deps] pip install aiofiles==$aiofiles_version"
+        "$PYTHON" -m pip install -q --disable-pip-version-check "aiofiles==$aiofiles_version"
+    fi
 
     # SGLang's wheel, unpacked (not installed) into .engine-parsers/: tests/recipe/
     # test_kv_offload_engines.py parses the kv_offload arguments with SGLang's own

@@ -96,8 +96,10 @@ class KvRouter:
             raise ValueError("host_credit and disk_credit must be in [0, 1]")
         self.block_size = block_size
         """Tokens per KV block; must equal the engines' (their model cards say)."""
-        self.busy_kv_usage = busy_kv_usage
-        """KV usage fraction above which a worker is busy; None: never."""
+        # 1 means "never busy by KV usage" (RouterSettings says so): bookings of queued
+        # requests can pass the whole cache, so ``> 1`` would still mark workers busy.
+        self.busy_kv_usage = None if busy_kv_usage is None or busy_kv_usage >= 1 else busy_kv_usage
+        """KV usage fraction above which a worker is busy; None (or 1 given): never."""
         self.busy_waiting = busy_waiting
         """Waiting requests above which a worker is busy; None: never."""
         self.policy = create_policy(

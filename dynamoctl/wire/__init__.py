@@ -17,6 +17,7 @@ One package, one module per plane, all msgspec structs:
 from dynamoctl.wire import engine, kv_events, kv_transfer, records, router
 from dynamoctl.wire.planes import (
     END_SEQ,
+    SERVER_HEARTBEAT_TIMEOUT,
     SNAPSHOT_MARKER,
     Cancel,
     Chunk,
@@ -43,6 +44,7 @@ from dynamoctl.wire.records import EventsRecord, InstanceRecord, decode_json, en
 
 __all__ = [
     "END_SEQ",
+    "SERVER_HEARTBEAT_TIMEOUT",
     "SNAPSHOT_MARKER",
     "Cancel",
     "Chunk",

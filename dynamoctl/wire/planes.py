@@ -114,6 +114,10 @@ class Pong(WireMessage, tag=19):
     """Server heartbeat answer."""
 
 
+SERVER_HEARTBEAT_TIMEOUT: Final = 3.0
+"""Seconds of a client's silence after which a request-plane server cancels its streams
+(its default): a client pings more often than this, whatever its own timeout."""
+
 ClientMessage: TypeAlias = Request | Credit | Cancel | Ping
 ServerMessage: TypeAlias = Chunk | End | Error | Pong
 

@@ -184,6 +184,19 @@ async def test_disk_filter_writes_only_reused_blocks(make_mocker: Any) -> None:
     assert await run(True, decay_s=1e-6) == set()
 
 
+async def test_disk_serves_a_working_set_larger_than_the_host_tier(make_mocker: Any) -> None:
+    # Six 3-block prompts in turn: 18 blocks, more than GPU (8) and host (8) hold, so
+    # LRU drops each before it comes back and no tier ever hits it. Recomputing a prompt
+    # is a reuse all the same: its blocks must reach the disk tier and be served there.
+    m = await make_mocker(**BASE, num_host_blocks=8, num_disk_blocks=64)
+    for rnd in range(3):
+        for i in range(6):
+            await m.run(f"r{rnd}-{i}", prompt(i, 3), 1)
+    disk = m.engine.scheduler.tiers.disk.stats
+    assert disk.offloaded_blocks > 0
+    assert disk.hit_blocks >= 3 * 6 // 2  # the third round: most prompts from disk
+
+
 async def test_full_disk_stops_offload_and_serving_goes_on(
     make_mocker: Any, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

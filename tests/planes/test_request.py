@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl import wire
 from dynamoctl.planes.request import (
     ClientClosedError,
     Overloaded,
@@ -292,3 +293,25 @@ async def test_handler_refusing_before_first_chunk_is_overloaded() -> None:
         with pytest.raises(Overloaded, match="draining"):
             async for _ in client.stream(server.address, "gen", b""):
                 pass
+
+
+async def test_a_long_client_silence_bound_keeps_pinging_within_the_servers() -> None:
+    # The frontend's --stream-silence-timeout of 20 s once meant a ping every 5 s, past
+    # the worker's 3 s bound: the server cancelled every stream quiet for 3 s (a long
+    # prefill). Pings now come within a quarter of the server's bound, whatever the client's.
+    async def slow_first_chunk(body: bytes) -> AsyncIterator[bytes]:
+        await asyncio.sleep(wire.SERVER_HEARTBEAT_TIMEOUT + 1.5)
+        yield b"first"
+
+    async with (
+        RequestServer("tcp://127.0.0.1:0") as srv,
+        RequestClient(heartbeat_interval=5.0, heartbeat_timeout=20.0) as cli,
+    ):
+        srv.register("slow", slow_first_chunk)
+        got = await asyncio.wait_for(_collect(cli.stream(srv.address, "slow", b"")), 15)
+    assert got == [b"first"]
+    assert cli.heartbeat_interval <= wire.SERVER_HEARTBEAT_TIMEOUT / 4
+
+
+async def _collect(stream: AsyncIterator[bytes]) -> list[bytes]:
+    return [chunk async for chunk in stream]

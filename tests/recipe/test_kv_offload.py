@@ -69,6 +69,9 @@ def test_vllm_native_on_gpus_and_lmcache_env() -> None:
     assert args["kv_offloading_backend"] == "lmcache"
     # The CPU build: an LMCache server started by the worker (engines/vllm/lmcache.py).
     assert args_for("vllm", "{host_gib: 0.5}", gpus=0)["lmcache_l1_gib"] == 0.5
+    # ... and its disk tier, LMCache's file-system L2 (the server's --l2-adapter).
+    args = args_for("vllm", "{host_gib: 0.5, disk_path: /var/tmp}", gpus=0)
+    assert (args["lmcache_l1_gib"], args["lmcache_disk_path"]) == (0.5, "/var/tmp")
 
 
 def test_sglang_hicache_and_trtllm_host_cache() -> None:
@@ -101,7 +104,7 @@ def test_sglang_hicache_and_trtllm_host_cache() -> None:
             "smaller than the GPU KV cache (16384 blocks = 32 GiB): it would churn",
         ),
         ("vllm", "{host_gib: 4, backend: native}", 0, "kv_offload.backend: native offloading"),
-        ("vllm", "{host_gib: 4, disk_path: /d}", 0, "kv_offload.disk_path: is not supported with"),
+        ("vllm", "{host_gib: 4, disk_path: /d, disk_gib: 8}", 0, "kv_offload.disk_gib: LMCache"),
         ("vllm", "{host_gib: 4, disk_path: /d}", 1, "kv_offload.disk_path: needs backend: lm"),
         ("trtllm", "{host_gib: 4, disk_path: /d}", 1, "kv_offload.disk_path: is not supported"),
         ("mocker", "{host_gib: 64, shared_store: x}", 0, "kv_offload.shared_store: is not sup"),

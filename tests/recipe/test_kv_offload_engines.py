@@ -120,8 +120,10 @@ def test_lmcache_server_parses_the_cpu_builds_arguments() -> None:
         missing("lmcache")
     from dynamoctl.engines.vllm.lmcache import LMCacheServer
 
-    _, out = rendered("vllm", {"host_gib": 1.5}, gpus=0)
-    server = LMCacheServer(out.args["lmcache_l1_gib"], chunk_size=16)
+    _, out = rendered("vllm", {"host_gib": 1.5, "disk_path": "/var/cache/kv"}, gpus=0)
+    server = LMCacheServer(
+        out.args["lmcache_l1_gib"], chunk_size=16, disk_path=out.args["lmcache_disk_path"]
+    )
     parsed = run_python(
         f"""
         import json, sys
@@ -130,10 +132,12 @@ def test_lmcache_server_parses_the_cpu_builds_arguments() -> None:
         from lmcache.v1.distributed.config import parse_args_to_config
         args = http_server.parse_args()
         config = parse_args_to_config(args)
-        print(json.dumps({{"l1_gb": args.l1_size_gb, "chunk": args.chunk_size}}))
+        [l2] = config.l2_adapter_config.adapters
+        print(json.dumps({{"l1_gb": args.l1_size_gb, "chunk": args.chunk_size,
+                          "l2": [type(l2).__name__, l2.base_path]}}))
         """
     )
-    assert parsed == {"l1_gb": 1.5, "chunk": 16}
+    assert parsed == {"l1_gb": 1.5, "chunk": 16, "l2": ["FSL2AdapterConfig", "/var/cache/kv"]}
 
 
 SGLANG_PARSE = """

@@ -265,6 +265,18 @@ def test_booked_blocks_make_a_worker_busy_before_it_reports() -> None:
     assert r.pick(PROMPT, "r3").worker_id == "a"
 
 
+def test_busy_kv_usage_one_never_marks_a_worker_busy() -> None:
+    # Bookings of queued requests pass the whole cache: with 1 ("never", as the settings
+    # say) the worker holding the prompt keeps getting it instead of AllWorkersBusy.
+    r = router("kv", "a", "b", busy_kv_usage=1.0)
+    cache(r, "a", PROMPT)
+    r.update_load("a", load(total=10))
+    r.update_load("b", load(total=10))
+    for i in range(4):  # 4 x 5 blocks booked on "a": twice its cache
+        assert r.pick(PROMPT, f"r{i}").worker_id == "a"
+    assert r.busy_kv_usage is None and not r.is_busy("a")
+
+
 def test_no_workers_and_exclusions() -> None:
     with pytest.raises(NoWorkers):
         KvRouter("kv", B).pick(PROMPT, "r")

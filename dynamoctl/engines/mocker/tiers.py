@@ -8,7 +8,10 @@ The mocker simulates what a KV block manager does (docs/architecture.md, KV tier
   frequency filter** (frequency starts at 1, doubles on each prefix hit, decays by 1 per
   ``disk_filter_decay_s`` of simulated time; a block is written to disk only at
   frequency >= 2, which keeps one-off prompts from wearing the disk), and the disk tier
-  drops its own least recently used;
+  drops its own least recently used. A block's frequency outlives the block, as the
+  reference's filter keeps its own bounded map: a prompt recomputed after every tier lost
+  it is a reuse too (its blocks are stored again), else a working set larger than the
+  host tier, whose blocks are never hit before the host drops them, never reaches disk;
 * at admission, the prompt blocks that follow the GPU prefix hit and sit in the host or
   disk tier (contiguously) are **onboarded**: they take fresh GPU blocks, count as cached
   tokens, and the step that admits the request lasts ``blocks x block_bytes / bandwidth``
@@ -96,6 +99,10 @@ class KvTiers:
         self._blocks: dict[int, _Block] = {}  # hash -> block, while in any tier
         self._in_gpu: set[int] = set()
         self._pending: set[int] = set()  # evicted from GPU, on their way to the host
+        # Frequencies of blocks no tier holds (hash -> (frequency, since)), oldest first,
+        # bounded by what the tiers can hold: the filter's memory of past reuse.
+        self._history: OrderedDict[int, tuple[int, float]] = OrderedDict()
+        self._history_cap = config.num_gpu_blocks + config.num_host_blocks + config.num_disk_blocks
         self._now = 0.0
         self._free_checked_at = -_FREE_SPACE_RECHECK_S
         self._free_bytes = 0
@@ -137,8 +144,10 @@ class KvTiers:
                 assert isinstance(h, int)  # the mocker names blocks with u64 hashes
                 if h not in self._blocks:
                     tokens = array("I", event.token_ids[i * bs : (i + 1) * bs])
-                    self._blocks[h] = _Block(parent if isinstance(parent, int) else None,
-                                             tokens, depth, since=self._now)  # fmt: skip
+                    block = _Block(parent if isinstance(parent, int) else None,
+                                   tokens, depth, since=self._now)  # fmt: skip
+                    self._blocks[h] = block
+                    self._remembered(h, block)
                 self._in_gpu.add(h)
                 parent, depth = h, depth + 1
         elif isinstance(event, BlockRemoved):
@@ -150,6 +159,7 @@ class KvTiers:
             self.host.lru.clear()
             self.disk.lru.clear()
             self._blocks.clear()
+            self._history.clear()
 
     def _offload(self, hashes: list[int]) -> None:
         fresh = []
@@ -245,10 +255,25 @@ class KvTiers:
     def _forget_if_gone(self, h: int) -> None:
         gone = h not in self._in_gpu and h not in self.host and h not in self.disk
         if gone and h not in self._pending:
-            self._blocks.pop(h, None)
+            block = self._blocks.pop(h, None)
+            if block is not None and self._history_cap:
+                self._history[h] = (self._frequency_of(block), self._now)
+                if len(self._history) > self._history_cap:
+                    self._history.popitem(last=False)
+
+    def _remembered(self, h: int, block: _Block) -> None:
+        """A block stored again after every tier dropped it was reused: its remembered
+        frequency doubles, as a hit's would."""
+        past = self._history.pop(h, None)
+        if past is not None:
+            frequency, since = past
+            decayed = int((self._now - since) / self.config.disk_filter_decay_s)
+            block.frequency = min(_FREQUENCY_CAP, max(1, frequency - decayed) * 2)
 
     def _frequency(self, h: int) -> int:
-        block = self._blocks[h]
+        return self._frequency_of(self._blocks[h])
+
+    def _frequency_of(self, block: _Block) -> int:
         decayed = int((self._now - block.since) / self.config.disk_filter_decay_s)
         return max(0, block.frequency - decayed)
 

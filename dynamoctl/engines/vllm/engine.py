@@ -330,17 +330,23 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
 
 
 def _lmcache_server(options: dict[str, Any]) -> lmcache.LMCacheServer | None:
-    """``lmcache_l1_gib`` (ours, from a recipe's ``kv_offload`` on the CPU build): an
-    LMCache server of that size, and vLLM's connector to it in ``options``."""
+    """``lmcache_l1_gib`` and ``lmcache_disk_path`` (ours, from a recipe's ``kv_offload``
+    on the CPU build): an LMCache server of that size, with a disk tier there if given,
+    and vLLM's connector to it in ``options``."""
     l1_gib = options.pop("lmcache_l1_gib", None)
+    disk_path = options.pop("lmcache_disk_path", None)
     if l1_gib is None:
+        if disk_path is not None:
+            raise ValueError("vllm engine arguments: lmcache-disk-path needs lmcache-l1-gib")
         return None
     if "kv_transfer_config" in options:
         raise ValueError(
             "vllm engine arguments: kv_offload with LMCache sets kv-transfer-config; "
             "remove the recipe's own"
         )
-    server = lmcache.LMCacheServer(float(l1_gib), int(options.get("block_size") or 16))
+    chunk = int(options.get("block_size") or 16)
+    disk = None if disk_path is None else str(disk_path)
+    server = lmcache.LMCacheServer(float(l1_gib), chunk, disk_path=disk)
     options["kv_transfer_config"] = server.kv_transfer_config()
     return server
 

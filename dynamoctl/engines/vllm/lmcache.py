@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import signal
@@ -40,9 +41,17 @@ def _free_port(host: str) -> int:
 
 
 class LMCacheServer:
-    """One LMCache multi-process server holding ``l1_gib`` of KV in host memory, LRU."""
+    """One LMCache multi-process server holding ``l1_gib`` of KV in host memory, LRU, and
+    with ``disk_path`` a second tier of files there (LMCache's ``fs`` L2 adapter: every
+    chunk stored in L1 is written there too, and a lookup L1 misses is served from it)."""
 
-    def __init__(self, l1_gib: float, chunk_size: int, host: str = "127.0.0.1") -> None:
+    def __init__(
+        self,
+        l1_gib: float,
+        chunk_size: int,
+        host: str = "127.0.0.1",
+        disk_path: str | None = None,
+    ) -> None:
         self.host = host
         self.l1_bytes = int(l1_gib * 2**30)
         """Host memory it holds KV in (LMCache's ``--l1-size-gb`` counts GiB)."""
@@ -57,6 +66,9 @@ class LMCacheServer:
             # Without it vLLM's connector waits 300 s for a transfer mode it never gets.
             "--supported-transfer-mode", "auto", "--disable-observability",
         ]  # fmt: skip
+        if disk_path is not None:  # its import needs aiofiles (scripts/install-deps.sh)
+            adapter = {"type": "fs", "base_path": disk_path}
+            self.argv += ["--l2-adapter", json.dumps(adapter)]
         self._proc: asyncio.subprocess.Process | None = None
         self._pump: asyncio.Task[None] | None = None
 

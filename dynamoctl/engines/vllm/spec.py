@@ -49,17 +49,21 @@ def kv_offload(
     out = OffloadArgs(env={"LMCACHE_TRACK_USAGE": "false"})  # no telemetry posted outside
     if gpus:  # vLLM's own LMCache integration, in the engine's process
         out.args = {"kv_offloading_size": offload.host_gib, "kv_offloading_backend": "lmcache"}
+        if offload.disk_path is not None:
+            out.env["LMCACHE_LOCAL_DISK"] = f"file://{offload.disk_path}"
+            if offload.disk_gib is not None:
+                out.env["LMCACHE_MAX_LOCAL_DISK_SIZE"] = f"{offload.disk_gib * GIB / 1e9:g}"
     else:  # the CPU build: an LMCache server the worker starts (engines/vllm/lmcache.py)
         out.args = {"lmcache_l1_gib": offload.host_gib}
-        if offload.disk_path is not None:
-            raise OffloadRefused(
-                "kv_offload.disk_path",
-                "is not supported with LMCache's multi-process server (vLLM's CPU build)",
-            )
+        if offload.disk_path is not None:  # the server's file-system L2 tier
+            if offload.disk_gib is not None:
+                raise OffloadRefused(
+                    "kv_offload.disk_gib",
+                    "LMCache's file-system tier (vLLM's CPU build) has no size bound; leave "
+                    "it unset (the disk_path's free space bounds it)",
+                )
+            out.args["lmcache_disk_path"] = offload.disk_path
     if offload.disk_path is not None:
-        out.env["LMCACHE_LOCAL_DISK"] = f"file://{offload.disk_path}"
-        if offload.disk_gib is not None:
-            out.env["LMCACHE_MAX_LOCAL_DISK_SIZE"] = f"{offload.disk_gib * GIB / 1e9:g}"
         out.paths["kv_offload.disk_path"] = offload.disk_path
     if not offload.disk_offload_filter:
         raise OffloadRefused(

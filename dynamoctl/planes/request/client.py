@@ -328,8 +328,11 @@ class RequestClient(AsyncService):
         window: int = 64,
         forget_down_after: float = 300.0,
     ) -> None:
-        self.heartbeat_interval = heartbeat_interval
-        """Seconds between pings to each connected server."""
+        # A server cancels a silent client's streams after its own bound: a long timeout
+        # here (the frontend's --stream-silence-timeout) must not space pings past it.
+        self.heartbeat_interval = min(heartbeat_interval, wire.SERVER_HEARTBEAT_TIMEOUT / 4)
+        """Seconds between pings to each connected server (at most a quarter of the
+        servers' :data:`~dynamoctl.wire.planes.SERVER_HEARTBEAT_TIMEOUT`)."""
         self.heartbeat_timeout = heartbeat_timeout
         """Seconds of server silence after which its open streams fail with PeerDeadError."""
         self.window = window

@@ -69,7 +69,7 @@ class RequestServer(AsyncService):
         address: str = "tcp://127.0.0.1:0",
         *,
         max_inflight: int = 1024,
-        heartbeat_timeout: float = 3.0,
+        heartbeat_timeout: float = wire.SERVER_HEARTBEAT_TIMEOUT,
     ) -> None:
         self._bind_address = address
         self.max_inflight = max_inflight
