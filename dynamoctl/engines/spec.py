@@ -232,6 +232,13 @@ class EngineSpec:
     None: ``configure`` has no data for the engine."""
     configure_spans_nodes: bool = True
     """``configure`` may place an instance over several nodes."""
+    weights_arg: str | None = "model"
+    """The engine argument naming the weights directory, which a node's model cache
+    points at its local copy (docs/operations.md, "Model cache"); None: nothing to
+    stage."""
+    cached_weights_args: Mapping[str, Any] = field(default_factory=dict)
+    """Arguments added when the weights come from the node's cache (the mocker's read
+    bandwidth)."""
 
 
 def load_entry(target: str) -> Any:

@@ -27,6 +27,7 @@ from dynamoctl.recipe.fields import (
 )
 from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
 from dynamoctl.recipe.kv_offload import KvOffload, check_offload
+from dynamoctl.recipe.model_cache import ModelCache
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 from dynamoctl.settings import (
@@ -204,6 +205,10 @@ class ModelSpec(RecipeModel, OutputParserSettings):
     """KV-cache block size in tokens; engines and the KV router must agree on it."""
     context_length: int | None = Field(default=None, ge=1)
     """Longest prompt plus completion, in tokens. Default: the model's own limit."""
+    cache: ModelCache | None = None
+    """A node-local copy of ``path``'s directory each engine reads instead of the shared
+    path: ``{dir, max_bytes, when_full, fallback_to_shared, verify}`` (docs/operations.md,
+    "Model cache"). Default: none, engines read ``path``."""
 
 
 class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):

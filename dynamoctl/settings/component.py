@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from dynamoctl.settings.base import Options
+from dynamoctl.settings.model_cache import ModelCacheSettings
 from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.wire.roles import Role as Role  # re-exported: the settings name it
 
@@ -49,5 +50,7 @@ class WorkerOptions(ComponentSettings):
     """Port of ``/metrics`` and ``/health``; 0 picks a free one (logged)."""
     parsers: OutputParserSettings = Field(default_factory=OutputParserSettings)
     """How the model writes tool calls and thinking (put on the model card)."""
+    model_cache: ModelCacheSettings = Field(default_factory=ModelCacheSettings)
+    """The node's model cache the engine's weights are staged into before it starts."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Engine arguments (the command line's other ``--options``), passed untouched."""
