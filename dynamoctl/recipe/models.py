@@ -307,11 +307,27 @@ class WorkerPool(RecipeModel):
     kv_offload: KvOffload | None = None
     """KV cache tiers below GPU memory (host memory, local disk, a shared store), set up
     for the pool's engine (docs/recipes.md, "KV offload"). Default: none."""
+    load_format: NonEmptyStr | None = None
+    """How the engine loads its weights, by the engine's own name (vLLM's and SGLang's
+    ``--load-format``: ``runai_streamer`` streams safetensors with parallel reads,
+    ``safetensors``, ``dummy`` random weights...); refused by name when the engine has no
+    such loader (docs/engines.md, "Weight loaders"). Default: the engine's (``auto``)."""
     env: dict[str, EnvValue] = Field(default_factory=dict)
     """Extra environment variables for each replica. A secret (a token, a password) is
     referenced rather than written: ``HF_TOKEN: {from_env: HF_TOKEN}`` or ``{from_file:
     ~/.hf_token}``; it is then read on the supervisor's host when the replica starts and
     delivered without a command line, and the dry run shows ``<from env HF_TOKEN>``."""
+
+    @model_validator(mode="after")
+    def _known_load_format(self) -> WorkerPool:
+        offered = registry.engine_spec(self.engine).load_formats
+        if self.load_format is not None and self.load_format not in offered:
+            raise rule_error(
+                "load_format",
+                f"{self.load_format!r} is not a loader of {self.engine}"
+                + (f" (it has: {', '.join(offered)})" if offered else " (it has none to pick)"),
+            )
+        return self
 
     @model_validator(mode="after")
     def _gang_flags_are_ours(self) -> WorkerPool:

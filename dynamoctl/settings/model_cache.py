@@ -40,5 +40,6 @@ class ModelCacheSettings(Options):
     engine from ``model.path`` with a warning instead of failing the start."""
     verify: CacheVerify = "sizes"
     """What a start that reuses an entry checks: ``sizes`` (every file's size, cheap) or
-    ``checksums`` (re-hash the checksummed files: reads the whole copy). A fresh copy is
-    always checked against the checksums taken while reading the source."""
+    ``checksums`` (re-hash the checksummed files: reads the whole copy). A fresh copy's
+    files are hashed as they are read from the source (the source is read once); those
+    are the checksums a later check compares against."""
