@@ -53,6 +53,7 @@ _SERIAL_PATHS = {
     "tests/security/test_locked_ssh.py": _HOSTS,
     "tests/engines/test_vllm_cpu.py": _ENGINES,
     "tests/engines/test_vllm_cpu_gang.py": _ENGINES,
+    "tests/engines/test_vllm_cpu_cache.py": _ENGINES,
     "tests/engines/test_vllm_lmcache_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_multinode.py": _ENGINES,

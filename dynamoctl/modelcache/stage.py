@@ -62,6 +62,10 @@ def stage_engine_weights(
         )
         return Staged(dict(options), report)
     staged = {**options, **spec.cached_weights_args, key: str(entry.model_dir)}
+    if key == "model" and options.get("tokenizer") is None:
+        # the model card names the tokenizer the frontend loads, on its own host: the
+        # shared path, which every host sees (the node's copy is the node's alone)
+        staged["tokenizer"] = str(source)
     report = StagingReport(
         weights_from="cache",
         path=str(entry.model_dir),

@@ -146,6 +146,7 @@ def test_the_engine_argument_points_at_the_copy(tmp_path: Path, source: Path) ->
     assert vllm.report is not None and vllm.report.weights_from == "cache"
     assert vllm.engine_options["model"] == vllm.report.path != str(source)
     assert Path(vllm.engine_options["model"], "config.json").exists()
+    assert vllm.engine_options["tokenizer"] == str(source)  # what the frontend can read
     mocker = stage_engine_weights("mocker", {"weights_model": str(source)}, settings)
     assert mocker.engine_options["weights_model"] == vllm.report.path
     assert mocker.engine_options["weights_source"] == "local-disk"
