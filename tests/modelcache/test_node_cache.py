@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dynamoctl.engines.mocker.startup import Startup, StartupOptions
 from dynamoctl.modelcache.cache import MANIFEST, NodeCache, StagingError
 from dynamoctl.modelcache.stage import stage_engine_weights
 from dynamoctl.settings.model_cache import ModelCacheSettings
@@ -168,3 +169,20 @@ def test_fallback_to_the_shared_path_only_when_allowed(tmp_path: Path, source: P
     assert staged.report.reason is not None and "cannot make" in staged.report.reason
     with pytest.raises(StagingError, match="not a directory on this node"):
         stage_engine_weights("vllm", {"model": "Qwen/Qwen3-0.6B"}, strict)
+
+
+def test_the_mocker_reads_its_weights_at_the_bandwidth_of_where_they_are(
+    tmp_path: Path, source: Path
+) -> None:
+    settings = ModelCacheSettings(dir=str(tmp_path / "cache"))
+    staged = stage_engine_weights("mocker", {"weights_model": str(source)}, settings)
+    cached = StartupOptions(
+        weights_model=staged.engine_options["weights_model"],
+        weights_source=staged.engine_options["weights_source"],
+    )
+    from_cache = Startup(cached)
+    from_shared = Startup(StartupOptions(weights_model=str(source)))
+    shards = sum(p.stat().st_size for p in source.glob("*.safetensors"))
+    assert from_cache.bytes == from_shared.bytes == shards
+    # shared-fs 1 GB/s, local-disk 3 GB/s (docs/mocker.md, "Start-up")
+    assert from_shared.weights_s == pytest.approx(3 * from_cache.weights_s)
