@@ -117,11 +117,11 @@ class NodeCache:
         manifest_file = path / MANIFEST
         if not manifest_file.exists():
             return None
-        manifest = msgspec.json.decode(manifest_file.read_bytes(), type=CacheManifest)
         checksums = self.settings.verify == "checksums"
         try:
+            manifest = msgspec.json.decode(manifest_file.read_bytes(), type=CacheManifest)
             check_files(path / "model", manifest.files, checksums)
-        except FileFault as exc:
+        except (FileFault, msgspec.DecodeError) as exc:
             log.warning("cache entry %s is damaged (%s); copying it again", path.name, exc)
             return None
         log.info("model %s found in the cache (%s)", src, path)

@@ -118,6 +118,10 @@ def test_an_unfinished_copy_is_never_used(tmp_path: Path, source: Path) -> None:
     (entry.path / MANIFEST).unlink()  # as if the copy had been killed before its end
     again = cache(tmp_path).stage(source)
     assert not again.hit and (again.path / MANIFEST).exists()
+    again.release()
+    (again.path / MANIFEST).write_text('{"source": ')  # a damaged manifest
+    third = cache(tmp_path).stage(source)
+    assert not third.hit and (third.path / MANIFEST).exists()
 
 
 def test_a_staging_error_names_node_file_and_reason(tmp_path: Path, source: Path) -> None:
