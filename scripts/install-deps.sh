@@ -7,8 +7,9 @@ cd "$(dirname "$0")/.."
 
 # etcd: discovery tests; slurm + munge: the Slurm launcher tests run a real single-node
 # cluster; openssh-server + iproute2: the SSH launcher tests run sshd in network namespaces;
-# haproxy: the load balancer in front of frontends on several hosts (its e2e test).
-APT_PACKAGES=(etcd-server slurmctld slurmd slurm-client munge openssh-server iproute2 haproxy)
+# haproxy: the load balancer in front of frontends on several hosts (its e2e test);
+# sshfs: the "shared filesystem" the model cache stages from (tests/infra/shared_fs.py).
+APT_PACKAGES=(etcd-server slurmctld slurmd slurm-client munge openssh-server iproute2 haproxy sshfs)
 PYTHON=${PYTHON:-python3}
 
 missing=()

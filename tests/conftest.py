@@ -52,10 +52,12 @@ _SERIAL_PATHS = {
     "tests/slurm/": _HOSTS,
     "tests/launch/": _HOSTS,
     "tests/gpu/": _HOSTS,
+    "tests/modelcache/test_shared_fs.py": _HOSTS,  # namespace hosts, a FUSE mount
     "tests/bench/": _HOSTS,
     "tests/security/test_locked_ssh.py": _HOSTS,
     "tests/engines/test_vllm_cpu.py": _ENGINES,
     "tests/engines/test_vllm_cpu_gang.py": _ENGINES,
+    "tests/engines/test_vllm_cpu_cache.py": _ENGINES,
     "tests/engines/test_vllm_lmcache_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_multinode.py": _ENGINES,

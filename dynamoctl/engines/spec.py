@@ -232,6 +232,20 @@ class EngineSpec:
     None: ``configure`` has no data for the engine."""
     configure_spans_nodes: bool = True
     """``configure`` may place an instance over several nodes."""
+    load_formats: tuple[str, ...] = ()
+    """Weight loaders a pool's ``load_format`` may name: the engine's ``--load-format``
+    choices in the pinned version (docs/engines.md, "Weight loaders"); empty: none
+    selectable (the recipe refuses the field by name)."""
+    load_format_args: Callable[[str], dict[str, Any]] = lambda name: {"load_format": name}
+    """A ``load_format`` as engine arguments (vLLM's name, which the other adapters read
+    too)."""
+    weights_arg: str | None = "model"
+    """The engine argument naming the weights directory, which a node's model cache
+    points at its local copy (docs/operations.md, "Model cache"); None: nothing to
+    stage."""
+    cached_weights_args: Mapping[str, Any] = field(default_factory=dict)
+    """Arguments added when the weights come from the node's cache (the mocker's read
+    bandwidth)."""
 
 
 def load_entry(target: str) -> Any:

@@ -15,6 +15,7 @@ from dynamoctl.settings import (
     DisaggSettings,
     FrontendOptions,
     HttpLimitSettings,
+    ModelCacheSettings,
     Options,
     OutputParserSettings,
     ResponsesSettings,
@@ -60,12 +61,17 @@ def _part(model: type[S], section: Options) -> S:
 def worker_argv(recipe: Recipe, role: Role, label: str, address: str, url: str) -> list[str]:
     """``dynamoctl worker``'s own flags (the engine's follow them)."""
     pool = recipe.workers.pools()[role]
+    cached = recipe.model.cache
+    cache: dict[str, Any] = {}
+    if cached is not None:
+        cache["model_cache"] = _part(ModelCacheSettings, cached)
     options = WorkerOptions(
         **_component(recipe, url, label, address),
         drain_grace=drain_grace(recipe),
         engine=pool.engine,
         role=role,
         parsers=_part(OutputParserSettings, recipe.model),
+        **cache,
     )
     return ["worker", *to_argv(options, explicit=True)]
 

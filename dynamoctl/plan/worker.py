@@ -24,13 +24,16 @@ from dynamoctl.supervisor.instance import InstanceName
 def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str, Any]:
     """The pool's ``engine_args`` plus the model's and ``kv_offload``'s, refusing
     contradictions."""
-    model_args = engine_spec(pool.engine).model_args(model)
+    spec = engine_spec(pool.engine)
+    model_args = spec.model_args(model)
     derived = {k: v for k, v in model_args.items() if v is not None}
     offload = _offload(pool, model).args
-    merged = dict(derived)
+    loader = spec.load_format_args(pool.load_format) if pool.load_format else {}
+    merged = {**derived, **loader}
+    sections = (("the model section", derived), ("kv_offload", offload), ("load_format", loader))
     for key, value in pool.engine_args.items():
         name = key.replace("-", "_")
-        for section, theirs in (("the model section", derived), ("kv_offload", offload)):
+        for section, theirs in sections:
             if name in theirs and not _agrees(value, theirs[name]):
                 raise PlanError(
                     f"workers.{role}.engine_args.{key}: {value!r} contradicts {section} "

@@ -27,6 +27,7 @@ from dynamoctl.recipe.fields import (
 )
 from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
 from dynamoctl.recipe.kv_offload import KvOffload, check_offload
+from dynamoctl.recipe.model_cache import ModelCache
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 from dynamoctl.settings import (
@@ -204,6 +205,10 @@ class ModelSpec(RecipeModel, OutputParserSettings):
     """KV-cache block size in tokens; engines and the KV router must agree on it."""
     context_length: int | None = Field(default=None, ge=1)
     """Longest prompt plus completion, in tokens. Default: the model's own limit."""
+    cache: ModelCache | None = None
+    """A node-local copy of ``path``'s directory each engine reads instead of the shared
+    path: ``{dir, max_bytes, when_full, fallback_to_shared, verify}`` (docs/operations.md,
+    "Model cache"). Default: none, engines read ``path``."""
 
 
 class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):
@@ -308,11 +313,27 @@ class WorkerPool(RecipeModel):
     kv_offload: KvOffload | None = None
     """KV cache tiers below GPU memory (host memory, local disk, a shared store), set up
     for the pool's engine (docs/recipes.md, "KV offload"). Default: none."""
+    load_format: NonEmptyStr | None = None
+    """How the engine loads its weights, by the engine's own name (vLLM's and SGLang's
+    ``--load-format``: ``runai_streamer`` streams safetensors with parallel reads,
+    ``safetensors``, ``dummy`` random weights...); refused by name when the engine has no
+    such loader (docs/engines.md, "Weight loaders"). Default: the engine's (``auto``)."""
     env: dict[str, EnvValue] = Field(default_factory=dict)
     """Extra environment variables for each replica. A secret (a token, a password) is
     referenced rather than written: ``HF_TOKEN: {from_env: HF_TOKEN}`` or ``{from_file:
     ~/.hf_token}``; it is then read on the supervisor's host when the replica starts and
     delivered without a command line, and the dry run shows ``<from env HF_TOKEN>``."""
+
+    @model_validator(mode="after")
+    def _known_load_format(self) -> WorkerPool:
+        offered = registry.engine_spec(self.engine).load_formats
+        if self.load_format is not None and self.load_format not in offered:
+            raise rule_error(
+                "load_format",
+                f"{self.load_format!r} is not a loader of {self.engine}"
+                + (f" (it has: {', '.join(offered)})" if offered else " (it has none to pick)"),
+            )
+        return self
 
     @model_validator(mode="after")
     def _gang_flags_are_ours(self) -> WorkerPool:

@@ -13,6 +13,7 @@ from dynamoctl.settings.frontend import (
     StreamSettings,
 )
 from dynamoctl.settings.http import HttpLimitSettings
+from dynamoctl.settings.model_cache import ModelCacheSettings
 from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.settings.routing import (
     ROUTER_MODES,
@@ -30,6 +31,7 @@ __all__ = [
     "DisaggSettings",
     "FrontendOptions",
     "HttpLimitSettings",
+    "ModelCacheSettings",
     "Options",
     "OutputParserSettings",
     "ReplicaSettings",

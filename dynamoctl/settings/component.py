@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from pydantic import Field
 
 from dynamoctl.settings.base import Options
+from dynamoctl.settings.model_cache import ModelCacheSettings
 from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.wire.roles import Role as Role  # re-exported: the settings name it
 
@@ -52,5 +53,7 @@ class WorkerOptions(ComponentSettings):
     standby: bool = False
     """Start as a warm spare: engine ready, registered as standby (out of routing) until
     the supervisor promotes it (recipe ``spares``, docs/operations.md "Warm spares")."""
+    model_cache: ModelCacheSettings = Field(default_factory=ModelCacheSettings)
+    """The node's model cache the engine's weights are staged into before it starts."""
     engine_options: dict[str, Any] = Field(default_factory=dict)
     """Engine arguments (the command line's other ``--options``), passed untouched."""

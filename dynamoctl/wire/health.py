@@ -7,6 +7,8 @@ from typing import Literal
 
 import msgspec
 
+from dynamoctl.wire.model_cache import StagingReport
+
 HealthStatus = Literal["starting", "ready", "standby", "draining"]
 """``standby``: a warm spare, engine ready, kept out of routing until promoted (503)."""
 StartupPhase = Literal["weights", "init", "ready"]
@@ -42,6 +44,10 @@ class WorkerHealth(msgspec.Struct, kw_only=True):
     moving while requests are in flight."""
     startup: StartupReport | None = None
     """Its first instance's engine start-up, when the engine reports one (the mocker)."""
+    staging: StagingReport | None = None
+    """What staging the weights into the node's model cache did before the engine
+    started (``model.cache``); None without a cache. Set while staging too (the process
+    answers ``starting`` then)."""
     stalled_s: float = 0.0
     """Seconds the longest-waiting collective of its engines has waited on another member
     of its gang (a frozen follower); 0 when none waits or the engine has no gang."""

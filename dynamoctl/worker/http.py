@@ -21,8 +21,10 @@ from starlette.routing import Route
 from dynamoctl.engines.api import ReportsStalls, ReportsStartup
 from dynamoctl.planes.curve import RefusalCollector
 from dynamoctl.wire.health import HealthStatus, WorkerHealth
+from dynamoctl.wire.model_cache import StagingReport
 from dynamoctl.worker.instance import WorkerInstance
 from dynamoctl.worker.kv_tier_metrics import KvTierCollector
+from dynamoctl.worker.staging_metrics import StagingCollector
 from dynamoctl.worker.startup_metrics import StartupCollector
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -100,7 +102,9 @@ class WorkerCollector(Collector):
         yield from (requests, tokens, prompt, cached, remote)
 
 
-def worker_health(instances: Sequence[WorkerInstance], ready: bool) -> WorkerHealth:
+def worker_health(
+    instances: Sequence[WorkerInstance], ready: bool, staging: StagingReport | None = None
+) -> WorkerHealth:
     """The process's ``/health``: its state, and what tells a hung engine from a busy one."""
     status: HealthStatus = "ready" if ready else "starting"
     if ready and any(inst.standby for inst in instances):
@@ -116,6 +120,7 @@ def worker_health(instances: Sequence[WorkerInstance], ready: bool) -> WorkerHea
         kv_usage=sum(usage) / len(usage) if usage else 0.0,
         output_tokens=sum(inst.tokens_total for inst in instances),
         startup=starting[0].startup_report() if starting else None,
+        staging=staging,
         stalled_s=max(
             (i.engine.stalled_for() for i in instances if isinstance(i.engine, ReportsStalls)),
             default=0.0,
@@ -123,9 +128,16 @@ def worker_health(instances: Sequence[WorkerInstance], ready: bool) -> WorkerHea
     )
 
 
-def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlette:
-    """``ready[0]`` flips to True once every instance has registered."""
+def build_app(
+    instances: Sequence[WorkerInstance],
+    ready: list[bool],
+    staging: list[StagingReport] | None = None,
+) -> Starlette:
+    """``ready[0]`` flips to True once every instance has registered; ``staging`` gets
+    the model cache's report once the weights are staged."""
+    staged: list[StagingReport] = staging if staging is not None else []
     registry = CollectorRegistry()
+    registry.register(StagingCollector(staged))  # model.cache
     registry.register(WorkerCollector(instances))
     registry.register(KvTierCollector(instances))  # engines that know their KV tiers
     registry.register(StartupCollector(instances))  # engines that simulate their start-up
@@ -135,7 +147,7 @@ def build_app(instances: Sequence[WorkerInstance], ready: list[bool]) -> Starlet
         return Response(generate_latest(registry), media_type=CONTENT_TYPE)
 
     async def health(_: Request) -> Response:
-        report = worker_health(instances, ready[0])
+        report = worker_health(instances, ready[0], staged[0] if staged else None)
         status = 200 if report.status == "ready" else 503
         return Response(msgspec.json.encode(report), status, media_type="application/json")
 

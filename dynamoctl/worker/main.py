@@ -15,7 +15,9 @@ import logging
 
 from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.engines.registry import create_engine
+from dynamoctl.modelcache.stage import stage_engine_weights
 from dynamoctl.settings import WorkerOptions
+from dynamoctl.wire.model_cache import StagingReport
 from dynamoctl.wire.records import Component
 from dynamoctl.wire.structured import OutputTraits
 from dynamoctl.worker.http import build_app
@@ -41,10 +43,17 @@ async def run_worker(opts: WorkerOptions) -> None:
 
     runtime.on_signal = on_signal
     ready = [False]
-    runtime.serve_http(build_app(instances, ready), opts.http_port)
+    staging: list[StagingReport] = []
+    runtime.serve_http(build_app(instances, ready, staging), opts.http_port)
+    # before any engine: its weights argument then names the node's copy (model.cache)
+    staged = await asyncio.to_thread(
+        stage_engine_weights, opts.engine, opts.engine_options, opts.model_cache
+    )
+    if staged.report is not None:
+        staging.append(staged.report)
     instances += [
         WorkerInstance(
-            create_engine(opts.engine, opts.engine_options),
+            create_engine(opts.engine, staged.engine_options),
             runtime.discovery,
             namespace=opts.namespace,
             role=opts.role,

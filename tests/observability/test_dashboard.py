@@ -15,6 +15,7 @@ from dynamoctl.frontend.tenants.metrics import KeyMetrics
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.worker.http import WorkerCollector
 from dynamoctl.worker.kv_tier_metrics import KvTierCollector
+from dynamoctl.worker.staging_metrics import StagingCollector
 from dynamoctl.worker.startup_metrics import StartupCollector
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -39,6 +40,7 @@ def code_metrics() -> dict[str, str]:
         **exported(WorkerCollector([])),
         **exported(KvTierCollector([])),
         **exported(StartupCollector([])),
+        **exported(StagingCollector([])),
         **exported(SupervisorCollector(None)),
     }
 

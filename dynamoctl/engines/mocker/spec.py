@@ -68,4 +68,8 @@ SPEC = EngineSpec(
     follower="dynamoctl.engines.mocker.gang:follow_leader",
     enforcement="generated",
     simulates=True,
+    # the mocker "reads" weights_model's config (and safetensors sizes): a cached copy is
+    # read at the node's local disk bandwidth
+    weights_arg="weights_model",
+    cached_weights_args={"weights_source": "local-disk"},
 )

@@ -15,6 +15,7 @@ start-up time.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
@@ -75,8 +76,13 @@ def parameter_count(facts: dict[str, Any]) -> int:
 
 
 def weight_bytes(model: str, tp_size: int = 1) -> int:
-    """Bytes one of ``tp_size`` ranks reads of ``model``'s weights (AI Configurator's
-    model configuration; needs ``dynamoctl[configure]``)."""
+    """Bytes one of ``tp_size`` ranks reads of ``model``'s weights: a directory's
+    ``*.safetensors`` files as they are (a real or generated checkpoint, on the shared
+    path or in the node's model cache), else from AI Configurator's model configuration
+    (needs ``dynamoctl[configure]``)."""
+    shards = sorted(Path(model).glob("*.safetensors")) if Path(model).is_dir() else []
+    if shards:
+        return math.ceil(sum(p.stat().st_size for p in shards) / max(tp_size, 1))
     from dynamoctl.configure import aic
 
     facts = aic.model_facts(aic.resolve_model(model))

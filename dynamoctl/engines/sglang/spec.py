@@ -113,6 +113,9 @@ SPEC = EngineSpec(
     adapter="dynamoctl.engines.sglang.engine:SglangEngine.from_options",
     extra="sglang",
     model_args=served_model_args,
+    # SGLang's --load-format choices that read a checkpoint from a path (its documented
+    # list; the wheel is not installed here to check against)
+    load_formats=("auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "layered"),
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,

@@ -50,6 +50,7 @@ SPEC = EngineSpec(
     adapter="dynamoctl.engines.trtllm.engine:TrtllmEngine.from_options",
     extra="trtllm",
     model_args=served_model_args,
+    load_formats=("auto", "dummy"),  # the LLM API's LoadFormat
     kv_offload=kv_offload,
     # its cache transceiver binds ports it picks itself (TRTLLM_UCX_INTERFACE names the
     # NIC on multi-NIC nodes: the pool's env): no side channel to assign

@@ -136,6 +136,24 @@ SPEC = EngineSpec(
     adapter="dynamoctl.engines.vllm.engine:VllmEngine.from_options",
     extra="vllm",
     model_args=served_model_args,
+    # vLLM 0.32's LoadFormats less ipc_cache (a loader for weights handed over by another
+    # process, which nothing here hands over) and mistral (a checkpoint layout, not a way
+    # of loading); runai_streamer needs `pip install vllm[runai]`, fastsafetensors and
+    # instanttensor their packages and a GPU, modelexpress a Model Express server.
+    load_formats=(
+        "auto",
+        "safetensors",
+        "pt",
+        "npcache",
+        "dummy",
+        "fastsafetensors",
+        "instanttensor",
+        "runai_streamer",
+        "runai_streamer_sharded",
+        "sharded_state",
+        "tensorizer",
+        "modelexpress",
+    ),
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,
