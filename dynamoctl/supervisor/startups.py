@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dynamoctl.recipe.models import Recipe, Role
+from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.start_phases import StartPhases
 
 log = logging.getLogger(__name__)
@@ -60,13 +61,20 @@ class StartClock:
         if self.last is not None and self.launch_at is not None:
             self.last.process_s = round(self.launched_at - self.launch_at, 3)
 
-    def ready(self) -> float | None:
+    def ready(self, staged_in_process: float | None = None) -> float | None:
         """The first readiness of this start: its phases complete; the whole start's
-        seconds (None for a process taken back, whose launch was not seen)."""
+        seconds (None for a process taken back, whose launch was not seen).
+        ``staged_in_process``: seconds the worker itself spent staging its weights (the node
+        model cache runs inside the worker, after launch): shown as the staging phase and
+        taken out of ``ready_s``, never added to the total twice."""
         now = time.monotonic()
         if self.last is None or self.launched_at is None or self.launch_at is None:
             return None
-        self.last.ready_s = round(now - self.launched_at, 3)
+        ready_s = now - self.launched_at
+        if staged_in_process is not None:
+            self.last.staging_s = round(staged_in_process, 3)
+            ready_s = max(0.0, ready_s - staged_in_process)
+        self.last.ready_s = round(ready_s, 3)
         total = now - self.launch_at + (self.staging_s or 0.0)
         self.last.total_s = round(total, 3)
         return total
@@ -154,9 +162,12 @@ class Starts:
         role = next((r for r in roles if r == pool), None)
         return node_kind(self.recipe, role) if component == "worker" and role else None
 
-    def ready(self, component: str, pool: str, clock: StartClock) -> None:
-        """A start's first readiness: its phases complete, a worker's kept in the history."""
-        total = clock.ready()
+    def ready(
+        self, component: str, pool: str, clock: StartClock, staged_s: float | None = None
+    ) -> None:
+        """A start's first readiness: its phases complete, a worker's kept in the history
+        (``staged_s``: what the worker's ``/health`` says its own staging took)."""
+        total = clock.ready(staged_s)
         kind = self._kind(component, pool)
         if total is not None and kind is not None:
             self.history.add(self.model, kind, total)
@@ -175,3 +186,11 @@ class Starts:
             if median is not None:
                 out[role] = round(median, 3)
         return out
+
+
+def staged_seconds(sample: object) -> float | None:
+    """What a worker's last ``/health`` says its own weight staging took (the node model
+    cache stages inside the worker, docs/operations.md "Model cache"); None otherwise."""
+    if isinstance(sample, WorkerHealth) and sample.staging is not None:
+        return sample.staging.staging_s
+    return None

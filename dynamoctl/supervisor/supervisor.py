@@ -45,7 +45,7 @@ from dynamoctl.supervisor.report import (
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.scaling import Scaling
 from dynamoctl.supervisor.spares import Spares
-from dynamoctl.supervisor.startups import StartHistory, Starts
+from dynamoctl.supervisor.startups import StartHistory, Starts, staged_seconds
 from dynamoctl.supervisor.view import RestartKey, TransitionKey
 from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
@@ -367,7 +367,9 @@ class Supervisor:
                 if ready:
                     inst.ready_since = time.monotonic()
                     wedge.ready(inst.ready_since)
-                    self.starts.ready(inst.spec.component, inst.spec.pool, inst.clock)
+                    self.starts.ready(
+                        inst.spec.component, inst.spec.pool, inst.clock, staged_seconds(inst.sample)
+                    )
                     new = State.STANDBY if inst.standby else State.READY
                     self.transition(inst, new, f"{new.lower()} after {took:.1f} s")
                     inst.ready.set()

@@ -13,8 +13,16 @@ from dynamoctl.launch.api import InstanceSpec
 from dynamoctl.planner.apply import pool_counts
 from dynamoctl.recipe import RecipeError, load_recipe_text
 from dynamoctl.supervisor.instance import STANDBY_FLAG, as_spare
-from dynamoctl.supervisor.startups import KEEP, StartClock, StartHistory, start_timeout
+from dynamoctl.supervisor.startups import (
+    KEEP,
+    StartClock,
+    StartHistory,
+    staged_seconds,
+    start_timeout,
+)
 from dynamoctl.wire.control import InstanceStatus, StatusReport
+from dynamoctl.wire.health import WorkerHealth
+from dynamoctl.wire.model_cache import StagingReport
 from dynamoctl.wire.states import STATE_TRANSITIONS, State
 
 pytestmark = pytest.mark.fast_start
@@ -61,6 +69,29 @@ def test_start_clock_phases_add_up() -> None:
     assert set(last.by_phase()) == {"staging", "process", "ready", "total"}
     clock.promotion_asked = 0.0
     assert clock.promoted() > 0 and "promotion" in last.by_phase()
+
+
+def test_a_worker_s_own_staging_is_its_staging_phase_and_not_counted_twice() -> None:
+    """The node model cache stages inside the worker, after launch: the staging its
+    ``/health`` reports is the staging phase, out of ``ready_s``, and the total is the
+    wall time from launch (not launch-to-ready plus the staging again)."""
+    report = StagingReport(weights_from="cache", path="/c/m", staging_s=2.5, hit=False)
+    sample = WorkerHealth(status="ready", staging=report)
+    assert staged_seconds(sample) == 2.5
+    assert staged_seconds(WorkerHealth(status="ready")) is None and staged_seconds(None) is None
+    clock = StartClock()
+    clock.launching()
+    assert clock.launch_at is not None
+    clock.launched()
+    assert clock.launched_at is not None
+    # launched 10 s ago, running for 9.9 s, of which the worker staged for 2.5 s
+    clock.launch_at -= 10.0
+    clock.launched_at -= 9.9
+    total = clock.ready(staged_seconds(sample))
+    last = clock.last
+    assert last is not None and total is not None
+    assert last.staging_s == 2.5 and last.ready_s is not None and 7.3 < last.ready_s < 8.5
+    assert 10.0 <= total < 11.0
 
 
 def test_a_spare_is_its_command_line() -> None:
