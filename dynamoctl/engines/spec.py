@@ -35,6 +35,8 @@ class ModelFacts(Protocol):
     def block_size(self) -> int: ...
     @property
     def context_length(self) -> int | None: ...
+    @property
+    def task(self) -> str: ...
 
 
 class OffloadTiers(Protocol):
@@ -232,6 +234,9 @@ class EngineSpec:
     None: ``configure`` has no data for the engine."""
     configure_spans_nodes: bool = True
     """``configure`` may place an instance over several nodes."""
+    embed_args: Mapping[str, Any] | None = None
+    """The engine arguments that run an embedding model (recipe ``model.task: embed``:
+    vLLM's pooling runner); None: the engine serves no embeddings."""
 
 
 def load_entry(target: str) -> Any:

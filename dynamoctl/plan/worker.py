@@ -24,7 +24,10 @@ from dynamoctl.supervisor.instance import InstanceName
 def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str, Any]:
     """The pool's ``engine_args`` plus the model's and ``kv_offload``'s, refusing
     contradictions."""
-    model_args = engine_spec(pool.engine).model_args(model)
+    spec = engine_spec(pool.engine)
+    model_args = spec.model_args(model)
+    if model.task == "embed" and spec.embed_args is not None:  # the recipe checked it
+        model_args = {**model_args, **spec.embed_args}
     derived = {k: v for k, v in model_args.items() if v is not None}
     offload = _offload(pool, model).args
     merged = dict(derived)

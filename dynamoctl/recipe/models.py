@@ -29,6 +29,7 @@ from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
 from dynamoctl.recipe.kv_offload import KvOffload, check_offload
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
+from dynamoctl.recipe.tasks import Task, check_task
 from dynamoctl.settings import (
     AdmissionSettings,
     DisaggSettings,
@@ -204,6 +205,12 @@ class ModelSpec(RecipeModel, OutputParserSettings):
     """KV-cache block size in tokens; engines and the KV router must agree on it."""
     context_length: int | None = Field(default=None, ge=1)
     """Longest prompt plus completion, in tokens. Default: the model's own limit."""
+    task: Task = "generate"
+    """``generate``: a language model (chat, completions, responses, messages).
+    ``embed``: an embedding model, run by its engine's pooling runner (vLLM's ``--runner
+    pooling``; the mocker's ``task: embed``) and served on ``/v1/embeddings`` only, in an
+    ``agg`` pool; route it by load (``frontend.router.mode: least-loaded``): an embedding
+    reuses no cache."""
 
 
 class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):
@@ -483,6 +490,7 @@ class Recipe(RecipeModel):
                 check_gang(role, pool, target)
             check_offload(role, pool.engine, pool.kv_offload, pool.gpus_per_replica,
                           pool.engine_args, self.model.block_size)  # fmt: skip
+        check_task(self.model.task, self.workers.pools())
         if self.planner is not None:
             check_planner(self.planner, self.workers.pools(), self.model.name)
         if isinstance(target, SlurmTarget):

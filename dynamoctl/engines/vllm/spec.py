@@ -132,6 +132,7 @@ SPEC = EngineSpec(
     adapter="dynamoctl.engines.vllm.engine:VllmEngine.from_options",
     extra="vllm",
     model_args=served_model_args,
+    embed_args={"runner": "pooling"},  # an embedding model's pooler (/v1/embeddings)
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,
