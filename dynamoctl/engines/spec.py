@@ -35,6 +35,8 @@ class ModelFacts(Protocol):
     def block_size(self) -> int: ...
     @property
     def context_length(self) -> int | None: ...
+    @property
+    def task(self) -> str: ...
 
 
 class OffloadTiers(Protocol):
@@ -246,6 +248,9 @@ class EngineSpec:
     cached_weights_args: Mapping[str, Any] = field(default_factory=dict)
     """Arguments added when the weights come from the node's cache (the mocker's read
     bandwidth)."""
+    embed_args: Mapping[str, Any] | None = None
+    """The engine arguments that run an embedding model (recipe ``model.task: embed``:
+    vLLM's pooling runner); None: the engine serves no embeddings."""
 
 
 def load_entry(target: str) -> Any:

@@ -40,6 +40,7 @@ from dynamoctl.frontend.asgi import ASGIApp, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
 from dynamoctl.frontend.choices import Choices
+from dynamoctl.frontend.embeddings import EmbeddingRequest, Embeddings
 from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
 from dynamoctl.frontend.generate import Generator
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
@@ -157,6 +158,12 @@ def build_app(
     @app.post("/v1/messages/count_tokens", openapi_extra=_schema(CountTokensRequest))
     async def count_tokens(request: Request) -> Response:
         return _Raw(anthropic.count_tokens)
+
+    embeddings = Embeddings(registry, generator, metrics, hot.long_text, refusals, max_body_bytes)
+
+    @app.post("/v1/embeddings", openapi_extra=_schema(EmbeddingRequest))
+    async def embed(request: Request) -> Response:
+        return _Raw(embeddings.create)
 
     responses = Responses(hot, ResponseStore(max_stored_responses))  # OpenAI's Responses API
 
@@ -408,7 +415,13 @@ class _Completions:
 
 
 def _model(registry: ModelRegistry, name: str) -> ServedModel:
-    return registry.resolve(name)
+    model = registry.resolve(name)
+    if model.card.embedding is not None:
+        raise bad_request(
+            f"model {name!r} is an embedding model: it generates no text (POST /v1/embeddings)",
+            "model",
+        )
+    return model
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

@@ -30,7 +30,14 @@ from typing import Any, Literal
 from pydantic_core import PydanticCustomError
 
 Endpoint = Literal[
-    "chat", "completions", "tokenize", "detokenize", "messages", "count_tokens", "responses"
+    "chat",
+    "completions",
+    "tokenize",
+    "detokenize",
+    "messages",
+    "count_tokens",
+    "responses",
+    "embeddings",
 ]
 BOTH: tuple[Endpoint, ...] = ("chat", "completions")
 CHAT: tuple[Endpoint, ...] = ("chat",)
@@ -41,11 +48,13 @@ TOKENIZATION: tuple[Endpoint, ...] = ("tokenize", "detokenize")
 MESSAGES: tuple[Endpoint, ...] = ("messages",)
 CONVERSATION: tuple[Endpoint, ...] = ("messages", "count_tokens")
 RESPONSES: tuple[Endpoint, ...] = ("responses",)
-ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION, *CONVERSATION, *RESPONSES)
+EMBEDDINGS: tuple[Endpoint, ...] = ("embeddings",)
+ENDPOINTS: tuple[Endpoint, ...] = (*BOTH, *TOKENIZATION, *CONVERSATION, *RESPONSES, *EMBEDDINGS)
 """``POST /v1/chat/completions``, ``/v1/completions``, vLLM's ``/tokenize`` and
 ``/detokenize`` (:mod:`dynamoctl.frontend.tokenization`), and Anthropic's
 ``/v1/messages`` and ``/v1/messages/count_tokens`` (:mod:`dynamoctl.frontend.anthropic`),
-and OpenAI's ``/v1/responses`` (:mod:`dynamoctl.frontend.responses`)."""
+OpenAI's ``/v1/responses`` (:mod:`dynamoctl.frontend.responses`) and ``/v1/embeddings``
+(:mod:`dynamoctl.frontend.embeddings`)."""
 
 
 class Support(enum.Enum):
@@ -303,6 +312,48 @@ POLICY: tuple[Param, ...] = (
     Param("media_io_kwargs", TOKENIZE, R, "vLLM", "text only"),
     Param("mm_processor_kwargs", TOKENIZE, R, "vLLM", "text only"),
     Param("tokens", DETOKENIZE, S, "vLLM", "token ids, each below the vocabulary's size"),
+    # -- OpenAI's /v1/embeddings (and vLLM's extensions of it) --------------------------------
+    Param(
+        "model", EMBEDDINGS, S, "OpenAI", "an embedding model's name (recipe `model.task: embed`)"
+    ),
+    Param(
+        "input",
+        EMBEDDINGS,
+        S,
+        "OpenAI",
+        "a string, a list of strings, a token list or a list of token lists; at most the "
+        "frontend's `max_choices` inputs, each within the model's context",
+    ),
+    Param(
+        "encoding_format",
+        EMBEDDINGS,
+        S,
+        "OpenAI",
+        "`float` (default) or `base64` (little-endian float32, as OpenAI sends)",
+    ),
+    Param(
+        "dimensions",
+        EMBEDDINGS,
+        S,
+        "OpenAI",
+        "the first `dimensions`, renormalised, where the model allows it (Matryoshka); "
+        "otherwise only its own size",
+    ),
+    Param("user", EMBEDDINGS, S, "OpenAI", "informational: asks for no behaviour"),
+    Param(
+        "add_special_tokens",
+        EMBEDDINGS,
+        S,
+        "vLLM",
+        "string inputs: the tokenizer's special tokens (default: true)",
+    ),
+    Param("use_activation", EMBEDDINGS, N, "vLLM", "embeddings are always normalised", (True,)),
+    Param("embed_dtype", EMBEDDINGS, N, "vLLM", "float32 only", ("float32",)),
+    Param("endianness", EMBEDDINGS, N, "vLLM", "little-endian only", ("native", "little")),
+    Param("priority", EMBEDDINGS, N, "vLLM", "one priority class", (0,)),
+    Param("truncate_prompt_tokens", EMBEDDINGS, R, "vLLM", "an input past the context is a 400"),
+    Param("messages", EMBEDDINGS, R, "vLLM", "text and token inputs only"),
+    Param("request_id", EMBEDDINGS, R, "vLLM", "the frontend names requests"),
     # -- Anthropic's /v1/messages and /v1/messages/count_tokens -----------------------------
     Param("model", CONVERSATION, S, "Anthropic", "served model name (`GET /v1/models`)"),
     Param(

@@ -192,6 +192,8 @@ class Outcome:
     """How many of :attr:`logprobs` a stream has written."""
     prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
     """The prompt tokens' log-probabilities, when the request asked for them."""
+    embedding: list[float] | None = None
+    """An embedding request's vector (:mod:`dynamoctl.frontend.embeddings`)."""
 
     def new_logprobs(self) -> list[tuple[int, TokenLogprobs]]:
         """The entries not written yet (streams)."""
@@ -395,6 +397,8 @@ class _TokenStream:
             self.generated += chunk.token_ids
             if chunk.logprobs is not None:
                 self.outcome.logprobs += zip(chunk.token_ids, chunk.logprobs, strict=False)
+        if chunk.embedding is not None:
+            self.outcome.embedding = chunk.embedding
         if chunk.prompt_logprobs is not None:  # a retried attempt's come again: keep one
             self.outcome.prompt_logprobs += chunk.prompt_logprobs
             del self.outcome.prompt_logprobs[len(self.job.prompt_ids) :]

@@ -36,6 +36,7 @@ ENDPOINTS = {
     "/v1/responses": "responses",
     "/v1/messages": "messages",
     "/v1/messages/count_tokens": "count_tokens",
+    "/v1/embeddings": "embeddings",
 }
 """The ``endpoint`` label of a path; any other path is ``other`` (a 404's path is the
 client's choice, not a label)."""

@@ -26,6 +26,8 @@ def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str,
     contradictions."""
     spec = engine_spec(pool.engine)
     model_args = spec.model_args(model)
+    if model.task == "embed" and spec.embed_args is not None:  # the recipe checked it
+        model_args = {**model_args, **spec.embed_args}
     derived = {k: v for k, v in model_args.items() if v is not None}
     offload = _offload(pool, model).args
     loader = spec.load_format_args(pool.load_format) if pool.load_format else {}

@@ -30,6 +30,7 @@ from dynamoctl.recipe.kv_offload import KvOffload, check_offload
 from dynamoctl.recipe.model_cache import ModelCache
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
+from dynamoctl.recipe.tasks import Task, check_task
 from dynamoctl.settings import (
     AdmissionSettings,
     DisaggSettings,
@@ -209,6 +210,12 @@ class ModelSpec(RecipeModel, OutputParserSettings):
     """A node-local copy of ``path``'s directory each engine reads instead of the shared
     path: ``{dir, max_bytes, when_full, fallback_to_shared, verify}`` (docs/operations.md,
     "Model cache"). Default: none, engines read ``path``."""
+    task: Task = "generate"
+    """``generate``: a language model (chat, completions, responses, messages).
+    ``embed``: an embedding model, run by its engine's pooling runner (vLLM's ``--runner
+    pooling``; the mocker's ``task: embed``) and served on ``/v1/embeddings`` only, in an
+    ``agg`` pool; route it by load (``frontend.router.mode: least-loaded``): an embedding
+    reuses no cache."""
 
 
 class Router(RecipeModel, ReplicaSettings, DisaggSettings, RouterSettings):
@@ -519,6 +526,7 @@ class Recipe(RecipeModel):
                 check_gang(role, pool, target)
             check_offload(role, pool.engine, pool.kv_offload, pool.gpus_per_replica,
                           pool.engine_args, self.model.block_size)  # fmt: skip
+        check_task(self.model.task, self.workers.pools())
         if self.planner is not None:
             check_planner(self.planner, self.workers.pools(), self.model.name)
         if isinstance(target, SlurmTarget):

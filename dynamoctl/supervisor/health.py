@@ -154,13 +154,17 @@ class Probes:
             return False
 
     async def frontend_ready(self, base: str, model: str) -> bool:
-        """The frontend lists ``model`` and completes a one-token request."""
+        """The frontend lists ``model`` and completes a one-token request (embeds a word,
+        for an embedding model: the completion is its 400)."""
         try:
             models = (await self.http.get(f"{base}/models", headers=self._auth)).json()
             if model not in {m.get("id") for m in models.get("data", [])}:
                 return False
-            body = {"model": model, "prompt": "ready?", "max_tokens": 1}
+            body: dict[str, object] = {"model": model, "prompt": "ready?", "max_tokens": 1}
             answer = await self.http.post(f"{base}/completions", json=body, headers=self._auth)
+            if answer.status_code == 400:
+                body = {"model": model, "input": "ready?"}
+                answer = await self.http.post(f"{base}/embeddings", json=body, headers=self._auth)
             return answer.status_code == 200
         except (httpx.HTTPError, ValueError, AttributeError):
             return False

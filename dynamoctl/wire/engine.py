@@ -63,6 +63,17 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     prompt_logprobs: int | None = None
     """Return each prompt token's log-probability (the first has none) and this many most
     likely alternatives (vLLM's ``prompt_logprobs``); None: none."""
+    pooling: Pooling | None = None
+    """Embed the prompt instead of generating (an embedding model's pooling runner): the
+    one chunk carries :attr:`GenerateChunk.embedding` and no token; None: generate."""
+
+
+class Pooling(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
+    """What an embedding request asks of the engine's pooler."""
+
+    dimensions: int | None = None
+    """Keep the first this many dimensions (a Matryoshka model's), renormalised; None:
+    the model's full size."""
 
 
 class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -85,6 +96,8 @@ class GenerateChunk(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fals
     """With :attr:`GenerateRequest.prompt_logprobs`: the next prompt tokens' entries, in
     order from the first (None: the first token, which nothing precedes); an engine may
     spread them over several chunks."""
+    embedding: list[float] | None = None
+    """With :attr:`GenerateRequest.pooling`: the prompt's embedding, on the last chunk."""
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
@@ -122,6 +135,19 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     # -- structured outputs and tools (dynamoctl.structured; docs/api.md) --
     traits: OutputTraits | None = None
     """The engine and the model's output parsers; set by the worker (its options)."""
+    embedding: EmbeddingTraits | None = None
+    """Set when the engine runs an embedding model (its pooling runner): it serves
+    ``/v1/embeddings``, not text generation."""
+
+
+class EmbeddingTraits(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """An embedding model's facts the frontend checks requests against."""
+
+    size: int
+    """Dimensions of its embeddings."""
+    matryoshka: bool = False
+    """Its embeddings may be shortened to their first ``dimensions`` (a Matryoshka
+    model's); otherwise a request's ``dimensions`` other than ``size`` is refused."""
 
 
 class LoadMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):

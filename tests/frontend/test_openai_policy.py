@@ -14,6 +14,7 @@ import pytest
 from dynamoctl.frontend import compat
 from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dynamoctl.frontend.body import decode_body, engine_request
+from dynamoctl.frontend.embeddings import EmbeddingRequest
 from dynamoctl.frontend.errors import OpenAIError
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest, StreamOptions
 from dynamoctl.frontend.responses.protocol import ResponsesRequest
@@ -30,6 +31,7 @@ MODELS: dict[str, type[Any]] = {
     "messages": MessagesRequest,
     "count_tokens": CountTokensRequest,
     "responses": ResponsesRequest,
+    "embeddings": EmbeddingRequest,
 }
 OBJECTS = {"stream_options": StreamOptions}
 """The object parameters whose keys have rows of their own (``stream_options.include_usage``)."""
@@ -41,6 +43,7 @@ BASE: dict[str, dict[str, Any]] = {
     "messages": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
     "count_tokens": {"model": "m", "messages": [{"role": "user", "content": "hi"}]},
     "responses": {"model": "m", "input": "hi"},
+    "embeddings": {"model": "m", "input": "hi"},
 }
 ROWS = [(e, p) for e in compat.ENDPOINTS for p in compat.params(e).values()]
 UNSUPPORTED = [(e, p) for e, p in ROWS if p.support is not compat.Support.SUPPORTED]

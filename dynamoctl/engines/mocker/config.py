@@ -128,6 +128,14 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
     collective_timeout: float = 300.0
     """Seconds the leader waits for its gang to form, and for one step's round trip,
     before its engine dies (vLLM's ``VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS``)."""
+    task: Literal["generate", "embed"] = "generate"
+    """``embed``: simulate an embedding model (vLLM's ``--runner pooling``): requests
+    carry ``pooling`` and get one vector back after their prompt's prefill
+    (:mod:`.embedding`); text generation is refused. ``generate``: the reverse."""
+    embedding_size: int = 64
+    """``embed``: dimensions of the embeddings."""
+    matryoshka: bool = False
+    """``embed``: the model may shorten its embeddings to a request's ``dimensions``."""
     hold_first_requests: int = 0
     """Fault injection: the first N requests this engine accepts are held before their
     first token (never scheduled, they produce nothing) until aborted or the process
@@ -146,6 +154,8 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.embedding_size < 1:
+            raise ValueError(f"embedding_size must be >= 1, got {self.embedding_size}")
         if self.kv_bytes_per_token < 1:
             raise ValueError(f"kv_bytes_per_token must be >= 1, got {self.kv_bytes_per_token}")
         if not (self.kv_transfer_gbps > 0 and self.kv_pin_ttl > 0):

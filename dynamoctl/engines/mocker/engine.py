@@ -57,6 +57,7 @@ from dynamoctl.engines.api import (
 from dynamoctl.engines.mocker.aic_timing import StepTiming, timing_for
 from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
+from dynamoctl.engines.mocker.embedding import MockEmbedder, pooled
 from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.output import Scripts
 from dynamoctl.engines.mocker.sampling import prompt_logprobs
@@ -64,7 +65,7 @@ from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput, request_se
 from dynamoctl.engines.mocker.startup import Startup
 from dynamoctl.engines.mocker.transfer import KvTransfers
 from dynamoctl.kv.tiers import TierStats
-from dynamoctl.wire.engine import TokenLogprobs
+from dynamoctl.wire.engine import EmbeddingTraits, TokenLogprobs
 from dynamoctl.wire.health import StartupReport
 from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
@@ -96,6 +97,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
 
     __slots__ = (
         "_done",
+        "_embedding",
         "_engine",
         "_error",
         "_finish",
@@ -121,6 +123,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._done = False
+        self._embedding: list[float] | None = None  # an embedding request's, at its end
 
     def _push(
         self, token: int | None, finish: FinishReason | None, logprobs: TokenLogprobs | None = None
@@ -162,6 +165,7 @@ class MockerStream(AsyncIterator[GenerateChunk]):
             chunk.logprobs, self._logprobs = self._logprobs, None
         if self._finish is not None:
             chunk.kv_transfer_params = self._handoff
+            chunk.embedding = self._embedding
         if self._header is not None:
             chunk.cached_tokens, chunk.prompt_tokens = self._header
             chunk.prompt_logprobs = self._prompt_logprobs
@@ -229,7 +233,11 @@ class MockerEngine(
             max_num_seqs=cfg.max_num_seqs,
             max_num_batched_tokens=cfg.max_num_batched_tokens,
             context_length=cfg.context_length,
+            embedding=EmbeddingTraits(size=cfg.embedding_size, matryoshka=cfg.matryoshka)
+            if cfg.task == "embed"
+            else None,
         )
+        self._embedder = MockEmbedder(cfg.embedding_size, cfg.vocab_size)
 
     @classmethod
     def from_options(
@@ -307,6 +315,8 @@ class MockerEngine(
                 )
             if rid in self._pulling:
                 raise RequestRejected(f"request id {rid!r} is already in use")
+            embedder = self._embedder if self._card.embedding is not None else None
+            request, stream._embedding = pooled(request, embedder, self.config.matryoshka)
             script = self._scripts.script(request, request_seed(request))
             if self._to_hold > 0:  # accepted and never scheduled: see hold_first_requests
                 self._to_hold -= 1
@@ -510,11 +520,14 @@ class MockerEngine(
             if finish is not None and seq.pin:
                 handoff = self.transfers.pin(seq.request_id, seq.tokens[: seq.prompt_len])
                 stream._handoff = handoff.to_params()
-            sampler = seq.sampler
-            logprobs = None
-            if sampler.logprobs is not None:
-                logprobs = sampler.logprobs_of(token, seq.num_output - 1)
-            stream._push(token, finish, logprobs)
+            if stream._embedding is not None:  # an embedding: its prefill's end is its end
+                stream._push(None, None if finish is None else "stop")
+            else:
+                sampler = seq.sampler
+                logprobs = None
+                if sampler.logprobs is not None:
+                    logprobs = sampler.logprobs_of(token, seq.num_output - 1)
+                stream._push(token, finish, logprobs)
             if finish is not None:
                 del streams[seq.request_id]
 

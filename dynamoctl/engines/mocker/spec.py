@@ -63,6 +63,7 @@ SPEC = EngineSpec(
     name="mocker",
     adapter="dynamoctl.engines.mocker.engine:MockerEngine.from_options",
     model_args=model_args,
+    embed_args={"task": "embed"},
     kv_offload=kv_offload,
     # hand-offs travel on the worker's own request plane: no side channel
     follower="dynamoctl.engines.mocker.gang:follow_leader",

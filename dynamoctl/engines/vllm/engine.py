@@ -50,9 +50,10 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
-from dynamoctl.engines.vllm import cpu_build, gang, lmcache
+from dynamoctl.engines.vllm import cpu_build, gang, lmcache, pooling
 from dynamoctl.engines.vllm.load import LoadTracker
 from dynamoctl.structured.engines import vllm_fields
+from dynamoctl.wire.engine import Pooling
 
 cpu_build.pin_platform()  # before vLLM resolves its platform (the imports below do)
 try:
@@ -196,6 +197,8 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         # One token end to end: the engine computes, and its output loop runs, before the
         # worker registers as ready.
         warmup = GenerateRequest(f"dynamoctl-warmup-{os.getpid()}", [0], 1, ignore_eos=True)
+        if card.embedding is not None:  # an embedding model: its pooler, end to end
+            warmup.pooling = Pooling()
         async for _ in self.generate(warmup):
             pass
         log.info(
@@ -259,6 +262,10 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         if engine is None:
             raise EngineStopped("vLLM engine is not running")
         rid = request.request_id
+        if request.pooling is not None or self._card.embedding is not None:
+            async for chunk in self._pooled(engine, request):
+                yield chunk
+            return
         try:
             kwargs = vargs.sampling_kwargs(request, self._defaults)
             if request.output is not None and request.output.constraint is not None:
@@ -306,6 +313,18 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
             raise EngineError(f"vLLM failed request {rid}: {exc!r}") from exc
         finally:
             self._load.finished(rid)
+
+    async def _pooled(self, engine: Any, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
+        """An embedding request (:mod:`.pooling`), its failures as a generation's."""
+        if self._card.embedding is None:
+            raise RequestRejected("this worker runs a generative model; it embeds nothing")
+        try:
+            async for chunk in pooling.embed(engine, request, self._load):
+                yield chunk
+        except EngineDeadError as exc:
+            raise EngineDied(_death_cause(engine)) from exc
+        except (ValueError, VLLMClientError) as exc:  # vLLM refused it (dimensions...)
+            raise RequestRejected(str(exc)) from exc
 
     def _find_kv_source(self, engine: Any) -> KvEventSource | None:
         sources = engine.get_kv_event_sources()
@@ -390,4 +409,5 @@ def _model_card(config: Any) -> ModelCard:
         max_num_seqs=scheduler.max_num_seqs,
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         context_length=model.max_model_len,
+        embedding=pooling.embedding_traits(config),
     )

@@ -154,6 +154,7 @@ SPEC = EngineSpec(
         "tensorizer",
         "modelexpress",
     ),
+    embed_args={"runner": "pooling"},  # an embedding model's pooler (/v1/embeddings)
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,
