@@ -75,9 +75,9 @@ class GangLeaders(Protocol):
         ...
 
 
-class ScalingView(Protocol):
-    """What ``scale`` and extra capacity need: the pools, the GPU map, the instances, and
-    replicas started and drained."""
+class PlacementView(Protocol):
+    """What places new replicas: the pools and their placement, the instances, and
+    replicas begun (the part :class:`ScalingView` and :class:`SparesView` share)."""
 
     @property
     def recipe(self) -> Recipe: ...
@@ -93,6 +93,18 @@ class ScalingView(Protocol):
 
     @property
     def instances(self) -> Mapping[str, Instance]: ...
+
+    def begin(self, specs: Sequence[InstanceSpec]) -> str:
+        """Supervise the instances of one new replica (a gang's members, leader first) and
+        start its life; the leader's name."""
+        ...
+
+    def save(self) -> None: ...
+
+
+class ScalingView(PlacementView, Protocol):
+    """What ``scale`` and extra capacity need besides placing: gangs, extra capacity,
+    spares, and replicas drained."""
 
     @property
     def gangs(self) -> GangLeaders: ...
@@ -103,45 +115,19 @@ class ScalingView(Protocol):
     @property
     def spares(self) -> SpareKeeper: ...
 
-    def begin(self, specs: Sequence[InstanceSpec]) -> str:
-        """Supervise the instances of one new replica (a gang's members, leader first) and
-        start its life; the leader's name."""
-        ...
-
     async def drain(self, target: str, why: str = "drain") -> list[str]: ...
 
     def changed(self) -> None: ...
 
-    def save(self) -> None: ...
 
-
-class SparesView(Protocol):
-    """What warm spares need: the pools and their placement, the instances, replicas
-    begun, and a spare's state moved to READY when promoted."""
-
-    @property
-    def recipe(self) -> Recipe: ...
-
-    @property
-    def plan(self) -> Plan: ...
-
-    @property
-    def run_dir(self) -> RunDir: ...
-
-    @property
-    def gpu_map(self) -> GpuMap: ...
+class SparesView(PlacementView, Protocol):
+    """What warm spares need besides placing: the phase, and a spare's state moved to
+    READY when promoted."""
 
     @property
     def phase(self) -> Phase: ...
 
-    @property
-    def instances(self) -> Mapping[str, Instance]: ...
-
-    def begin(self, specs: Sequence[InstanceSpec]) -> str: ...
-
     def transition(self, inst: Instance, new: State, why: str) -> None: ...
-
-    def save(self) -> None: ...
 
 
 class MetricsView(Protocol):
