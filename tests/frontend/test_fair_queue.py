@@ -47,7 +47,8 @@ async def serve_in_order(
         await asyncio.wait_for(workers.changed.wait(), 10)
     for task in tasks:
         task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    # A cancelled waiter (its client gone) leaves at once, not at its deadline 30 s on.
+    await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 10)
     assert queue.waiting == 0
     return workers.served
 

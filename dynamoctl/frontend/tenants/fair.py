@@ -82,7 +82,11 @@ class FairQueue:
                 if left <= 0:
                     raise QueueTimeout
                 try:
-                    await asyncio.wait_for(waiter.woken.wait(), left)
+                    # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a
+                    # cancellation (a client gone) that lands as the event is set, and
+                    # the cancelled waiter then sat in the queue until its deadline.
+                    async with asyncio.timeout(left):
+                        await waiter.woken.wait()
                 except TimeoutError:
                     raise QueueTimeout from None
         finally:
