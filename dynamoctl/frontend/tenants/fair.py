@@ -81,14 +81,15 @@ class FairQueue:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise QueueTimeout
+                # A timer wakes the waiter at its deadline (the loop's next turn raises);
+                # not wait_for: Python 3.10/3.11's wait_for loses a cancellation (a
+                # client gone) that lands as the event is set, and the cancelled waiter
+                # then sat in the queue until its deadline.
+                timer = asyncio.get_running_loop().call_later(left, waiter.woken.set)
                 try:
-                    # asyncio.timeout, not wait_for: Python 3.11's wait_for loses a
-                    # cancellation (a client gone) that lands as the event is set, and
-                    # the cancelled waiter then sat in the queue until its deadline.
-                    async with asyncio.timeout(left):
-                        await waiter.woken.wait()
-                except TimeoutError:
-                    raise QueueTimeout from None
+                    await waiter.woken.wait()
+                finally:
+                    timer.cancel()
         finally:
             self._leave(waiter)
 
