@@ -38,12 +38,12 @@ from dynamoctl.frontend.anthropic.handler import AnthropicMessages
 from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dynamoctl.frontend.asgi import ASGIApp, Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
-from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, too_long
+from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, prompt_ids
 from dynamoctl.frontend.choices import Choices
 from dynamoctl.frontend.embeddings import EmbeddingRequest, Embeddings
 from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
 from dynamoctl.frontend.generate import Generator
-from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder, Trimmer
+from dynamoctl.frontend.longtext import LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
@@ -366,7 +366,7 @@ class _Completions:
         texts: list[str] = []
         for prompt in prompts:
             if isinstance(prompt, str):
-                batch.append(await self._encode(model, prompt, True, "prompt"))
+                batch.append(await prompt_ids(self._long, model, prompt, True, "prompt"))
                 texts.append(prompt)
             else:
                 batch.append(list(prompt))
@@ -398,19 +398,12 @@ class _Completions:
             held = self._prefixes[id(tokenizer)] = (tokenizer, PrefixCache(tokenizer))
         cache = held[1]
         cached, rest = cache.split(prompt)
-        ids = cached + await self._encode(model, rest, False, "messages") if rest else list(cached)
+        ids = (
+            cached + await prompt_ids(self._long, model, rest, False, "messages")
+            if rest
+            else list(cached)
+        )
         cache.remember(prompt, ids, len(prompt) - len(rest))
-        return ids
-
-    async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:
-        """``text``'s ids: inline when short, else on a thread (:mod:`longtext`); a
-        prompt longer than the context is refused by its count alone."""
-        if len(text) <= INLINE_CHARS:
-            return model.tokenizer.encode(text, add_special_tokens=special)
-        context = model.card.context_length
-        ids = await self._long.encode(model, text, special, context)
-        if isinstance(ids, int):
-            raise too_long(context, ids, param)
         return ids
 
 

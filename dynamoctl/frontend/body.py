@@ -10,6 +10,7 @@ from pydantic import BaseModel, ValidationError
 
 from dynamoctl.frontend.errors import OpenAIError, ParamError, bad_request
 from dynamoctl.frontend.generate import Job
+from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder
 from dynamoctl.frontend.models import ServedModel
 from dynamoctl.frontend.protocol import INT64, ChatCompletionRequest, CompletionRequest
 from dynamoctl.structured.errors import StructuredError
@@ -68,6 +69,20 @@ def too_long(context: int, prompt_tokens: int, param: str) -> OpenAIError:
         f"{prompt_tokens} tokens.",
         param,
     )
+
+
+async def prompt_ids(
+    encoder: LongTextEncoder, model: ServedModel, text: str, special: bool, param: str
+) -> list[int]:
+    """``text``'s ids: inline when short, else on the encoder's threads (:mod:`longtext`);
+    a prompt longer than the model's context is refused by its count alone."""
+    if len(text) <= INLINE_CHARS:
+        return model.tokenizer.encode(text, add_special_tokens=special)
+    context = model.card.context_length
+    ids = await encoder.encode(model, text, special, context)
+    if isinstance(ids, int):
+        raise too_long(context, ids, param)
+    return ids
 
 
 def jobs_of(

@@ -25,10 +25,10 @@ from starlette.responses import JSONResponse
 
 from dynamoctl.frontend import compat
 from dynamoctl.frontend.asgi import Disconnect, Receive, Scope, Send, read_body
-from dynamoctl.frontend.body import decode_body, too_long
+from dynamoctl.frontend.body import decode_body, prompt_ids, too_long
 from dynamoctl.frontend.errors import OpenAIError, ParamError, bad_request, internal_error
 from dynamoctl.frontend.generate import Generator, Job, Outcome
-from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder
+from dynamoctl.frontend.longtext import LongTextEncoder
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.refusals import LINES, Refusals
@@ -152,7 +152,7 @@ class Embeddings:
         for i, item in enumerate(inputs):
             param = "input" if len(inputs) == 1 else f"input.{i}"
             if isinstance(item, str):
-                ids = await self._encode(model, item, body.add_special_tokens, param)
+                ids = await prompt_ids(self.encoder, model, item, body.add_special_tokens, param)
             else:
                 ids = item
                 if max(ids) >= vocab:
@@ -165,15 +165,6 @@ class Embeddings:
                 raise too_long(context, len(ids), param)
             prompts.append(ids)
         return prompts
-
-    async def _encode(self, model: ServedModel, text: str, special: bool, param: str) -> list[int]:
-        if len(text) <= INLINE_CHARS:
-            return model.tokenizer.encode(text, add_special_tokens=special)
-        context = model.card.context_length
-        ids = await self.encoder.encode(model, text, special, context)
-        if isinstance(ids, int):
-            raise too_long(context, ids, param)
-        return ids
 
     async def _serve(
         self,
