@@ -110,9 +110,10 @@ class FrontendProbe(ComponentProbe, component="frontend"):
         return await self.probes.frontend_ready(base_url(spec, "http") + "/v1", self.model)
 
     async def health(self, spec: InstanceSpec) -> Health:
-        # Not a completion a second: /health says the process serves; workers' own
-        # probes say whether what it routes to is alive.
-        return _answer(await self.probes.reply(f"{base_url(spec, 'http')}/health"))
+        # Liveness, not readiness: /health is 503 while no worker serves a model (a pool
+        # scaled to 0, a long gang restart), which is the load balancer's business; a
+        # restart would not bring a worker back. /live answers while the loop turns.
+        return _answer(await self.probes.reply(f"{base_url(spec, 'http')}/live"))
 
 
 class RouterProbe(ComponentProbe, component="router"):
