@@ -5,11 +5,13 @@ pieces every endpoint shares (:class:`dynamoctl.frontend.app._Completions` is th
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send
 from dynamoctl.frontend.choices import Choices, Delta
+from dynamoctl.frontend.errors import OpenAIError, internal_error
 from dynamoctl.frontend.generate import Generator
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ServedModel
@@ -17,6 +19,8 @@ from dynamoctl.frontend.protocol import ChatCompletionRequest
 from dynamoctl.frontend.refusals import Refusals
 from dynamoctl.frontend.respond import count_outcomes
 from dynamoctl.structured.plan import OutputPlan
+
+log = logging.getLogger(__name__)
 
 
 class ChatPipeline(Protocol):
@@ -62,8 +66,20 @@ async def read_whole(
     return True
 
 
+def chat_deltas(choices: Choices, piece: str | None) -> list[dict[str, Any]]:
+    """A one-choice request's next text (None: its end) as chat deltas, through its
+    output shaper (tool calls, reasoning) when it has one."""
+    shaper = choices.shapers[0] if choices.shapers else None
+    if piece is None:
+        return shaper.close() if shaper else []
+    if not piece:
+        return []
+    return shaper.push(piece) if shaper else [{"content": piece}]
+
+
 class Answer(Protocol):
-    """One request's answer in an endpoint's own shape, whole or streamed."""
+    """One request's answer in an endpoint's own shape: whole, or streamed as the SSE
+    events its ``opening``, ``feed``, ``closing`` and ``error`` write."""
 
     status: str | None
     """The status it ended with, when not what its choices say (an error, in-band)."""
@@ -74,7 +90,60 @@ class Answer(Protocol):
         self, scope: Scope, receive: Receive, send: Send, deltas: AsyncIterator[Delta]
     ) -> None: ...
 
-    async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None: ...
+    def opening(self) -> list[bytes]:
+        """The events before the first text (the stream's start)."""
+        ...
+
+    def feed(self, piece: str | None) -> list[bytes]:
+        """The events a choice's next text (None: its end) makes, maybe none yet."""
+        ...
+
+    def closing(self) -> list[bytes]:
+        """The events after the generation ended well (the stream's end)."""
+        ...
+
+    def error(self, exc: OpenAIError) -> list[bytes]:
+        """The event an error after the headers were sent becomes (in-band)."""
+        ...
+
+
+async def stream_events(
+    answer: Answer, choices: Choices, receive: Receive, send: Send, deltas: AsyncIterator[Delta]
+) -> None:
+    """Streams ``answer``'s events: what each text makes is sent at once, except once the
+    generation is done (the rest goes out with the closing events, in one write). An
+    error after the headers is an in-band error event; a client that leaves cancels the
+    generation."""
+    await send(SSE_START)
+    watch = Disconnect(receive)
+    events = answer.opening()
+    try:
+        try:
+            async for _, piece in deltas:
+                events += answer.feed(piece)
+                if events and not choices.done():
+                    body = b"".join(events)
+                    events.clear()
+                    await send({"type": "http.response.body", "body": body, "more_body": True})
+            events += answer.closing()
+        except OpenAIError as exc:  # headers are sent: an error event
+            answer.status = str(exc.status)
+            events += answer.error(exc)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("stream of %s failed", choices.request_id)
+            answer.status = "500"
+            events += answer.error(internal_error())
+        watch.stop()
+        await send({"type": "http.response.body", "body": b"".join(events), "more_body": False})
+    except asyncio.CancelledError:
+        if not watch.gone:
+            raise
+        watch.absorb()
+        answer.cancelled = True
+    finally:
+        watch.stop()
 
 
 async def serve_answer(
@@ -96,7 +165,7 @@ async def serve_answer(
     metrics.inflight.labels(name).inc()
     try:
         if streamed:
-            await answer.stream(receive, send, deltas)
+            await stream_events(answer, choices, receive, send, deltas)
         else:
             await answer.whole(scope, receive, send, deltas)
     finally:

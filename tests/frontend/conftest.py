@@ -8,7 +8,7 @@ import contextlib
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +112,7 @@ WEATHER = {
 
 @contextlib.asynccontextmanager
 async def parsed_models(
-    tmp: Path, models: list[str], *frontend_args: str
+    tmp: Path, models: list[str], *frontend_args: str, worker_args: Sequence[str] = ()
 ) -> AsyncIterator[Deployment]:
     """One mocker worker per model of :data:`PARSED_MODELS`, one frontend that lists all."""
     import httpx
@@ -123,6 +123,7 @@ async def parsed_models(
             dep.spawn(
                 f"worker-{name}", "worker", "--model", name, "--block-size", str(BLOCK),
                 "--num-gpu-blocks", str(BLOCKS), "--speedup-ratio", "50", *PARSED_MODELS[name],
+                *worker_args,
             )  # fmt: skip
         await dep.wait_for("worker", len(models))
         await dep.start_frontend(*frontend_args)

@@ -5,7 +5,6 @@ limits, refusal counting, admission, routing, migration and metrics (endpoint la
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -22,11 +21,11 @@ from dynamoctl.frontend.anthropic.events import (
 )
 from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dynamoctl.frontend.anthropic.translate import chat_fields, to_chat
-from dynamoctl.frontend.asgi import Disconnect, Receive, Scope, Send, read_body
+from dynamoctl.frontend.asgi import Receive, Scope, Send, read_body
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
-from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, read_whole, serve_answer
+from dynamoctl.frontend.pipeline import ChatPipeline, chat_deltas, read_whole, serve_answer
 from dynamoctl.frontend.protocol import ChatCompletionRequest
 
 log = logging.getLogger(__name__)
@@ -120,51 +119,22 @@ class _Answer:
         whole = self._message(blocks, reason, sequence, usage(self.choices.prompt_tokens, outcome))
         await JSONResponse(whole)(scope, receive, send)
 
-    async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None:
-        await send(SSE_START)
-        watch = Disconnect(receive)
+    def opening(self) -> list[bytes]:
+        self.blocks = BlockStream(self.body.thinks())
+        start = usage(self.choices.prompt_tokens, self.choices.outcomes[0])
+        return [event("message_start", {"message": self._message([], None, None, start)})]
+
+    def feed(self, piece: str | None) -> list[bytes]:
+        return [e for delta in chat_deltas(self.choices, piece) for e in self.blocks.feed(delta)]
+
+    def closing(self) -> list[bytes]:
         outcome = self.choices.outcomes[0]
-        start = usage(self.choices.prompt_tokens, outcome)
-        opening = self._message([], None, None, start)
-        events = [event("message_start", {"message": opening})]
-        blocks = BlockStream(self.body.thinks())
-        shaper = self.choices.shapers[0] if self.choices.shapers else None
-        try:
-            try:
-                async for _, piece in deltas:
-                    if piece is None:
-                        for delta in shaper.close() if shaper else []:
-                            events += blocks.feed(delta)
-                    elif piece:
-                        for delta in shaper.push(piece) if shaper else [{"content": piece}]:
-                            events += blocks.feed(delta)
-                    if events and not self.choices.done():
-                        body = b"".join(events)
-                        events.clear()
-                        await send({"type": "http.response.body", "body": body, "more_body": True})
-                events += blocks.close()
-                reason, sequence = stop_reason(outcome, blocks.tool_called)
-                final = usage(self.choices.prompt_tokens, outcome)
-                events.append(event("message_delta", {
-                    "delta": {"stop_reason": reason, "stop_sequence": sequence},
-                    "usage": final,
-                }))  # fmt: skip
-                events.append(event("message_stop", {}))
-            except OpenAIError as exc:  # headers are sent: an error event, as Anthropic's
-                self.status = str(exc.status)
-                events += [event("error", {"error": error_body(exc)["error"]})]
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("stream of %s failed", self.choices.request_id)
-                self.status = "500"
-                events += [event("error", {"error": error_body(internal_error())["error"]})]
-            watch.stop()
-            await send({"type": "http.response.body", "body": b"".join(events), "more_body": False})
-        except asyncio.CancelledError:
-            if not watch.gone:
-                raise
-            watch.absorb()
-            self.cancelled = True
-        finally:
-            watch.stop()
+        reason, sequence = stop_reason(outcome, self.blocks.tool_called)
+        final = usage(self.choices.prompt_tokens, outcome)
+        return [*self.blocks.close(), event("message_delta", {
+            "delta": {"stop_reason": reason, "stop_sequence": sequence},
+            "usage": final,
+        }), event("message_stop", {})]  # fmt: skip
+
+    def error(self, exc: OpenAIError) -> list[bytes]:  # Anthropic's error event
+        return [event("error", {"error": error_body(exc)["error"]})]

@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import uuid
 from collections.abc import AsyncIterator
@@ -13,11 +12,11 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from dynamoctl.frontend.asgi import Disconnect, Receive, Scope, Send, read_body
+from dynamoctl.frontend.asgi import Receive, Scope, Send, read_body
 from dynamoctl.frontend.body import decode_body
 from dynamoctl.frontend.choices import Choices, Delta
 from dynamoctl.frontend.errors import OpenAIError, internal_error
-from dynamoctl.frontend.pipeline import SSE_START, ChatPipeline, read_whole, serve_answer
+from dynamoctl.frontend.pipeline import ChatPipeline, chat_deltas, read_whole, serve_answer
 from dynamoctl.frontend.responses.events import (
     OutputItems,
     ResponseObject,
@@ -101,17 +100,8 @@ class _Answer:
         self.cancelled = False
         self.final: dict[str, Any] | None = None
 
-    def _pieces(self, piece: str | None) -> list[dict[str, Any]]:
-        """A choice's next text (None: its end) as chat deltas."""
-        shaper = self.choices.shapers[0] if self.choices.shapers else None
-        if piece is None:
-            return shaper.close() if shaper else []
-        if not piece:
-            return []
-        return shaper.push(piece) if shaper else [{"content": piece}]
-
     def _take(self, piece: str | None) -> None:
-        for delta in self._pieces(piece):
+        for delta in chat_deltas(self.choices, piece):
             self.items.feed(delta)
 
     def _finish(self) -> dict[str, Any]:
@@ -137,48 +127,21 @@ class _Answer:
         self.items.close()
         await JSONResponse(self._finish())(scope, receive, send)
 
-    async def stream(self, receive: Receive, send: Send, deltas: AsyncIterator[Delta]) -> None:
-        await send(SSE_START)
-        watch = Disconnect(receive)
-        items = self.items
+    def opening(self) -> list[bytes]:
         started = self.response.render("in_progress")
-        events = [items.event("response.created", response=started),
-                  items.event("response.in_progress", response=started)]  # fmt: skip
-        try:
-            try:
-                async for _, piece in deltas:
-                    for delta in self._pieces(piece):
-                        events += items.feed(delta)
-                    if events and not self.choices.done():
-                        body = b"".join(map(sse, events))
-                        events.clear()
-                        await send({"type": "http.response.body", "body": body, "more_body": True})
-                events += items.close()
-                final = self._finish()
-                kind = (
-                    "response.completed"
-                    if final["status"] == "completed"
-                    else ("response.incomplete")
-                )
-                events.append(items.event(kind, response=final))
-            except OpenAIError as exc:  # headers are sent: an error event, as OpenAI's
-                self.status = str(exc.status)
-                events.append(items.event("error", code=exc.code, message=exc.message,
-                                          param=exc.param))  # fmt: skip
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("stream of %s failed", self.response.id)
-                self.status = "500"
-                bug = internal_error()
-                events.append(items.event("error", code=None, message=bug.message, param=None))
-            watch.stop()
-            body = b"".join(map(sse, events))
-            await send({"type": "http.response.body", "body": body, "more_body": False})
-        except asyncio.CancelledError:
-            if not watch.gone:
-                raise
-            watch.absorb()
-            self.cancelled = True
-        finally:
-            watch.stop()
+        return [sse(self.items.event("response.created", response=started)),
+                sse(self.items.event("response.in_progress", response=started))]  # fmt: skip
+
+    def feed(self, piece: str | None) -> list[bytes]:
+        return [
+            sse(e) for delta in chat_deltas(self.choices, piece) for e in self.items.feed(delta)
+        ]
+
+    def closing(self) -> list[bytes]:
+        events = self.items.close()
+        final = self._finish()
+        kind = "response.completed" if final["status"] == "completed" else "response.incomplete"
+        return [*map(sse, events), sse(self.items.event(kind, response=final))]
+
+    def error(self, exc: OpenAIError) -> list[bytes]:  # OpenAI's error event
+        return [sse(self.items.event("error", code=exc.code, message=exc.message, param=exc.param))]
