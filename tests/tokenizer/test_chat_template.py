@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import pytest
 
 from dynamoctl.tokenizer import ChatTemplateError, Tokenizer, load_tokenizer
-
-MakeModelDir = Callable[..., Path]
+from tests.tokenizer.conftest import MakeModelDir
 
 SYSTEM_USER = [
     {"role": "system", "content": "You are a helpful assistant."},

@@ -8,10 +8,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from conftest import MakeModelDir
 
 from dynamoctl.tokenizer import Tokenizer, load_tokenizer
 from dynamoctl.tokenizer.prefix import PrefixCache
+from tests.tokenizer.conftest import MakeModelDir
 
 WORDS = [
     "the",

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from dynamoctl.tokenizer import (
     clear_cache,
     load_tokenizer,
 )
-
-MakeModelDir = Callable[..., Path]
+from tests.tokenizer.conftest import MakeModelDir
 
 
 def test_directory_tokenizer_trained_here_loads(make_model_dir: MakeModelDir) -> None:
