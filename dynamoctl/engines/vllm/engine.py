@@ -50,7 +50,7 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
-from dynamoctl.engines.vllm import cpu_build, gang, lmcache, pooling
+from dynamoctl.engines.vllm import cpu_build, gang, lmcache, pooling, vision
 from dynamoctl.engines.vllm.load import LoadTracker
 from dynamoctl.structured.engines import vllm_fields
 from dynamoctl.wire.engine import Pooling
@@ -275,7 +275,11 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
             params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
         except (ValueError, VLLMClientError) as exc:
             raise RequestRejected(str(exc)) from exc
-        prompt = TokensPrompt(prompt_token_ids=request.token_ids)
+        try:
+            images = vision.multi_modal_fields(request) if request.images else {}
+        except Exception as exc:  # Pillow: the frontend checked it, a peer may not have
+            raise RequestRejected(f"an image does not decode: {exc}") from exc
+        prompt = TokensPrompt(prompt_token_ids=request.token_ids, **images)
         self._load.started(rid, len(request.token_ids))
         first = True
         scored = 0  # prompt tokens whose log-probabilities were sent (prompt_logprobs)
@@ -410,4 +414,5 @@ def _model_card(config: Any) -> ModelCard:
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         context_length=model.max_model_len,
         embedding=pooling.embedding_traits(config),
+        vision=vision.vision_traits(config),
     )
