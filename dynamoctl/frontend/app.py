@@ -338,8 +338,7 @@ class _Completions:
             )
         except StructuredError as exc:
             raise bad_request(str(exc), exc.param) from None
-        messages = [m.for_template() for m in body.messages]
-        prompt = _render(model, messages, plan)
+        prompt = _render(model, body.template_messages(), plan)
         return model, plan, await self._encode_chat(model, prompt)
 
     async def chat_choices(
@@ -403,7 +402,10 @@ class _Completions:
             )
         except StructuredError as exc:
             raise bad_request(str(exc), exc.param) from None
-        prompt = _render(model, [m.for_template(vision.placeholder) for m in body.messages], plan)
+        if vision.at_start:  # the images' runs go first; the template sees none
+            text = await self._encode_chat(model, _render(model, body.template_messages(), plan))
+            return (model, plan, *placed_images([[]] * len(files) + [text], files, vision))
+        prompt = _render(model, body.template_messages(vision.placeholder), plan)
         pieces = prompt.split(vision.placeholder)
         if len(pieces) != len(files) + 1:
             raise bad_request(

@@ -237,6 +237,10 @@ class ChatCompletionRequest(_Request, StructuredOutputFields, ToolFields):  # dy
     def top_logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
 
+    def template_messages(self, image: str = "") -> list[dict[str, Any]]:
+        """The messages as the chat template sees them, ``image`` for each image part."""
+        return [m.for_template(image) for m in self.messages]
+
 
 class CompletionRequest(_Request, StructuredOutputFields):  # dynamoctl.structured
     ENDPOINT: ClassVar[Endpoint] = "completions"

@@ -169,6 +169,9 @@ class VisionTraits(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """The placeholder's token id: each image is a run of it in the prompt's ids."""
     tokens_per_image: int
     """Length of that run: the image's tokens (a fixed-resolution vision tower's)."""
+    at_start: bool = False
+    """The model takes its images before the prompt (BLIP-2): the runs go first, in order,
+    and the chat template sees no placeholder; else each run is where its part is."""
 
 
 class EmbeddingTraits(msgspec.Struct, frozen=True, kw_only=True, gc=False):

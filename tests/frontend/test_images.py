@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.openai_compat, pytest.mark.asyncio(loop_scope="module"
 
 VLM = "mt-vision"
 TEXT = "mt-text"
+FIRST = "mt-vision-first"  # takes its images before the prompt, as BLIP-2
 RUN = 48  # tokens per image: 3 blocks
 MAX_IMAGES = 3
 MAX_BYTES = 64 << 10
@@ -94,13 +95,15 @@ async def dep(
         dep.spawn("worker-vlm", "worker", "--model", VLM, "--num-workers", "2", *common,
                   "--image-tokens", str(RUN), "--image-token-id", "5")  # fmt: skip
         dep.spawn("worker-text", "worker", "--model", TEXT, *common)
-        await dep.wait_for("worker", 3)
+        dep.spawn("worker-first", "worker", "--model", FIRST, *common, "--image-tokens",
+                  str(RUN), "--image-token-id", "5", "--image-at-start")  # fmt: skip
+        await dep.wait_for("worker", 4)
         await dep.start_frontend("--max-images", str(MAX_IMAGES), "--max-image-bytes",
                                  str(MAX_BYTES), "--image-fetch-prefixes",
                                  f"{image_server}/ok/")  # fmt: skip
         async with httpx.AsyncClient(base_url=dep.frontend_url) as http_client:
             for _ in range(100):
-                if len((await http_client.get("/v1/models")).json()["data"]) == 2:
+                if len((await http_client.get("/v1/models")).json()["data"]) == 3:
                     break
                 await asyncio.sleep(0.1)
         yield dep
@@ -116,8 +119,8 @@ async def client(dep: Deployment) -> AsyncIterator[openai.AsyncOpenAI]:
         yield client
 
 
-async def ask(client: openai.AsyncOpenAI, messages: list[Any], **kw: Any) -> Any:
-    reply = await client.chat.completions.create(model=VLM, messages=messages, max_tokens=2, **kw)
+async def ask(client: openai.AsyncOpenAI, messages: list[Any], model: str = VLM, **kw: Any) -> Any:
+    reply = await client.chat.completions.create(model=model, messages=messages, max_tokens=2, **kw)
     assert reply.usage is not None
     return reply.usage
 
@@ -204,3 +207,15 @@ async def test_tokenize_refuses_image_parts(dep: Deployment) -> None:
         reply = await http_client.post("/tokenize", json={"model": VLM,
                                        "messages": chat(data_url(png(1)))})  # fmt: skip
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "messages.1.content"
+
+
+async def test_images_before_the_prompt(client: openai.AsyncOpenAI) -> None:
+    # A model that takes its images first: the runs lead the prompt, so another image
+    # shares nothing, an equal one everything; the text is the template's alone.
+    plain = await ask(client, [{"role": "user", "content": "What is in this picture?"}], FIRST)
+    first = await ask(client, chat(data_url(png(21)), text="look: <image>"), FIRST)
+    again = await ask(client, chat(data_url(png(21)), text="look: <image>"), FIRST)
+    other = await ask(client, chat(data_url(png(22)), text="look: <image>"), FIRST)
+    assert first.prompt_tokens > plain.prompt_tokens + RUN  # the system text, too
+    assert again.prompt_tokens_details.cached_tokens == (first.prompt_tokens - 1) // BLOCK * BLOCK
+    assert other.prompt_tokens_details.cached_tokens == 0

@@ -242,7 +242,7 @@ class MockerEngine(
             if cfg.task == "embed"
             else None,
             vision=VisionTraits(placeholder=IMAGE_PLACEHOLDER, token_id=cfg.image_token_id,
-                                tokens_per_image=cfg.image_tokens)
+                                tokens_per_image=cfg.image_tokens, at_start=cfg.image_at_start)
             if cfg.image_tokens
             else None,
         )  # fmt: skip
