@@ -42,7 +42,8 @@ from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, prompt_
 from dynamoctl.frontend.choices import Choices
 from dynamoctl.frontend.embeddings import EmbeddingRequest, Embeddings
 from dynamoctl.frontend.errors import OpenAIError, bad_request, internal_error
-from dynamoctl.frontend.generate import Generator
+from dynamoctl.frontend.generate import Generator, with_images
+from dynamoctl.frontend.images import ImagePart, ImageReader, image_parts, placed_images
 from dynamoctl.frontend.longtext import LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
@@ -56,10 +57,12 @@ from dynamoctl.frontend.shape import Shape
 from dynamoctl.frontend.shaping import planned
 from dynamoctl.frontend.tenants.service import Tenants
 from dynamoctl.frontend.tokenization import Tokenization
+from dynamoctl.settings.images import ImageSettings
 from dynamoctl.structured.errors import StructuredError
 from dynamoctl.structured.plan import OutputPlan, plan_chat, plan_completion
 from dynamoctl.tokenizer import Tokenizer
 from dynamoctl.tokenizer.prefix import PrefixCache
+from dynamoctl.wire.engine import ImageInput
 
 log = logging.getLogger(__name__)
 
@@ -80,10 +83,11 @@ def build_app(
     tenants: Tenants | None = None,
     max_body_bytes: int = MAX_BODY_BYTES,
     max_stored_responses: int = 1024,
+    images: ImageSettings | None = None,
 ) -> FrontendApp:
     """The frontend's ASGI app; with ``api_keys``, every path but the probes' needs one."""
     refusals = Refusals(metrics)
-    hot = _Completions(registry, generator, metrics, max_body_bytes, refusals)
+    hot = _Completions(registry, generator, metrics, max_body_bytes, refusals, images)
     app = FastAPI(title="dynamoctl", version=__version__, docs_url=None, redoc_url=None)
 
     def refuse(request: Request, error: OpenAIError) -> Response:
@@ -261,6 +265,7 @@ class _Completions:
         metrics: FrontendMetrics,
         max_body_bytes: int = MAX_BODY_BYTES,
         refusals: Refusals | None = None,
+        images: ImageSettings | None = None,
     ) -> None:
         self.registry = registry
         self.generator = generator
@@ -271,6 +276,7 @@ class _Completions:
         self._prefixes: dict[int, tuple[Tokenizer, PrefixCache]] = {}
         """Per tokenizer (by id; the tuple holds it alive), its chat prompts' prefixes."""
         self._trim = Trimmer(self._long.pool)
+        self._images = ImageReader(images or ImageSettings(), self._long.pool)
 
     async def chat(self, scope: Scope, receive: Receive, send: Send) -> None:
         await self._serve(scope, receive, send, "chat")
@@ -332,21 +338,21 @@ class _Completions:
             )
         except StructuredError as exc:
             raise bad_request(str(exc), exc.param) from None
-        messages = [m.for_template() for m in body.messages]
-        try:
-            prompt = model.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tools=plan.template_tools
-            )
-        except Exception as exc:  # a template that raises on these messages
-            raise bad_request(f"chat template failed: {exc}", "messages") from exc
+        prompt = _render(model, body.template_messages(), plan)
         return model, plan, await self._encode_chat(model, prompt)
 
     async def chat_choices(
         self, body: ChatCompletionRequest, rid: str
     ) -> tuple[ServedModel, Choices]:
         """A chat request's choices, named ``rid``, ready to run."""
-        model, plan, ids = await self.chat_prompt(body)
+        parts = image_parts(body.messages)
+        if parts:
+            model, plan, ids, images = await self._image_prompt(body, parts)
+        else:
+            (model, plan, ids), images = await self.chat_prompt(body), []
         jobs = planned(jobs_of(model, body, [ids], rid, self._max_choices), plan)
+        if images:
+            with_images(jobs, images)
         logprobs = body.top_logprobs_count() is not None
         choices = Choices(rid, jobs, len(ids), logprobs=logprobs)
         shapers = [plan.new_shaper() for _ in jobs]
@@ -379,6 +385,37 @@ class _Completions:
         choices.echo_logprobs = body.echo and logprobs
         choices.prompt_logprobs = body.prompt_logprobs is not None
         return model, body, choices
+
+    async def _image_prompt(
+        self, body: ChatCompletionRequest, parts: list[ImagePart]
+    ) -> tuple[ServedModel, OutputPlan, list[int], list[ImageInput]]:
+        """A chat prompt with images: each image part's file read and checked, its
+        placeholder run in the ids (:mod:`dynamoctl.frontend.images`)."""
+        model = _model(self.registry, body.model)
+        vision = model.card.vision
+        if vision is None:
+            raise bad_request(f"model {model.name!r} takes no images", parts[0].param)
+        files = await self._images.read(parts)
+        try:
+            plan = plan_chat(
+                body, body.output_constraint(), model.card.traits, body.messages[-1].role
+            )
+        except StructuredError as exc:
+            raise bad_request(str(exc), exc.param) from None
+        if vision.at_start:  # the images' runs go first; the template sees none
+            text = await self._encode_chat(model, _render(model, body.template_messages(), plan))
+            return (model, plan, *placed_images([[]] * len(files) + [text], files, vision))
+        prompt = _render(model, body.template_messages(vision.placeholder), plan)
+        pieces = prompt.split(vision.placeholder)
+        if len(pieces) != len(files) + 1:
+            raise bad_request(
+                f"the chat prompt holds {len(pieces) - 1} image placeholders "
+                f"({vision.placeholder!r}) for {len(files)} images: the messages' text must "
+                "not contain the placeholder, and the model's chat template must keep each",
+                "messages",
+            )
+        ids = [await prompt_ids(self._long, model, p, False, "messages") for p in pieces]
+        return (model, plan, *placed_images(ids, files, vision))
 
     @property
     def long_text(self) -> LongTextEncoder:
@@ -415,6 +452,15 @@ def _model(registry: ModelRegistry, name: str) -> ServedModel:
             "model",
         )
     return model
+
+
+def _render(model: ServedModel, messages: list[dict[str, Any]], plan: OutputPlan) -> str:
+    try:
+        return model.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tools=plan.template_tools
+        )
+    except Exception as exc:  # a template that raises on these messages
+        raise bad_request(f"chat template failed: {exc}", "messages") from exc
 
 
 def _schema(model: type[BaseModel]) -> dict[str, Any]:

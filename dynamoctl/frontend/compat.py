@@ -149,7 +149,9 @@ POLICY: tuple[Param, ...] = (
         S,
         "OpenAI",
         "rendered by the model's chat template; `name`, `tool_calls`, `tool_call_id` "
-        "are passed to it",
+        "are passed to it; content parts `text` and `image_url` (a vision model's: a "
+        "`data:` URL, or `http(s)` under the recipe's `image_fetch_prefixes`; `detail` "
+        "`auto` only; see Images)",
     ),
     Param("top_logprobs", CHAT, S, "OpenAI", "alternatives per token (0-20) with `logprobs: true`"),
     Param("store", CHAT, N, "OpenAI", "nothing is stored", (False,)),
@@ -295,7 +297,13 @@ POLICY: tuple[Param, ...] = (
         "model", TOKENIZATION, S, "vLLM", "served model name; may be left out while one is served"
     ),
     Param("prompt", TOKENIZE, S, "vLLM", "text to tokenise (or `messages`)"),
-    Param("messages", TOKENIZE, S, "vLLM", "rendered by the model's chat template, then tokenised"),
+    Param(
+        "messages",
+        TOKENIZE,
+        S,
+        "vLLM",
+        "rendered by the model's chat template, then tokenised (image parts are refused)",
+    ),
     Param(
         "add_special_tokens",
         TOKENIZE,

@@ -39,6 +39,7 @@ from dynamoctl.frontend.picking import (
 )
 from dynamoctl.frontend.tenants.fair import FairQueue, QueueTimeout
 from dynamoctl.frontend.tenants.service import CURRENT
+from dynamoctl.kv.images import keyed_token_ids
 from dynamoctl.planes.request import (
     ClientClosedError,
     Overloaded,
@@ -51,7 +52,7 @@ from dynamoctl.settings.frontend import AdmissionSettings
 from dynamoctl.settings.keyfile import DEFAULT_CLASS
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
 from dynamoctl.wire import engine as wire_engine
-from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, TokenLogprobs
+from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, ImageInput, TokenLogprobs
 from dynamoctl.wire.records import Endpoint
 
 log = logging.getLogger(__name__)
@@ -160,6 +161,9 @@ class Job:
     stop: list[str] = field(default_factory=list)
     index: int = 0
     """The choice's index in the response."""
+    route_ids: list[int] | None = None
+    """What the router hashes in place of the prompt when it has images: its ids with
+    each image's placeholders keyed by the image (:mod:`dynamoctl.kv.images`)."""
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -168,6 +172,14 @@ class Job:
     @property
     def max_tokens(self) -> int:
         return self.engine.max_tokens
+
+
+def with_images(jobs: list[Job], images: list[ImageInput]) -> None:
+    """Gives a chat prompt's jobs its images: to the engine, and to the router as keys."""
+    route = keyed_token_ids(jobs[0].prompt_ids, images)
+    for job in jobs:
+        job.engine = msgspec.structs.replace(job.engine, images=images)
+        job.route_ids = route
 
 
 @dataclass
@@ -285,7 +297,11 @@ class Generator:
         pick = skip_unreachable(chosen, self.client.peer_down)
         try:
             return await self.admission.pick(
-                pick, job.prompt_ids + generated, job.request_id, exclude, job.model
+                pick,
+                (job.route_ids or job.prompt_ids) + generated,
+                job.request_id,
+                exclude,
+                job.model,
             )
         except NoWorkerAvailable as exc:
             if generated:

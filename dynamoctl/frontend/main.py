@@ -65,6 +65,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
         tenants=tenants,
         max_body_bytes=opts.http.max_body_bytes,
         max_stored_responses=opts.responses.max_stored_responses,
+        images=opts.images,
     )
     http = runtime.serve_http(
         app,

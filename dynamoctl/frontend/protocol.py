@@ -158,32 +158,62 @@ class _Request(_Strict):
 class ChatMessage(_Strict, ToolMessageFields):  # tool fields: dynamoctl.structured
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[dict[str, Any]] | None = None
-    """Text, or OpenAI content parts of type ``text`` (other part types are refused)."""
+    """Text, or OpenAI content parts of type ``text`` and ``image_url`` (images:
+    :mod:`dynamoctl.frontend.images`; other part types are refused)."""
     name: str | None = None
     """Passed to the chat template (which decides whether to render it)."""
 
     @field_validator("content")
     @classmethod
-    def _text_parts_only(
+    def _known_parts(
         cls, value: str | list[dict[str, Any]] | None
     ) -> str | list[dict[str, Any]] | None:
         if isinstance(value, list):
             for part in value:
-                if part.get("type") != "text" or not isinstance(part.get("text"), str):
-                    raise ValueError("only content parts of type 'text' are supported")
+                kind = part.get("type")
+                if kind == "image_url":
+                    _check_image_part(part)
+                elif kind != "text" or not isinstance(part.get("text"), str):
+                    raise ValueError(
+                        "only content parts of type 'text' and 'image_url' are supported"
+                    )
         return value
 
-    def text(self) -> str:
+    def text(self, image: str = "") -> str:
+        """The message's text, with ``image`` where each image part is."""
         if isinstance(self.content, list):
-            return "".join(part["text"] for part in self.content)
+            return "".join(
+                part["text"] if part["type"] == "text" else image for part in self.content
+            )
         return self.content or ""
 
-    def for_template(self) -> dict[str, Any]:
-        """The message as the chat template sees it."""
-        message: dict[str, Any] = {"role": self.role, "content": self.text()}
+    def image_urls(self) -> list[tuple[int, str]]:
+        """Each image part's index among the parts and its URL."""
+        if not isinstance(self.content, list):
+            return []
+        return [(i, p["image_url"]["url"]) for i, p in enumerate(self.content)
+                if p["type"] == "image_url"]  # fmt: skip
+
+    def for_template(self, image: str = "") -> dict[str, Any]:
+        """The message as the chat template sees it (``image``: an image's placeholder)."""
+        message: dict[str, Any] = {"role": self.role, "content": self.text(image)}
         if self.name is not None:
             message["name"] = self.name
         return {**message, **self.tool_template_fields()}  # dynamoctl.structured
+
+
+def _check_image_part(part: dict[str, Any]) -> None:
+    """An ``image_url`` part's shape (its content is read later, with the model known)."""
+    if set(part) != {"type", "image_url"}:
+        raise ValueError("an image_url part has only 'type' and 'image_url'")
+    image = part["image_url"]
+    if not isinstance(image, dict) or not isinstance(image.get("url"), str):
+        raise ValueError("image_url must be an object with a 'url' string")
+    if not set(image) <= {"url", "detail"}:
+        raise ValueError("image_url has only 'url' and 'detail'")
+    if image.get("detail", "auto") != "auto":
+        # OpenAI's low/high change the image's token count; a model here has one count.
+        raise ValueError("image_url.detail: only 'auto' is supported (the model's own size)")
 
 
 class ChatCompletionRequest(_Request, StructuredOutputFields, ToolFields):  # dynamoctl.structured
@@ -206,6 +236,10 @@ class ChatCompletionRequest(_Request, StructuredOutputFields, ToolFields):  # dy
 
     def top_logprobs_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    def template_messages(self, image: str = "") -> list[dict[str, Any]]:
+        """The messages as the chat template sees them, ``image`` for each image part."""
+        return [m.for_template(image) for m in self.messages]
 
 
 class CompletionRequest(_Request, StructuredOutputFields):  # dynamoctl.structured

@@ -183,6 +183,10 @@ class Tokenization:
 
 def _render(model: ServedModel, body: TokenizeRequest) -> str:
     """The chat's prompt text, as ``/v1/chat/completions`` renders it."""
+    for i, message in enumerate(body.messages or []):
+        if message.image_urls():
+            raise bad_request("image parts are not tokenised here (their token count is "
+                              "the model's, see /v1/models)", f"messages.{i}.content")  # fmt: skip
     messages = [m.for_template() for m in body.messages or []]
     tools = [t.model_dump(exclude_none=True) for t in body.tools] if body.tools else None
     try:

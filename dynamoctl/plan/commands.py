@@ -15,6 +15,7 @@ from dynamoctl.settings import (
     DisaggSettings,
     FrontendOptions,
     HttpLimitSettings,
+    ImageSettings,
     ModelCacheSettings,
     Options,
     OutputParserSettings,
@@ -106,6 +107,7 @@ def frontend_argv(
         admission=_part(AdmissionSettings, recipe.frontend),
         streams=_part(StreamSettings, recipe.frontend),
         responses=_part(ResponsesSettings, recipe.frontend),
+        images=_part(ImageSettings, recipe.frontend),
         api_keys=_part(ApiKeySettings, recipe.frontend),  # names of the sources, not keys
         http=_part(HttpLimitSettings, recipe.frontend),
         **extra,

@@ -34,6 +34,7 @@ from dynamoctl.recipe.tasks import Task, check_task
 from dynamoctl.settings import (
     AdmissionSettings,
     DisaggSettings,
+    ImageSettings,
     ReplicaSettings,
     ResponsesSettings,
     RouterSettings,
@@ -235,6 +236,7 @@ class Frontend(
     AdmissionSettings,
     StreamSettings,
     ResponsesSettings,
+    ImageSettings,
 ):
     """The OpenAI-compatible HTTP endpoint."""
 

@@ -13,6 +13,7 @@ from dynamoctl.settings.frontend import (
     StreamSettings,
 )
 from dynamoctl.settings.http import HttpLimitSettings
+from dynamoctl.settings.images import ImageSettings
 from dynamoctl.settings.model_cache import ModelCacheSettings
 from dynamoctl.settings.parsers import OutputParserSettings
 from dynamoctl.settings.routing import (
@@ -31,6 +32,7 @@ __all__ = [
     "DisaggSettings",
     "FrontendOptions",
     "HttpLimitSettings",
+    "ImageSettings",
     "ModelCacheSettings",
     "Options",
     "OutputParserSettings",

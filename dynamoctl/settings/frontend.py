@@ -12,6 +12,7 @@ from pydantic import Field, field_validator
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.component import ComponentSettings
 from dynamoctl.settings.http import HttpLimitSettings
+from dynamoctl.settings.images import ImageSettings
 from dynamoctl.settings.keyfile import KeyEntry, KeyFile, Limits, load_key_file
 from dynamoctl.settings.routing import RouterSettings
 
@@ -161,6 +162,8 @@ class FrontendOptions(ComponentSettings):
     """When a silent worker's streams migrate."""
     responses: ResponsesSettings = Field(default_factory=ResponsesSettings)
     """The Responses API's store."""
+    images: ImageSettings = Field(default_factory=ImageSettings)
+    """Images in chat: bounds and fetching."""
     api_keys: ApiKeySettings = Field(default_factory=ApiKeySettings)
     """API keys of the OpenAI endpoint."""
     http: HttpLimitSettings = Field(default_factory=HttpLimitSettings)

@@ -66,6 +66,23 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     pooling: Pooling | None = None
     """Embed the prompt instead of generating (an embedding model's pooling runner): the
     one chunk carries :attr:`GenerateChunk.embedding` and no token; None: generate."""
+    images: list[ImageInput] = []
+    """The images of a chat prompt, in order, each over its run of placeholder tokens in
+    ``token_ids`` (docs/api.md, "Images"); empty for a text prompt."""
+
+
+class ImageInput(msgspec.Struct, array_like=True, gc=False):
+    """One image of a prompt: its bytes and where its placeholder tokens are."""
+
+    data: bytes
+    """The image file as the client sent it (PNG, JPEG...), checked by the frontend."""
+    hash: int
+    """xxh3-64 of ``data``: the image's identity in KV block hashes
+    (:mod:`dynamoctl.kv.images`) and the engine's multimodal cache."""
+    offset: int
+    """Index in ``token_ids`` of its first placeholder token."""
+    tokens: int
+    """Placeholder tokens it spans (the model's tokens per image)."""
 
 
 class Pooling(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -138,6 +155,23 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     embedding: EmbeddingTraits | None = None
     """Set when the engine runs an embedding model (its pooling runner): it serves
     ``/v1/embeddings``, not text generation."""
+    vision: VisionTraits | None = None
+    """Set when the model takes images in chat (``image_url`` parts); None: refused."""
+
+
+class VisionTraits(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """How a vision-language model's prompt carries an image."""
+
+    placeholder: str
+    """The text its chat template writes for an image (LLaVA's ``<image>``); the frontend
+    puts it where each image part is, so the template places it."""
+    token_id: int
+    """The placeholder's token id: each image is a run of it in the prompt's ids."""
+    tokens_per_image: int
+    """Length of that run: the image's tokens (a fixed-resolution vision tower's)."""
+    at_start: bool = False
+    """The model takes its images before the prompt (BLIP-2): the runs go first, in order,
+    and the chat template sees no placeholder; else each run is where its part is."""
 
 
 class EmbeddingTraits(msgspec.Struct, frozen=True, kw_only=True, gc=False):

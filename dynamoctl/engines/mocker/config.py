@@ -136,6 +136,16 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
     """``embed``: dimensions of the embeddings."""
     matryoshka: bool = False
     """``embed``: the model may shorten its embeddings to a request's ``dimensions``."""
+    image_tokens: int = 0
+    """Simulate a vision-language model whose images are this many prompt tokens each
+    (a run of ``image_token_id`` that the frontend puts where the chat template writes
+    ``<image>``): they are prefilled and cached as any prompt token, their blocks keyed
+    by the image (:mod:`dynamoctl.kv.images`). 0 (default): images are refused."""
+    image_token_id: int = 0
+    """``image_tokens``: the placeholder's token id (any id of the tokenizer)."""
+    image_at_start: bool = False
+    """``image_tokens``: the model takes its images before the prompt (as BLIP-2): the
+    frontend puts their runs first instead of where the chat template places them."""
     hold_first_requests: int = 0
     """Fault injection: the first N requests this engine accepts are held before their
     first token (never scheduled, they produce nothing) until aborted or the process

@@ -64,11 +64,16 @@ from dynamoctl.engines.mocker.sampling import prompt_logprobs
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput, request_seed
 from dynamoctl.engines.mocker.startup import Startup
 from dynamoctl.engines.mocker.transfer import KvTransfers
+from dynamoctl.kv.images import keyed_token_ids
 from dynamoctl.kv.tiers import TierStats
-from dynamoctl.wire.engine import EmbeddingTraits, TokenLogprobs
+from dynamoctl.wire.engine import EmbeddingTraits, TokenLogprobs, VisionTraits
 from dynamoctl.wire.health import StartupReport
 from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
+
+IMAGE_PLACEHOLDER = "<image>"
+"""What the chat template is given for an image (the mocker's model has no template of
+its own: any text works, as long as the messages' text does not contain it)."""
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +241,11 @@ class MockerEngine(
             embedding=EmbeddingTraits(size=cfg.embedding_size, matryoshka=cfg.matryoshka)
             if cfg.task == "embed"
             else None,
-        )
+            vision=VisionTraits(placeholder=IMAGE_PLACEHOLDER, token_id=cfg.image_token_id,
+                                tokens_per_image=cfg.image_tokens, at_start=cfg.image_at_start)
+            if cfg.image_tokens
+            else None,
+        )  # fmt: skip
         self._embedder = MockEmbedder(cfg.embedding_size, cfg.vocab_size)
 
     @classmethod
@@ -295,6 +304,22 @@ class MockerEngine(
         error.__cause__ = self._failure
         return error
 
+    def _keyed(self, request: GenerateRequest) -> GenerateRequest:
+        """An image prompt with its placeholders keyed by its images: what the block pool
+        hashes and the KV events carry, as the router keys it (:mod:`dynamoctl.kv.images`)."""
+        vision = self._card.vision
+        if vision is None:
+            raise RequestRejected("this mocker takes no images (set image_tokens)")
+        for image in request.images:
+            run = request.token_ids[image.offset : image.offset + image.tokens]
+            if image.tokens != vision.tokens_per_image or run != [vision.token_id] * image.tokens:
+                raise RequestRejected(
+                    f"image at token {image.offset} is not a run of {vision.tokens_per_image} "
+                    f"placeholder ids {vision.token_id}"
+                )
+        keyed = keyed_token_ids(request.token_ids, request.images)
+        return msgspec.structs.replace(request, token_ids=keyed, images=[])
+
     def generate(self, request: GenerateRequest) -> MockerStream:
         """Queue ``request`` now and return its output stream (errors surface when read)."""
         rid = request.request_id
@@ -315,6 +340,8 @@ class MockerEngine(
                 )
             if rid in self._pulling:
                 raise RequestRejected(f"request id {rid!r} is already in use")
+            if request.images:
+                request = self._keyed(request)
             embedder = self._embedder if self._card.embedding is not None else None
             request, stream._embedding = pooled(request, embedder, self.config.matryoshka)
             script = self._scripts.script(request, request_seed(request))

@@ -50,7 +50,7 @@ from dynamoctl.engines.api import (
 )
 from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
-from dynamoctl.engines.vllm import cpu_build, gang, lmcache, pooling
+from dynamoctl.engines.vllm import cpu_build, gang, lmcache, pooling, vision
 from dynamoctl.engines.vllm.load import LoadTracker
 from dynamoctl.structured.engines import vllm_fields
 from dynamoctl.wire.engine import Pooling
@@ -134,6 +134,7 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         self._load = LoadTracker()
         self._defaults: dict[str, Any] = {}
         self._kv_source: KvEventSource | None = None
+        self._vision: vision.VisionModel | None = None
         args = self.engine_args
         name = args.served_model_name
         self._card = ModelCard(  # provisional: vLLM's config fills it in at start()
@@ -186,7 +187,8 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
                 await self._lmcache.stop()
             raise
         config = engine.vllm_config
-        self._card = card = _model_card(config)
+        self._vision = vision.vision_model(config)
+        self._card = card = _model_card(config, self._vision)
         self._load.total_blocks = card.kv_capacity_blocks
         self._defaults = dict(config.model_config.get_diff_sampling_param())
         self._kv_source = self._find_kv_source(engine)
@@ -275,7 +277,14 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
             params = SamplingParams(**kwargs, output_kind=RequestOutputKind.DELTA)
         except (ValueError, VLLMClientError) as exc:
             raise RequestRejected(str(exc)) from exc
-        prompt = TokensPrompt(prompt_token_ids=request.token_ids)
+        try:
+            prompt = (
+                TokensPrompt(**vision.prompt_fields(request, self._vision))
+                if request.images
+                else TokensPrompt(prompt_token_ids=request.token_ids)
+            )
+        except Exception as exc:  # Pillow: the frontend checked it, a peer may not have
+            raise RequestRejected(f"images: {exc}") from exc
         self._load.started(rid, len(request.token_ids))
         first = True
         scored = 0  # prompt tokens whose log-probabilities were sent (prompt_logprobs)
@@ -397,7 +406,7 @@ def _death_cause(engine: Any) -> str:
     return "vLLM engine core died (its output loop failed)"
 
 
-def _model_card(config: Any) -> ModelCard:
+def _model_card(config: Any, seen: vision.VisionModel | None) -> ModelCard:
     """The card from vLLM's resolved configuration (after start: KV blocks are known)."""
     model, cache, scheduler = config.model_config, config.cache_config, config.scheduler_config
     name = model.served_model_name
@@ -410,4 +419,5 @@ def _model_card(config: Any) -> ModelCard:
         max_num_batched_tokens=scheduler.max_num_batched_tokens,
         context_length=model.max_model_len,
         embedding=pooling.embedding_traits(config),
+        vision=seen.traits if seen is not None else None,
     )
