@@ -180,7 +180,19 @@ async def refused(client: openai.AsyncOpenAI, messages: list[Any], model: str = 
         ("data:image/png;base64,!!!", "messages.1.content.1", "base64"),
         ("data:text/plain;base64,aGk=", "messages.1.content.1", "data:image/"),
         (data_url(b"not a picture at all"), "messages.1.content.1", "not an image"),
-        (data_url(os.urandom(MAX_BYTES + 1)), "messages.1.content.1", "larger than"),
+        (data_url(bytes(MAX_BYTES + 1)), "messages.1.content.1", "larger than"),
+    ],
+    # Short ids, the same in every xdist worker (a parameter made at random was not).
+    ids=[
+        "https-unlisted",
+        "prefix-unlisted",
+        "fetch-404",
+        "fetch-too-big",
+        "ftp",
+        "bad-base64",
+        "not-image-mime",
+        "not-an-image",
+        "data-too-big",
     ],
 )
 async def test_bad_images_are_400s_naming_the_part(
