@@ -136,11 +136,11 @@ class Admission:
                 return None
 
         if ticket is None:
-            who = (DEFAULT_CLASS, 1.0, "")
+            who, headroom = (DEFAULT_CLASS, 1.0, ""), 0.0
         else:
-            who = (ticket.class_name, ticket.weight, ticket.key_name)
+            who, headroom = (ticket.class_name, ticket.weight, ticket.key_name), ticket.headroom
         try:
-            return await queue.wait(*who, attempt, deadline)
+            return await queue.wait(*who, attempt, deadline, headroom)
         except QueueTimeout:
             raise (refused or [NoWorkerAvailable("every worker stayed busy", busy=True)])[
                 0

@@ -85,3 +85,59 @@ async def test_interactive_class_goes_before_queued_batch(tmp_path: Path) -> Non
         assert max(finished.index("chat0"), finished.index("chat1")) <= 3, finished
     finally:
         dep.stop()
+
+
+HEADROOM_KEYS = """\
+classes:
+  interactive: {weight: 8}
+  batch: {weight: 1, headroom: 0.75}
+keys:
+  - {name: chat, key: sk-chat-1b9d, class: interactive}
+  - {name: nightly, key: sk-nightly-c4e8, class: batch}
+"""
+
+
+async def test_headroom_admits_interactive_while_batch_waits(tmp_path: Path) -> None:
+    """The batch class may fill a quarter of the busy threshold (60 % KV usage): with
+    its blocker on the worker, batch requests wait while an interactive one, behind them
+    in the queue, is admitted at once and answered while the blocker still streams."""
+    (tmp_path / "keys.yaml").write_text(HEADROOM_KEYS)
+    dep = Deployment(tmp_path)
+    try:
+        dep.worker("--num-gpu-blocks", "64", "--speedup-ratio", "1")
+        await dep.wait_for("worker", 1)
+        keys = str(tmp_path / "keys.yaml")
+        dep.spawn("frontend", "frontend", "--port", "0", "--busy-kv-usage", "0.6",
+                  "--queue-timeout", "60", "--api-keys-file", keys)  # fmt: skip
+        await dep.wait_for("frontend", 1)
+        url = dep.frontend_url = (await dep.records("frontend"))[0].address
+        await wait_listed(url, "sk-chat-1b9d")
+        # ~13 blocks of 64 (20 %: over the batch class's 15 %), growing to ~32 (50 %).
+        blocker = {"model": MODEL, "prompt": "word " * 200, "max_tokens": 300,
+                   "ignore_eos": True, "stream": True}  # fmt: skip
+        async with httpx.AsyncClient(timeout=120) as http:
+            async with http.stream("POST", f"{url}/v1/completions", json=blocker,
+                                   headers=auth("sk-nightly-c4e8")) as r:  # fmt: skip
+                chunks = r.aiter_bytes()
+                await anext(chunks)
+                await asyncio.sleep(0.5)  # the worker's load reaches the router
+                batch = [
+                    asyncio.create_task(http.post(
+                        f"{url}/v1/completions", headers=auth("sk-nightly-c4e8"),
+                        json={"model": MODEL, "prompt": f"{i} word" * 50, "max_tokens": 5}))
+                    for i in range(4)
+                ]  # fmt: skip
+                await asyncio.sleep(0.5)
+                chat = await http.post(
+                    f"{url}/v1/completions", headers=auth("sk-chat-1b9d"),
+                    json={"model": MODEL, "prompt": "hi", "max_tokens": 5})  # fmt: skip
+                assert chat.status_code == 200, chat.text
+                metrics = (await http.get(f"{url}/metrics")).text
+                assert 'dynamoctl_frontend_class_queued_requests{class="batch"} 4.0' in metrics
+                assert not any(t.done() for t in batch), "batch must wait for its headroom"
+                async for _ in chunks:
+                    pass
+            for done in await asyncio.gather(*batch):
+                assert done.status_code == 200, done.text
+    finally:
+        dep.stop()

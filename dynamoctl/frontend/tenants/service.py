@@ -43,12 +43,15 @@ Refuse = Callable[[Scope, Receive, Send, OpenAIError], Awaitable[None]]
 
 @dataclass
 class Ticket:
-    """What a request was admitted as: its key, its class and that class's weight."""
+    """What a request was admitted as: its key, its class and that class's weight and
+    headroom."""
 
     limiter: KeyLimiter
     class_name: str
     weight: float
     metrics: KeyMetrics
+    headroom: float = 0.0
+    """The last fraction of the busy thresholds its class may not fill (router)."""
 
     @property
     def key_name(self) -> str:
@@ -72,6 +75,13 @@ CURRENT: ContextVar[Ticket | None] = ContextVar("dynamoctl_ticket", default=None
 """The ticket of the request being served; None without API keys."""
 
 
+def current_headroom() -> float:
+    """The busy thresholds' fraction the request being served may not fill (a picker's
+    ``headroom``); 0 without API keys."""
+    ticket = CURRENT.get()
+    return 0.0 if ticket is None else ticket.headroom
+
+
 class Tenants:
     """The keys of the key file (and variable), their limits, and the reloads."""
 
@@ -80,6 +90,7 @@ class Tenants:
         self.metrics = KeyMetrics(registry)
         self.limiters: dict[str, KeyLimiter] = {}
         self.weights: dict[str, float] = {}
+        self.headrooms: dict[str, float] = {}
         self.keys = self._read()
         self._seen = self._stamp()
 
@@ -88,6 +99,7 @@ class Tenants:
         keyfile = self.settings.load_key_file()
         keys = ApiKeys(keyfile.keys)
         self.weights = keyfile.class_weights()
+        self.headrooms = keyfile.class_headrooms()
         limiters: dict[str, KeyLimiter] = {}
         for entry in keyfile.keys:
             if (limiter := self.limiters.get(entry.name)) is not None:
@@ -157,7 +169,10 @@ class Tenants:
             limit, error = refused
             self.metrics.limited.labels(found.name, limit).inc()
             return await refuse(scope, receive, send, error)
-        ticket = Ticket(limiter, class_name, self.weights[class_name], self.metrics)
+        ticket = Ticket(
+            limiter, class_name, self.weights[class_name], self.metrics,
+            self.headrooms[class_name],
+        )  # fmt: skip
         self.metrics.requests.labels(found.name, class_name).inc()
         self.metrics.in_flight.labels(found.name).inc()
         token = CURRENT.set(ticket)
