@@ -67,14 +67,19 @@ class FairQueue:
         attempt: Callable[[], Awaitable[T | None]],
         deadline: float,
         headroom: float = 0.0,
+        check: Callable[[], None] | None = None,
     ) -> T:
         """Wait in turn until ``attempt`` returns a value when this request is one of the
         heads; raise :class:`QueueTimeout` at ``deadline`` (monotonic), and what
-        ``attempt`` raises. ``headroom``: its class's (see the module doc)."""
+        ``attempt`` raises. ``headroom``: its class's (see the module doc). ``check``:
+        called whenever the waiter wakes (:meth:`wake_all` included); what it raises
+        ends the wait (the request's key was revoked)."""
         waiter = _Waiter(class_name, key)
         self._join(waiter, weight, headroom)
         try:
             while True:
+                if check is not None:
+                    check()
                 if waiter in self._heads():
                     found = await attempt()
                     if found is not None:
@@ -99,6 +104,13 @@ class FairQueue:
                     timer.cancel()
         finally:
             self._leave(waiter)
+
+    def wake_all(self) -> None:
+        """Wake every waiter once, so that each runs its ``check``."""
+        for klass in self._classes.values():
+            for waiters in klass.keys.values():
+                for waiter in waiters:
+                    waiter.woken.set()
 
     def _join(self, waiter: _Waiter, weight: float, headroom: float) -> None:
         klass = self._classes.get(waiter.class_name)

@@ -65,6 +65,9 @@ class KeyLimiter:
     requests: Bucket | None = None
     tokens: Bucket | None = None
     in_flight: int = 0
+    generation: int = 0
+    """Raised when the key is revoked or its secret replaced: a ticket admitted under an
+    earlier generation is no longer valid (its queued request is refused)."""
 
     def __post_init__(self) -> None:
         self.update(self.entry)
