@@ -12,6 +12,7 @@ what its requests in flight use beyond it: the bound the docs state.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -135,6 +136,9 @@ class KeyLimiter:
 
     def _refused(self, kind: str, message: str, wait: float) -> OpenAIError:
         headers = {name.decode(): value.decode() for name, value in self.headers()}
+        # Retry-After is whole seconds; OpenAI's clients read this first, so a client
+        # comes back when the bucket lets it in, not up to a second later.
+        headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
         return OpenAIError(
             429, message, type=kind, code="rate_limit_exceeded", retry_after=wait, headers=headers
         )
