@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.frontend.conftest import MODEL, Deployment
 from tests.frontend.test_key_limits import auth, wait_listed
@@ -97,17 +98,24 @@ keys:
 """
 
 
-async def test_headroom_admits_interactive_while_batch_waits(tmp_path: Path) -> None:
+@pytest.mark.parametrize("routing", ["embedded", "standalone"])
+async def test_headroom_admits_interactive_while_batch_waits(tmp_path: Path, routing: str) -> None:
     """The batch class may fill a quarter of the busy threshold (60 % KV usage): with
     its blocker on the worker, batch requests wait while an interactive one, behind them
-    in the queue, is admitted at once and answered while the blocker still streams."""
+    in the queue, is admitted at once and answered while the blocker still streams. A
+    standalone router replica gets the headroom in the route request."""
     (tmp_path / "keys.yaml").write_text(HEADROOM_KEYS)
     dep = Deployment(tmp_path)
     try:
         dep.worker("--num-gpu-blocks", "64", "--speedup-ratio", "1")
         await dep.wait_for("worker", 1)
         keys = str(tmp_path / "keys.yaml")
-        dep.spawn("frontend", "frontend", "--port", "0", "--busy-kv-usage", "0.6",
+        busy = ["--busy-kv-usage", "0.6"]
+        if routing == "standalone":
+            dep.spawn("router", "router", *busy)
+            await dep.wait_for("router", 1)
+            busy = ["--router", "standalone"]
+        dep.spawn("frontend", "frontend", "--port", "0", *busy,
                   "--queue-timeout", "60", "--api-keys-file", keys)  # fmt: skip
         await dep.wait_for("frontend", 1)
         url = dep.frontend_url = (await dep.records("frontend"))[0].address
