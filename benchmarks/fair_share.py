@@ -1,7 +1,8 @@
 """Fair share under overload (issue 31): an interactive key (8 sessions, short prompts)
 beside a batch key (a closed loop of 64, long prompts) on a mocker deployment that the
 batch key alone saturates, with fair share (the default) and without it
-(``--fifo-admission``).
+(``--fifo-admission``, no headroom) and with the fair queue but no headroom for the
+batch class.
 
     python benchmarks/fair_share.py [--rounds 1] [--seconds 20]
                                     [--out benchmarks/results/fair_share.json]
@@ -35,10 +36,11 @@ INSTANCES = 2
 BLOCKS = 256
 BUSY = "0.8"
 SPEEDUP = "4"
+HEADROOM = 0.15
 KEYS = """\
 classes:
   interactive: {weight: 8}
-  batch: {weight: 1}
+  batch: {weight: 1, headroom: %s}
 keys:
   - {name: chat, key: sk-bench-chat, class: interactive}
   - {name: nightly, key: sk-bench-nightly, class: batch}
@@ -88,32 +90,53 @@ def percentile_ms(values: list[float], q: float) -> float | None:
 
 
 async def phase(url: str, interactive: bool, batch: bool, seconds: float) -> dict[str, Any]:
+    """One phase; the batch key's clients run in a process of their own (as another
+    user's script would), so that its 64 streams do not delay the interactive clients'
+    reading of their first tokens."""
     warm = 3.0
     t0 = time.monotonic()
     stop = t0 + warm + seconds
     chat = Load(Endpoint(url), "sk-bench-chat", SHORT_WORDS, SHORT_TOKENS)
-    bulk = Load(Endpoint(url), "sk-bench-nightly", LONG_WORDS, LONG_TOKENS)
-    clients = []
-    if interactive:
-        clients += [chat.client(i, stop, THINK_S) for i in range(SESSIONS)]
+    bulk_proc = None
     if batch:
-        clients += [bulk.client(1000 + i, stop, 0.0) for i in range(LOOP)]
-    await asyncio.gather(*clients)
+        bulk_proc = await asyncio.create_subprocess_exec(
+            sys.executable, __file__, "--batch-load", url, "--batch-stop", str(stop),
+            stdout=asyncio.subprocess.PIPE)  # fmt: skip
+    if interactive:
+        await asyncio.gather(*(chat.client(i, stop, THINK_S) for i in range(SESSIONS)))
+    bulk_done: list[list[float]] = []
+    bulk_errors = 0
+    if bulk_proc is not None:
+        out, _ = await bulk_proc.communicate()
+        report = json.loads(out)
+        bulk_done, bulk_errors = report["done"], report["errors"]
     begin, end = t0 + warm, stop
     ttfts = [ttft for start, ttft, _ in chat.done if begin <= start <= end]
-    finished = [e for _, _, e in bulk.done if begin <= e <= end]
+    finished = [e for _, _, e in bulk_done if begin <= e <= end]
     return {
         "interactive_ttft_p99_ms": percentile_ms(ttfts, 0.99),
         "interactive_ttft_p50_ms": percentile_ms(ttfts, 0.5),
         "interactive_requests": len(ttfts),
         "batch_req_s": round(len(finished) / seconds, 2) if batch else None,
-        "errors": chat.errors + bulk.errors,
+        "errors": chat.errors + bulk_errors,
     }
 
 
-async def one_arm(fair: bool, seconds: float) -> dict[str, Any]:
+async def batch_load(url: str, stop: float) -> None:
+    """The batch key's closed loop until ``stop`` (monotonic, shared by the processes of
+    the machine); its requests' (start, ttft, end) and errors printed as JSON."""
+    bulk = Load(Endpoint(url), "sk-bench-nightly", LONG_WORDS, LONG_TOKENS)
+    await asyncio.gather(*(bulk.client(1000 + i, stop, 0.0) for i in range(LOOP)))
+    print(json.dumps({"done": bulk.done, "errors": bulk.errors}))
+
+
+ARMS = {"fair": (True, HEADROOM), "fair_no_headroom": (True, 0.0), "fifo": (False, 0.0)}
+"""Each arm: fair queue on, the batch class's headroom."""
+
+
+async def one_arm(fair: bool, headroom: float, seconds: float) -> dict[str, Any]:
     with tempfile.TemporaryDirectory() as tmp:
-        (Path(tmp) / "keys.yaml").write_text(KEYS)
+        (Path(tmp) / "keys.yaml").write_text(KEYS % headroom)
         discovery = f"embedded://{tmp}/disc"
         common = ["--namespace", NS, "--discovery", discovery]
         procs = [await asyncio.create_subprocess_exec(
@@ -161,6 +184,13 @@ def mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     for key in keys:
         values = [r[key] for r in runs if r[key] is not None]
         out[key] = round(sum(values) / len(values), 2) if values else None
+    for phase_name in ("interactive_alone", "shared"):  # medians: steadier than p99 here
+        values = [r["phases"][phase_name]["interactive_ttft_p50_ms"] for r in runs]
+        values = [v for v in values if v is not None]
+        label = phase_name.removeprefix("interactive_")
+        out[f"interactive_ttft_p50_{label}_ms"] = (
+            round(sum(values) / len(values), 2) if values else None
+        )
     alone, shared = out["interactive_ttft_p99_alone_ms"], out["interactive_ttft_p99_shared_ms"]
     out["ttft_ratio"] = round(shared / alone, 2) if alone and shared else None
     b_alone, b_shared = out["batch_req_s_alone"], out["batch_req_s_shared"]
@@ -168,25 +198,68 @@ def mean_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _share(runs: dict[str, list[dict[str, Any]]], arm: str, base: str) -> float | None:
+    """The batch key's shared throughput in ``arm`` over its alone throughput in ``base``:
+    what the headroom costs the batch key against a deployment without it."""
+    shared = mean_of(runs.get(arm, []))["batch_req_s_shared"]
+    alone = mean_of(runs.get(base, []))["batch_req_s_alone"]
+    return round(shared / alone, 2) if shared and alone else None
+
+
+def _pooled(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """The interactive key alone is the same run in every arm (no batch: no queue, no
+    headroom in play), so its p99s of all arms pooled (their median) are the steadier
+    baseline on a loaded machine, where one phase's p99 is often one stall."""
+    alone = sorted(
+        r["interactive_ttft_p99_alone_ms"]
+        for arm in runs.values()
+        for r in arm
+        if r["interactive_ttft_p99_alone_ms"] is not None
+    )
+    if not alone:
+        return {}
+    base = alone[len(alone) // 2]
+    shared = {arm: mean_of(arm_runs)["interactive_ttft_p99_shared_ms"]
+              for arm, arm_runs in runs.items()}  # fmt: skip
+    return {
+        "interactive_ttft_p99_alone_pooled_ms": base,
+        "ttft_ratio_of_pooled_alone": {
+            arm: round(value / base, 2) for arm, value in shared.items() if value
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--seconds", type=float, default=20.0)
     parser.add_argument("--out", default="benchmarks/results/fair_share.json")
+    parser.add_argument("--arms", nargs="+", choices=list(ARMS), default=list(ARMS))
+    parser.add_argument("--batch-load", help=argparse.SUPPRESS)
+    parser.add_argument("--batch-stop", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, Any]]] = {"fair": [], "fifo": []}
+    if args.batch_load:  # the batch key's own process (phase)
+        asyncio.run(batch_load(args.batch_load, args.batch_stop))
+        return
+    runs: dict[str, list[dict[str, Any]]] = {arm: [] for arm in args.arms}
     for r in range(args.rounds):
-        order = ["fair", "fifo"] if r % 2 == 0 else ["fifo", "fair"]
+        order = args.arms if r % 2 == 0 else args.arms[::-1]
         for arm in order:
-            runs[arm].append(asyncio.run(one_arm(arm == "fair", args.seconds)))
+            runs[arm].append(asyncio.run(one_arm(*ARMS[arm], args.seconds)))
             print(arm, json.dumps({k: v for k, v in runs[arm][-1].items() if k != "phases"}))
     result = {
-        **mean_of(runs["fair"]),
-        "without_fair_share": mean_of(runs["fifo"]),
+        **mean_of(runs.get("fair", [])),
+        "without_fair_share": mean_of(runs.get("fifo", [])),
+        "fair_without_headroom": mean_of(runs.get("fair_no_headroom", [])),
+        "batch_share_of_no_headroom": _share(runs, "fair", "fair_no_headroom"),
+        **_pooled(runs),
+        "batch_share_of_fifo": _share(runs, "fair", "fifo"),
         "machine": machine(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "deployment": f"1 worker process x {INSTANCES} mocker instances ({BLOCKS} blocks of 16, "
-        f"--speedup-ratio {SPEEDUP}); frontend --busy-kv-usage {BUSY}, --queue-timeout 300",
+        f"--speedup-ratio {SPEEDUP}); frontend --busy-kv-usage {BUSY}, --queue-timeout 300; "
+        f"fair share: the fair queue and the batch class's headroom {HEADROOM}; without: "
+        "--fifo-admission and no headroom; fair_without_headroom: the fair queue alone",
         "workload": f"interactive: {SESSIONS} sessions, ~{SHORT_WORDS + 4}-word prompts, "
         f"{SHORT_TOKENS} tokens, {THINK_S} s think; batch: closed loop of {LOOP}, "
         f"~{LONG_WORDS + 4}-word prompts, {LONG_TOKENS} tokens; classes 8:1; each phase "

@@ -79,6 +79,11 @@ class Admission:
     _queues: dict[str, FairQueue] = field(default_factory=dict)
     """Each model's fair queue."""
 
+    def wake_all(self) -> None:
+        """Wake every waiting request to check its key again (the key file changed)."""
+        for queue in self._queues.values():
+            queue.wake_all()
+
     async def pick(
         self,
         pick: PickFn,
@@ -101,8 +106,11 @@ class Admission:
             deadline = time.monotonic() + self.settings.queue_timeout
             if not self.settings.fifo_admission:
                 return await self._in_turn(pick, token_ids, request_id, exclude, model, deadline)
+            ticket = CURRENT.get()
             while True:
                 await asyncio.sleep(self.poll)
+                if ticket is not None:
+                    ticket.check()  # a revoked key's request leaves the queue
                 try:
                     return await pick(token_ids, request_id, exclude)
                 except NoWorkerAvailable as exc:
@@ -137,11 +145,12 @@ class Admission:
                 return None
 
         if ticket is None:
-            who = (DEFAULT_CLASS, 1.0, "")
+            who, headroom, check = (DEFAULT_CLASS, 1.0, ""), 0.0, None
         else:
-            who = (ticket.class_name, ticket.weight, ticket.key_name)
+            who, headroom = (ticket.class_name, ticket.weight, ticket.key_name), ticket.headroom
+            check = ticket.check
         try:
-            return await queue.wait(*who, attempt, deadline)
+            return await queue.wait(*who, attempt, deadline, headroom, check)
         except QueueTimeout:
             raise (refused or [NoWorkerAvailable("every worker stayed busy", busy=True)])[
                 0

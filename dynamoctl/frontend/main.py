@@ -52,11 +52,11 @@ async def run_frontend(opts: FrontendOptions) -> None:
         routing.share_bookings(runtime.instance_id, _reachable(opts.host))
     routing.register_metrics(metrics.registry)
     registry = ModelRegistry(runtime.discovery, opts.namespace, routing.make_picker)
+    admission = Admission(opts.admission, on_queued=tenants.queued if tenants else None)
+    if tenants is not None:
+        tenants.on_reload = admission.wake_all  # a revoked key's queued requests leave
     generator = Generator(
-        client,
-        metrics,
-        admission=Admission(opts.admission, on_queued=tenants.queued if tenants else None),
-        prefiller=Prefiller(client, metrics, opts.disagg),
+        client, metrics, admission=admission, prefiller=Prefiller(client, metrics, opts.disagg)
     )
     app = build_app(
         registry,

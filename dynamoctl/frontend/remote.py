@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector
 from dynamoctl.discovery import Discovery
 from dynamoctl.frontend.generate import NoWorkerAvailable, WorkerChoice
 from dynamoctl.frontend.picking import PoolSurvey
+from dynamoctl.frontend.tenants.service import current_headroom
 from dynamoctl.router.pools import booking_pool
 from dynamoctl.router.standalone.client import NoRouterAvailable, RouterReplicas
 from dynamoctl.util.aio import AsyncService
@@ -114,7 +115,9 @@ class RemotePicker:
         self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> RouteReply:
         booked = booking_pool(pool)
-        request = RouteRequest(self.model, request_id, token_ids, sorted(exclude), pool)
+        request = RouteRequest(
+            self.model, request_id, token_ids, sorted(exclude), pool, current_headroom()
+        )
         try:
             iid, answer, failed = await self.replicas.call(wire_router.encode(request))
         except NoRouterAvailable as exc:

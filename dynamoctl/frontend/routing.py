@@ -27,6 +27,7 @@ from dynamoctl.discovery import Discovery
 from dynamoctl.frontend.models import ModelPicker
 from dynamoctl.frontend.picking import NoWorkerAvailable, PoolSurvey, WorkerChoice
 from dynamoctl.frontend.remote import StandaloneRouting
+from dynamoctl.frontend.tenants.service import current_headroom
 from dynamoctl.router import AllWorkersBusy, KvRouter, RouterError
 from dynamoctl.router.pools import ModelPools, booking_pool
 from dynamoctl.router.settings import RouterSettings, check_mode
@@ -97,7 +98,7 @@ class EmbeddedPicker:
         self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         try:
-            picked = self.pools.pick(pool, token_ids, request_id, exclude)
+            picked = self.pools.pick(pool, token_ids, request_id, exclude, current_headroom())
         except RouterError as exc:
             busy = isinstance(exc, AllWorkersBusy)
             raise NoWorkerAvailable(str(exc), busy=busy) from exc

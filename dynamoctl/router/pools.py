@@ -84,13 +84,19 @@ class ModelPools:
         return max(router.find_matches(token_ids).values(), default=0) * router.block_size
 
     def pick(
-        self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str] | list[str]
+        self,
+        pool: RoutePool,
+        token_ids: list[int],
+        request_id: str,
+        exclude: set[str] | list[str],
+        headroom: float = 0.0,
     ) -> Picked:
         """Pick (and book) a worker of ``pool``; raises :class:`RouterError`.
 
         A worker whose record has left discovery while the router still holds it (its
         removal waits behind a subscription change) is skipped and the pick made again:
-        a request that could go to another worker never fails because one just died."""
+        a request that could go to another worker never fails because one just died.
+        ``headroom``: the busy thresholds' fraction the request's class may not fill."""
         service = self.prefill if pool == "prefill" else self.main
         decode = pool == "decode"
         left: set[str] = set()
@@ -101,6 +107,7 @@ class ModelPools:
                 exclude=left.union(exclude) if left else exclude,
                 overlap_weight=0.0 if decode else None,
                 prefilled=decode,
+                headroom=headroom,
             )
             record = service.instance(decision.worker_id)
             if record is not None:

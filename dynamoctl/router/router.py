@@ -197,6 +197,7 @@ class KvRouter:
         exclude: Collection[str] = (),
         overlap_weight: float | None = None,
         prefilled: bool = False,
+        headroom: float = 0.0,
     ) -> Decision:
         """Choose a worker for a prompt and book the request's load on it.
 
@@ -204,7 +205,9 @@ class KvRouter:
         ``overlap_weight``: the ``kv`` cost's alpha for this request (None: the
         router's); 0 for a decode whose prompt was prefilled elsewhere, as Dynamo's
         decode router does. ``prefilled``: the prompt's KV arrives from a prefill worker,
-        so no prefill tokens are booked on the chosen worker. Raises
+        so no prefill tokens are booked on the chosen worker. ``headroom``: the last
+        fraction of each busy threshold this request may not fill (its priority class
+        keeps it for the others; docs/security.md, "Priority classes"). Raises
         :class:`NoWorkers` if none is left, :class:`AllWorkersBusy` if all are busy.
         A ``request_id`` already booked (a retry) is released first.
         """
@@ -214,7 +217,7 @@ class KvRouter:
             raise NoWorkers(f"no worker available ({len(self._metrics)} known, all excluded)")
         if self.busy_kv_usage is not None or self.busy_waiting is not None:
             considered = len(names)
-            names = [w for w in names if not self.is_busy(w)]
+            names = [w for w in names if not self.is_busy(w, headroom)]
             if not names:
                 raise AllWorkersBusy(considered)
         hashes = self.hashes.sequence_hashes(token_ids)
@@ -269,16 +272,18 @@ class KvRouter:
         Idempotent; unknown ids are ignored."""
         self.load.finish(request_id)
 
-    def is_busy(self, worker_id: str) -> bool:
-        """Whether ``worker_id`` is over a busy threshold (see the class doc)."""
+    def is_busy(self, worker_id: str, headroom: float = 0.0) -> bool:
+        """Whether ``worker_id`` is over a busy threshold (see the class doc), each
+        lowered by the fraction ``headroom``."""
         m = self._metrics.get(worker_id)
         if m is None:
             return False  # nothing reported yet: give it the benefit of the doubt
-        if self.busy_waiting is not None and m.num_waiting > self.busy_waiting:
+        keep = 1.0 - headroom
+        if self.busy_waiting is not None and m.num_waiting > self.busy_waiting * keep:
             return True
         if self.busy_kv_usage is not None and m.total_blocks > 0:
             usage = max(m.kv_usage, self.load.active_blocks(worker_id) / m.total_blocks)
-            return usage > self.busy_kv_usage
+            return usage > self.busy_kv_usage * keep
         return False
 
     def _overlap_index(self) -> PrefixIndex:

@@ -66,6 +66,12 @@ class PriorityClass(_Model):
     weight: float = Field(default=1.0, gt=0, le=1000)
     """Its share relative to the other classes with requests waiting: a class of weight 8
     is served 8 requests for every 1 of a class of weight 1 while both wait."""
+    headroom: float = Field(default=0.0, ge=0, le=0.9)
+    """The last fraction of each worker's busy threshold (the router's ``busy_kv_usage``
+    and ``busy_waiting``) that this class's requests may not fill, kept for the classes
+    with less: with ``batch: {headroom: 0.1}`` and ``busy_kv_usage: 0.8``, a batch
+    request finds a worker busy from 72 % KV usage on, so an interactive request (headroom
+    0) still finds room at once while the batch key saturates the deployment."""
 
 
 class KeyEntry(_Model):
@@ -108,6 +114,9 @@ class KeyFile(_Model):
 
     def class_weights(self) -> dict[str, float]:
         return {DEFAULT_CLASS: 1.0} | {name: c.weight for name, c in self.classes.items()}
+
+    def class_headrooms(self) -> dict[str, float]:
+        return {DEFAULT_CLASS: 0.0} | {name: c.headroom for name, c in self.classes.items()}
 
 
 def load_key_file(path: str | Path) -> KeyFile:

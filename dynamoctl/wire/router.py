@@ -50,6 +50,8 @@ class RouteRequest(_Tagged, tag=1):
     exclude: list[str] = []
     """Workers not to use (they failed this request already)."""
     pool: RoutePool = "default"
+    headroom: float = 0.0
+    """The last fraction of each busy threshold the request's priority class may not fill."""
 
 
 class RouteEvent(msgspec.Struct, array_like=True, gc=False):

@@ -96,3 +96,36 @@ async def test_a_waiter_times_out_and_the_next_moves_up() -> None:
         await soon
     workers.free = 1
     assert await later == "later"
+
+
+async def test_a_class_with_less_headroom_is_not_stuck_behind_one_refused() -> None:
+    """The batch head is first in turn but refused (its class's headroom is full); the
+    interactive head, whose class keeps none, tries beside it and gets the room."""
+    queue = FairQueue(poll=0.001)
+    deadline = time.monotonic() + 30
+    batch_tries = 0
+
+    async def batch_attempt() -> str | None:
+        nonlocal batch_tries
+        batch_tries += 1
+        return None  # over the batch class's lowered threshold
+
+    async def chat_attempt() -> str | None:
+        return "chat"
+
+    batch = asyncio.create_task(
+        queue.wait("batch", 1.0, "nightly", batch_attempt, deadline, headroom=0.2)
+    )
+    await asyncio.sleep(0.01)
+    chat = queue.wait("interactive", 8.0, "chat", chat_attempt, time.monotonic() + 1, 0.0)
+    assert await asyncio.wait_for(chat, 2) == "chat"
+    assert batch_tries > 0 and not batch.done()
+    # A class with as much headroom as the head's waits behind it, as before.
+    same = asyncio.create_task(
+        queue.wait("bulk", 1.0, "etl", chat_attempt, time.monotonic() + 0.1, 0.2)
+    )
+    with pytest.raises(QueueTimeout):
+        await same
+    batch.cancel()
+    await asyncio.gather(batch, return_exceptions=True)
+    assert queue.waiting == 0

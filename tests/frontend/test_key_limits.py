@@ -85,6 +85,7 @@ async def test_requests_per_minute_429_with_openai_headers(keyed: Deployment) ->
         third = await http.post(url, json=body(), headers=auth("sk-capped-9e02"))
         check_429(third, "requests")
         assert 20 <= int(third.headers["retry-after"]) <= 30  # one back every 30 s
+        assert 20_000 <= int(third.headers["retry-after-ms"]) <= 30_000  # OpenAI's, precise
         assert third.headers["x-ratelimit-remaining-requests"] == "0"
         assert "requests per min (RPM): Limit 2" in third.json()["error"]["message"]
         # Another key is not affected, nor are the paths that generate nothing.

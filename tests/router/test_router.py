@@ -255,6 +255,16 @@ def test_all_workers_busy_raises_typed_error() -> None:
     assert r.pick(PROMPT, "r2").worker_id == "b"
 
 
+def test_headroom_lowers_the_busy_thresholds_for_one_pick() -> None:
+    r = router("kv", "a", busy_kv_usage=0.8, busy_waiting=10)
+    r.update_load("a", load(active=75))  # under 0.8, over 0.8 x (1 - 0.1)
+    with pytest.raises(AllWorkersBusy):
+        r.pick(PROMPT, "batch", headroom=0.1)
+    assert r.pick(PROMPT, "chat").worker_id == "a"
+    r.update_load("a", load(waiting=9))  # under 10, over 10 x (1 - 0.2)
+    assert r.is_busy("a", 0.2) and not r.is_busy("a")
+
+
 def test_booked_blocks_make_a_worker_busy_before_it_reports() -> None:
     r = router("round-robin", "a", busy_kv_usage=0.5)
     r.update_load("a", load(total=10))

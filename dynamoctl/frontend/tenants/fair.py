@@ -8,6 +8,11 @@ Only the request at the head of this order tries the workers; the others wait on
 so N waiting requests cost one pick per poll, not N. A class that starts waiting again
 joins at the pass of the last request served: what it did not use while idle is not
 saved up.
+
+A class may keep ``headroom`` (the last part of each worker's busy threshold it may not
+fill): a worker too busy for it may still take a class with less. So the head of a later
+class with less headroom than every class before it tries too, or an interactive request
+would wait behind a batch head that the router refuses while room is kept for it.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ class _Waiter:
 class _Class:
     weight: float
     passed: float = 0.0
+    headroom: float = 0.0
     keys: OrderedDict[str, deque[_Waiter]] = field(default_factory=OrderedDict)
 
 
@@ -60,15 +66,21 @@ class FairQueue:
         key: str,
         attempt: Callable[[], Awaitable[T | None]],
         deadline: float,
+        headroom: float = 0.0,
+        check: Callable[[], None] | None = None,
     ) -> T:
-        """Wait in turn until ``attempt`` returns a value when this request is at the
-        head; raise :class:`QueueTimeout` at ``deadline`` (monotonic), and what
-        ``attempt`` raises."""
+        """Wait in turn until ``attempt`` returns a value when this request is one of the
+        heads; raise :class:`QueueTimeout` at ``deadline`` (monotonic), and what
+        ``attempt`` raises. ``headroom``: its class's (see the module doc). ``check``:
+        called whenever the waiter wakes (:meth:`wake_all` included); what it raises
+        ends the wait (the request's key was revoked)."""
         waiter = _Waiter(class_name, key)
-        self._join(waiter, weight)
+        self._join(waiter, weight, headroom)
         try:
             while True:
-                if self._head() is waiter:
+                if check is not None:
+                    check()
+                if waiter in self._heads():
                     found = await attempt()
                     if found is not None:
                         self._served(waiter)
@@ -93,24 +105,34 @@ class FairQueue:
         finally:
             self._leave(waiter)
 
-    def _join(self, waiter: _Waiter, weight: float) -> None:
+    def wake_all(self) -> None:
+        """Wake every waiter once, so that each runs its ``check``."""
+        for klass in self._classes.values():
+            for waiters in klass.keys.values():
+                for waiter in waiters:
+                    waiter.woken.set()
+
+    def _join(self, waiter: _Waiter, weight: float, headroom: float) -> None:
         klass = self._classes.get(waiter.class_name)
         if klass is None:
             klass = self._classes[waiter.class_name] = _Class(weight, self._clock)
         elif not klass.keys:  # idle until now: no credit saved up
             klass.passed = max(klass.passed, self._clock)
-        klass.weight = weight  # a reloaded key file may have changed it
+        klass.weight, klass.headroom = weight, headroom  # a reloaded key file may change them
         klass.keys.setdefault(waiter.key, deque()).append(waiter)
         self._counted(waiter.class_name, +1)
         self._wake_head()
 
-    def _head(self) -> _Waiter | None:
-        waiting = [c for c in self._classes.values() if c.keys]
-        if not waiting:
-            return None
-        klass = min(waiting, key=lambda c: c.passed)
-        first_key = next(iter(klass.keys))
-        return klass.keys[first_key][0]
+    def _heads(self) -> list[_Waiter]:
+        """The waiters that try the workers: the head of the class with the lowest pass,
+        then each later class's head whose class keeps less headroom than all before it."""
+        heads: list[_Waiter] = []
+        least = 1.0
+        for klass in sorted((c for c in self._classes.values() if c.keys), key=_pass):
+            if not heads or klass.headroom < least:
+                heads.append(klass.keys[next(iter(klass.keys))][0])
+                least = klass.headroom
+        return heads
 
     def _served(self, waiter: _Waiter) -> None:
         """The head got a worker: its class's pass grows, its key goes to the back."""
@@ -129,11 +151,14 @@ class FairQueue:
         self._wake_head()
 
     def _wake_head(self) -> None:
-        head = self._head()
-        if head is not None:
+        for head in self._heads():
             head.woken.set()
 
     def _counted(self, class_name: str, change: int) -> None:
         self.waiting += change
         if self.on_change is not None:
             self.on_change(class_name, change)
+
+
+def _pass(klass: _Class) -> float:
+    return klass.passed

@@ -12,6 +12,7 @@ what its requests in flight use beyond it: the bound the docs state.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -65,6 +66,9 @@ class KeyLimiter:
     requests: Bucket | None = None
     tokens: Bucket | None = None
     in_flight: int = 0
+    generation: int = 0
+    """Raised when the key is revoked or its secret replaced: a ticket admitted under an
+    earlier generation is no longer valid (its queued request is refused)."""
 
     def __post_init__(self) -> None:
         self.update(self.entry)
@@ -132,6 +136,9 @@ class KeyLimiter:
 
     def _refused(self, kind: str, message: str, wait: float) -> OpenAIError:
         headers = {name.decode(): value.decode() for name, value in self.headers()}
+        # Retry-After is whole seconds; OpenAI's clients read this first, so a client
+        # comes back when the bucket lets it in, not up to a second later.
+        headers["retry-after-ms"] = str(max(1, math.ceil(wait * 1000)))
         return OpenAIError(
             429, message, type=kind, code="rate_limit_exceeded", retry_after=wait, headers=headers
         )

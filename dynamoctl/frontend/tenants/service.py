@@ -21,7 +21,7 @@ from prometheus_client import CollectorRegistry
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from dynamoctl.frontend.auth import OPEN_PATHS, ApiKeys
-from dynamoctl.frontend.errors import OpenAIError, bad_request
+from dynamoctl.frontend.errors import OpenAIError, bad_request, invalid_api_key
 from dynamoctl.frontend.tenants.limits import KeyLimiter, context_exceeded
 from dynamoctl.frontend.tenants.metrics import KeyMetrics
 from dynamoctl.settings.frontend import ApiKeySettings
@@ -43,12 +43,17 @@ Refuse = Callable[[Scope, Receive, Send, OpenAIError], Awaitable[None]]
 
 @dataclass
 class Ticket:
-    """What a request was admitted as: its key, its class and that class's weight."""
+    """What a request was admitted as: its key, its class and that class's weight and
+    headroom."""
 
     limiter: KeyLimiter
     class_name: str
     weight: float
     metrics: KeyMetrics
+    headroom: float = 0.0
+    """The last fraction of the busy thresholds its class may not fill (router)."""
+    generation: int = 0
+    """Its limiter's generation when admitted (:meth:`check`)."""
 
     @property
     def key_name(self) -> str:
@@ -63,6 +68,15 @@ class Ticket:
         self.limiter.spend(prompt_tokens)
         self.metrics.tokens.labels(self.key_name, "prompt").inc(prompt_tokens)
 
+    def check(self) -> None:
+        """Raise the 401 of a key revoked (or given a new secret) since this request was
+        admitted: a request still waiting for a worker does not start (streams already
+        running finish)."""
+        if self.limiter.generation != self.generation:
+            raise invalid_api_key(
+                f"API key '{self.key_name}' was revoked while this request waited for a worker."
+            )
+
     def finish(self, completion_tokens: int) -> None:
         self.limiter.spend(completion_tokens)
         self.metrics.tokens.labels(self.key_name, "completion").inc(completion_tokens)
@@ -70,6 +84,13 @@ class Ticket:
 
 CURRENT: ContextVar[Ticket | None] = ContextVar("dynamoctl_ticket", default=None)
 """The ticket of the request being served; None without API keys."""
+
+
+def current_headroom() -> float:
+    """The busy thresholds' fraction the request being served may not fill (a picker's
+    ``headroom``); 0 without API keys."""
+    ticket = CURRENT.get()
+    return 0.0 if ticket is None else ticket.headroom
 
 
 class Tenants:
@@ -80,6 +101,10 @@ class Tenants:
         self.metrics = KeyMetrics(registry)
         self.limiters: dict[str, KeyLimiter] = {}
         self.weights: dict[str, float] = {}
+        self.headrooms: dict[str, float] = {}
+        self.on_reload: Callable[[], None] | None = None
+        """Called after each reload that changed the keys (the admission queue wakes its
+        waiters, so that those of a revoked key leave)."""
         self.keys = self._read()
         self._seen = self._stamp()
 
@@ -88,13 +113,19 @@ class Tenants:
         keyfile = self.settings.load_key_file()
         keys = ApiKeys(keyfile.keys)
         self.weights = keyfile.class_weights()
+        self.headrooms = keyfile.class_headrooms()
         limiters: dict[str, KeyLimiter] = {}
         for entry in keyfile.keys:
             if (limiter := self.limiters.get(entry.name)) is not None:
+                if limiter.entry.digest() != entry.digest():  # a new secret: the old is revoked
+                    limiter.generation += 1
                 limiter.update(entry)
             else:
                 limiter = KeyLimiter(entry)
             limiters[entry.name] = limiter
+        for name, gone in self.limiters.items():
+            if name not in limiters:
+                gone.generation += 1
         self.limiters = limiters
         return keys
 
@@ -112,6 +143,8 @@ class Tenants:
             return False
         self.metrics.reloads.labels("ok").inc()
         log.info("API key file reloaded: %d keys", len(self.limiters))
+        if self.on_reload is not None:
+            self.on_reload()
         return True
 
     def _stamp(self) -> tuple[int, int, int] | None:
@@ -157,7 +190,10 @@ class Tenants:
             limit, error = refused
             self.metrics.limited.labels(found.name, limit).inc()
             return await refuse(scope, receive, send, error)
-        ticket = Ticket(limiter, class_name, self.weights[class_name], self.metrics)
+        ticket = Ticket(
+            limiter, class_name, self.weights[class_name], self.metrics,
+            self.headrooms[class_name], limiter.generation,
+        )  # fmt: skip
         self.metrics.requests.labels(found.name, class_name).inc()
         self.metrics.in_flight.labels(found.name).inc()
         token = CURRENT.set(ticket)

@@ -140,7 +140,9 @@ class RouteServer(AsyncService):
                 model, "unknown_model", f"router {self.instance_id} knows no worker of {model!r}"
             )
         try:
-            decision, record = pools.pick(pool, request.token_ids, rid, request.exclude)
+            decision, record = pools.pick(
+                pool, request.token_ids, rid, request.exclude, request.headroom
+            )
         except AllWorkersBusy as exc:
             return self._refuse(model, "busy", str(exc))
         except RouterError as exc:
