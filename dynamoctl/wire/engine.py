@@ -66,6 +66,9 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     pooling: Pooling | None = None
     """Embed the prompt instead of generating (an embedding model's pooling runner): the
     one chunk carries :attr:`GenerateChunk.embedding` and no token; None: generate."""
+    adapter: str | None = None
+    """The LoRA adapter to generate with (its served name, loaded on the worker); None:
+    the base model. It seeds the prompt's block hash chain (:mod:`dynamoctl.kv.hashing`)."""
 
 
 class Pooling(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
@@ -138,6 +141,14 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     embedding: EmbeddingTraits | None = None
     """Set when the engine runs an embedding model (its pooling runner): it serves
     ``/v1/embeddings``, not text generation."""
+    parent: str | None = None
+    """Set on a LoRA adapter's card: the base model it adapts (``model`` is then the
+    adapter's name, served in ``/v1/models`` with this as its ``parent``)."""
+
+    @property
+    def adapter(self) -> str | None:
+        """The adapter a request for this model generates with; None: a base model."""
+        return self.model if self.parent is not None else None
 
 
 class EmbeddingTraits(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -52,8 +52,10 @@ from dynamoctl.engines.api import (
     ReportsStalls,
     ReportsStartup,
     RequestRejected,
+    ServesAdapters,
     ServesPeers,
 )
+from dynamoctl.engines.mocker.adapters import MockerAdapters
 from dynamoctl.engines.mocker.aic_timing import StepTiming, timing_for
 from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
@@ -189,6 +191,7 @@ class MockerEngine(
     ReportsKvTiers,
     ReportsStartup,
     ReportsStalls,
+    ServesAdapters,
 ):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
@@ -238,6 +241,7 @@ class MockerEngine(
             else None,
         )
         self._embedder = MockEmbedder(cfg.embedding_size, cfg.vocab_size)
+        self.adapters = MockerAdapters(cfg.max_loras, cfg.lora_load_s, self.clock)
 
     @classmethod
     def from_options(
@@ -295,6 +299,15 @@ class MockerEngine(
         error.__cause__ = self._failure
         return error
 
+    def serves_adapters(self) -> bool:
+        return self.config.max_loras > 0
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await self.adapters.load(name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        self.adapters.unload(name)
+
     def generate(self, request: GenerateRequest) -> MockerStream:
         """Queue ``request`` now and return its output stream (errors surface when read)."""
         rid = request.request_id
@@ -315,6 +328,7 @@ class MockerEngine(
                 )
             if rid in self._pulling:
                 raise RequestRejected(f"request id {rid!r} is already in use")
+            self.adapters.check(request.adapter, rid)
             embedder = self._embedder if self._card.embedding is not None else None
             request, stream._embedding = pooled(request, embedder, self.config.matryoshka)
             script = self._scripts.script(request, request_seed(request))
