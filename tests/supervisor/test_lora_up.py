@@ -5,12 +5,14 @@ adapter does not share with the base model."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from pathlib import Path
 
 import httpx
 
+from dynamoctl.discovery import keys, store_from_url
 from tests.supervisor.conftest import Cli, free_port, mocker_recipe
 
 
@@ -47,7 +49,8 @@ def test_lora_adapters_load_serve_list_unload(cli: Cli, tmp_path: Path) -> None:
     text = mocker_recipe("lora", port, replicas=1).replace(
         "speedup-ratio: 10}", "speedup-ratio: 10}\n" + lora
     )
-    up = cli("up", str(cli.recipe(text)), "--detach")
+    recipe = cli.recipe(text)
+    up = cli("up", str(recipe), "--detach")
     assert up.returncode == 0, up.stderr
     http = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30, trust_env=False)
 
@@ -75,6 +78,25 @@ def test_lora_adapters_load_serve_list_unload(cli: Cli, tmp_path: Path) -> None:
     assert {a["spec"]["name"]: a["workers"] for a in listing} == {
         "chat": ["agg-0"], "sql": ["agg-0"],
     }  # fmt: skip
+    # ... and so do `status` (from the worker's /health) and its discovery record.
+    held = cli.wait_for(
+        lambda r: any(x["adapters"] == ["chat", "sql"] for x in r["instances"]),
+        what="status showing agg-0's adapters",
+    )
+    assert next(x for x in held["instances"] if x["name"] == "agg-0")["adapters"] == ["chat", "sql"]
+    assert "LoRA adapters: agg-0: chat, sql" in cli("status").stdout
+    plan = json.loads((cli.home / "runs" / "lora" / "state.json").read_text())["plan"]
+    url, ns = plan["discovery_url"], plan["namespace"]
+
+    async def worker_records() -> list[dict]:  # type: ignore[type-arg]
+        store = store_from_url(url)
+        try:
+            listing = await store.list(keys.instances_prefix(ns, "worker"))
+            return [json.loads(value) for value in listing.items.values()]
+        finally:
+            await store.close()
+
+    assert [r["adapters"] for r in asyncio.run(worker_records())] == [["chat", "sql"]]
 
     # Past max_loras (2): the worker refuses it, and the command says no worker took it.
     third = cli("lora", "load", "third", adapter_dir(tmp_path, "third"), "--timeout", "3")
