@@ -56,7 +56,7 @@ class Lora(RecipeModel):
         seen: set[str] = set()
         for i, adapter in enumerate(self.adapters):
             if adapter.name in seen:
-                raise rule_error(f"adapters.{i}.name", f"{adapter.name!r} is declared twice")
+                raise rule_error(f"adapters[{i}].name", f"{adapter.name!r} is declared twice")
             seen.add(adapter.name)
         if len(self.adapters) > self.max_loras:
             raise rule_error(
