@@ -57,20 +57,22 @@ class WorkerAdapters:
         prefix = keys.adapters_prefix(self.namespace)
         async for event in self.discovery.watch(prefix):
             name = event.key[len(prefix) :]
-            if event.kind is EventKind.DELETE:
-                await self.unload(name)
-                continue
-            assert event.value is not None
             try:
-                spec = msgspec.json.decode(event.value, type=AdapterSpec)
-            except msgspec.DecodeError as exc:
-                log.warning("[%s] ignoring adapter %s: %s", self.instance_id, name, exc)
-                continue
-            if self.role not in spec.pools:
-                await self.unload(name)  # its pools changed: not ours any more
-            elif self.loaded.get(name) != spec:
-                await self.unload(name)  # a new path: load it again
-                await self.load(spec, base)
+                await self._apply(name, event.value if event.kind is EventKind.PUT else None,
+                                  base)  # fmt: skip
+            except Exception:  # one adapter's trouble must not stop following the others
+                log.exception("[%s] LoRA adapter %s: could not apply", self.instance_id, name)
+
+    async def _apply(self, name: str, value: bytes | None, base: ModelCard) -> None:
+        if value is None:
+            await self.unload(name)
+            return
+        spec = msgspec.json.decode(value, type=AdapterSpec)
+        if self.role not in spec.pools:
+            await self.unload(name)  # its pools changed: not ours any more
+        elif self.loaded.get(name) != spec:
+            await self.unload(name)  # a new path: load it again
+            await self.load(spec, base)
 
     async def load(self, spec: AdapterSpec, base: ModelCard) -> bool:
         """Load ``spec`` and register it; a refusal is logged (``lora ls`` shows the
