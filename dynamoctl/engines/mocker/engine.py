@@ -397,7 +397,7 @@ class MockerEngine(
     async def _pull_then_add(self, request: GenerateRequest, handoff: MockerHandoff) -> None:
         rid = request.request_id
         try:
-            await self.transfers.pull(handoff, request.token_ids)
+            await self.transfers.pull(handoff, request.token_ids, request.adapter)
             if self._task is None:
                 raise EngineStopped("mocker engine stopped during a KV pull")
             seq = self._scheduler.add(request, remote_kv=True)
