@@ -29,6 +29,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "planner": ("planner",),
     "deploy": ("up", "adopt", "down", "lb-config"),
     "operate": ("status", "drain", "scale", "logs"),
+    "lora": ("lora",),
     "bench": ("bench",),
     "profile": ("profile",),
     "configure": ("configure",),

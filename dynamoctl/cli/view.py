@@ -100,6 +100,8 @@ def status_table(report: StatusReport, width: int = 80) -> Table:
         failures.insert(0, planner_line(report.planner))
     if starts := _starts(report):  # the history's medians: what the start timeout may use
         failures.append(starts)
+    if held := [f"{r.name}: {', '.join(r.adapters)}" for r in report.instances if r.adapters]:
+        failures.append(f"LoRA adapters: {'; '.join(held)}")
     if failures:  # below the table, where a long message does not squeeze the columns
         table.caption = "\n".join(failures)
         table.caption_justify = "left"

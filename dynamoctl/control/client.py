@@ -12,6 +12,7 @@ from typing import TypeVar
 import httpx
 import msgspec
 
+from dynamoctl.wire.adapters import LoraLoadRequest, LoraReport, LoraUnloadRequest
 from dynamoctl.wire.control import (
     ControlReply,
     DownRequest,
@@ -67,6 +68,18 @@ class ControlClient:
     ) -> ScaleReply:
         body = ScaleRequest(pool=pool, replicas=replicas, by_planner=by_planner, force=force)
         return self._call("POST", "/scale", body, ScaleReply)
+
+    def lora_load(
+        self, name: str, path: str, pools: list[str], base_model: str | None = None
+    ) -> ControlReply:
+        body = LoraLoadRequest(name=name, path=path, pools=pools, base_model=base_model)
+        return self._call("POST", "/lora/load", body, ControlReply)
+
+    def lora_unload(self, name: str) -> ControlReply:
+        return self._call("POST", "/lora/unload", LoraUnloadRequest(name=name), ControlReply)
+
+    def lora(self) -> LoraReport:
+        return self._call("GET", "/lora", None, LoraReport)
 
     def down(self, now: bool) -> ControlReply:
         return self._call("POST", "/down", DownRequest(now=now), ControlReply)

@@ -69,6 +69,17 @@ def promote_key(ns: str, instance_id: str) -> str:
     return f"{promotions_prefix(ns)}{_check(instance_id, 'instance_id')}"
 
 
+def adapters_prefix(ns: str) -> str:
+    """Every LoRA adapter the deployment should serve (the supervisor's wish, no lease:
+    a restarted worker loads them again)."""
+    return f"{namespace_prefix(ns)}adapters/"
+
+
+def adapter_key(ns: str, name: str) -> str:
+    """One adapter's :class:`~dynamoctl.wire.adapters.AdapterSpec`."""
+    return f"{adapters_prefix(ns)}{_check(name, 'adapter name')}"
+
+
 def split_instance_key(key: str) -> tuple[str, str, str, str]:
     """Inverse of :func:`instance_key`: ``(ns, component, endpoint, instance_id)``."""
     parts = key.split(_SEP)

@@ -247,3 +247,28 @@ class ReportsKvTiers(Protocol):
     def kv_tier_stats(self) -> Sequence[TierStats]:
         """GPU first, then each lower tier it has."""
         ...
+
+
+class AdapterRefused(EngineError):
+    """An adapter could not be loaded (no room, a bad directory, another base model); the
+    message says why."""
+
+
+@runtime_checkable
+class ServesAdapters(Protocol):
+    """An :class:`Engine` that loads LoRA adapters at run time (docs/api.md, "LoRA
+    adapters"); a request's :attr:`GenerateRequest.adapter` names a loaded one."""
+
+    def serves_adapters(self) -> bool:
+        """Whether LoRA is on (the engine's arguments enable it); off, the worker follows
+        no adapters."""
+        ...
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        """Load the adapter at ``path`` under ``name`` (done when it returns); raises
+        :class:`AdapterRefused`."""
+        ...
+
+    async def unload_adapter(self, name: str) -> None:
+        """Forget ``name`` (nothing happens for one not loaded)."""
+        ...

@@ -251,6 +251,10 @@ class EngineSpec:
     embed_args: Mapping[str, Any] | None = None
     """The engine arguments that run an embedding model (recipe ``model.task: embed``:
     vLLM's pooling runner); None: the engine serves no embeddings."""
+    lora_args: Callable[[int, int], dict[str, Any]] | None = None
+    """A pool's ``lora`` section (most adapters at once, largest rank) as engine
+    arguments (vLLM's ``--enable-lora --max-loras --max-lora-rank``); None: the engine
+    serves no LoRA adapters through dynamoctl (the recipe refuses the section by name)."""
 
 
 def load_entry(target: str) -> Any:

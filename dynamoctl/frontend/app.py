@@ -117,7 +117,15 @@ def build_app(
         return {
             "object": "list",
             "data": [
-                {"id": m.name, "object": "model", "created": m.created, "owned_by": "dynamoctl"}
+                {
+                    "id": m.name,
+                    "object": "model",
+                    "created": m.created,
+                    "owned_by": "dynamoctl",
+                    # vLLM's: a LoRA adapter names its base model
+                    "root": m.card.parent or m.name,
+                    "parent": m.card.parent,
+                }
                 for m in registry.models()
             ],
         }

@@ -121,7 +121,7 @@ def jobs_of(
             jobs.append(Job(
                 request_id=rid if len(prompts) * n == 1 else f"{rid}-{index}",
                 model=model.name,
-                engine=engine_request(body, ids, max_tokens, eos, i),
+                engine=engine_request(body, ids, max_tokens, eos, i, model.card.adapter),
                 stop=body.stop_strings(),
                 index=index,
             ))  # fmt: skip
@@ -150,6 +150,7 @@ def engine_request(
     max_tokens: int,
     eos: list[int],
     choice: int,
+    adapter: str | None = None,
 ) -> GenerateRequest:
     """What a worker is asked for one choice (the id is the attempt's)."""
     seed = body.seed
@@ -176,4 +177,5 @@ def engine_request(
         prompt_logprobs=(
             body.prompt_logprobs_count() if isinstance(body, CompletionRequest) else None
         ),
+        adapter=adapter,
     )

@@ -72,6 +72,19 @@ def model_not_found(model: str, available: list[str]) -> OpenAIError:
     )
 
 
+def adapter_not_loaded(adapter: str) -> OpenAIError:
+    """A LoRA adapter once served that no worker holds now (unloaded, or every holder
+    gone): load it again with ``dynamoctl lora load``."""
+    return OpenAIError(
+        404,
+        f"The LoRA adapter '{adapter}' is not loaded on any worker "
+        "(dynamoctl lora load puts it back).",
+        type="not_found_error",
+        param="model",
+        code="model_not_found",
+    )
+
+
 def model_unavailable(model: str, retry_after: float = 1.0) -> OpenAIError:
     """A model that was served and has no worker right now: retry, it is not a typo."""
     return OpenAIError(

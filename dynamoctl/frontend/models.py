@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from dynamoctl.discovery import Discovery
-from dynamoctl.frontend.errors import model_not_found, model_unavailable
+from dynamoctl.frontend.errors import adapter_not_loaded, model_not_found, model_unavailable
 from dynamoctl.frontend.picking import WorkerPicker
 from dynamoctl.router.models import ModelFollower
 from dynamoctl.tokenizer import Tokenizer, load_tokenizer
@@ -52,6 +52,8 @@ class ModelRegistry(AsyncService):
     def __init__(self, discovery: Discovery, namespace: str, make_picker: PickerFactory):
         self.make_picker = make_picker
         self._follower = ModelFollower(discovery, namespace, self._open, self._close)
+        self._adapters: set[str] = set()
+        """LoRA adapters ever served: one with no worker now is a 404, not a 503."""
 
     def get(self, name: str) -> ServedModel | None:
         return self._follower.get(name)
@@ -61,6 +63,8 @@ class ModelRegistry(AsyncService):
         (retry: not a typo), a 404 for a name never served."""
         model = self.get(name)
         if model is None:
+            if name in self._adapters:  # unloaded on purpose (dynamoctl lora unload)
+                raise adapter_not_loaded(name)
             if self.was_served(name):  # its workers are gone for now, or restarting
                 raise model_unavailable(name)
             raise model_not_found(name, [m.name for m in self.models()])
@@ -84,6 +88,8 @@ class ModelRegistry(AsyncService):
         source = card.tokenizer or BUILTIN_TOKENIZER
         tokenizer = await asyncio.to_thread(load_tokenizer, source)
         served = ServedModel(name, card, tokenizer, await self.make_picker(name, card))
+        if card.parent is not None:
+            self._adapters.add(name)
         log.info("model %s is served (tokenizer %s, block size %d)", name, source, card.block_size)
         return served
 

@@ -177,7 +177,7 @@ class EmbeddedRouting(AsyncService):
 
     async def make_picker(self, model: str, card: ModelCard) -> ModelPicker:
         def build() -> KvRouter:
-            return KvRouter.from_settings(self.settings, card.block_size)
+            return KvRouter.from_settings(self.settings, card.block_size, card.adapter)
 
         pools = await ModelPools.open(self.discovery, self.namespace, model, build)
         self._pools[model] = pools

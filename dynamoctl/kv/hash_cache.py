@@ -40,13 +40,17 @@ class _Run:
 
 class HashCache:
     """Least recently used prompts' sequence hashes for one block size, at most
-    ``max_blocks`` blocks in all (~100 bytes a block: 2^15 is ~3 MB)."""
+    ``max_blocks`` blocks in all (~100 bytes a block: 2^15 is ~3 MB). ``parent`` starts
+    every chain (a LoRA adapter's :func:`~dynamoctl.kv.hashing.adapter_parent`)."""
 
-    def __init__(self, block_size: int, max_blocks: int = 1 << 15) -> None:
+    def __init__(
+        self, block_size: int, max_blocks: int = 1 << 15, parent: int | None = None
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         self.block_size = block_size
         self.max_blocks = max_blocks
+        self.parent = parent
         self._runs: OrderedDict[int, _Run] = OrderedDict()  # key: the run's last hash
         self._by_head: dict[int, set[int]] = {}  # first block's hash -> keys of its runs
         self._blocks = 0
@@ -60,7 +64,7 @@ class HashCache:
         bs = self.block_size
         n_blocks = len(token_ids) // bs
         if n_blocks < MIN_BLOCKS or n_blocks > self.max_blocks // 4:
-            return sequence_hashes(token_ids, bs)
+            return sequence_hashes(token_ids, bs, self.parent)
         full = n_blocks * bs
         packed_ids = array("I", token_ids[:full] if full < len(token_ids) else token_ids)
         if sys.byteorder == "big":  # pragma: no cover - the wire order is little-endian
@@ -73,7 +77,7 @@ class HashCache:
         view = memoryview(packed)
         local = [_xxh3(view[i : i + step], seed=SEED) for i in range(done, len(packed), step)]
         if base is None:
-            out = chain(local)
+            out = chain(local, self.parent)
         else:
             out = [*base.sequence, *chain(local, base.sequence[-1])]
             self.hits += 1

@@ -5,6 +5,8 @@ Every *full* block of ``block_size`` tokens gets a local hash of its content,
 the whole prefix that ends with it, ``seq_0 = local_0``,
 ``seq_i = xxh3_64(LE-u64 seq_{i-1} ‖ LE-u64 local_i, seed=1337)``. Sequence hashes key
 the router's radix tree; a trailing partial block has no identity until it fills.
+A LoRA adapter's prompt starts its chain from :func:`adapter_parent` (its name's hash)
+instead of nothing, so no block of one adapter is ever another's or the base model's.
 
 This sits on the router's hot path: token ids are packed once with :mod:`array` (one C
 loop) and hashed through memoryview slices, with no per-token Python work.
@@ -37,6 +39,14 @@ class BlockHashes(NamedTuple):
     """Content hash of each block alone."""
     sequence: list[int]
     """Chained hash of the prefix ending with each block (the block's identity)."""
+
+
+def adapter_parent(adapter: str | None) -> int | None:
+    """The parent hash a prompt's chain starts from under ``adapter`` (None: the base
+    model, whose chain starts from nothing)."""
+    if adapter is None:
+        return None
+    return _xxh3(b"lora\0" + adapter.encode(), seed=SEED)
 
 
 def local_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:

@@ -31,8 +31,13 @@ def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str,
     derived = {k: v for k, v in model_args.items() if v is not None}
     offload = _offload(pool, model).args
     loader = spec.load_format_args(pool.load_format) if pool.load_format else {}
-    merged = {**derived, **loader}
-    sections = (("the model section", derived), ("kv_offload", offload), ("load_format", loader))
+    lora = pool.lora
+    adapters = spec.lora_args(lora.max_loras, lora.max_rank) if lora and spec.lora_args else {}
+    merged = {**derived, **loader, **adapters}
+    sections = (
+        ("the model section", derived), ("kv_offload", offload), ("load_format", loader),
+        ("lora", adapters),
+    )  # fmt: skip
     for key, value in pool.engine_args.items():
         name = key.replace("-", "_")
         for section, theirs in sections:

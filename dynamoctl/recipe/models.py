@@ -27,6 +27,7 @@ from dynamoctl.recipe.fields import (
 )
 from dynamoctl.recipe.gang_rules import GANG_FLAGS, check_gang
 from dynamoctl.recipe.kv_offload import KvOffload, check_offload
+from dynamoctl.recipe.lora import Lora
 from dynamoctl.recipe.model_cache import ModelCache
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
@@ -327,6 +328,10 @@ class WorkerPool(RecipeModel):
     ``--load-format``: ``runai_streamer`` streams safetensors with parallel reads,
     ``safetensors``, ``dummy`` random weights...); refused by name when the engine has no
     such loader (docs/engines.md, "Weight loaders"). Default: the engine's (``auto``)."""
+    lora: Lora | None = None
+    """LoRA adapters served beside the base model, each a model name of its own
+    (docs/api.md, "LoRA adapters"); refused by name for an engine dynamoctl cannot give
+    adapters. Default: none."""
     env: dict[str, EnvValue] = Field(default_factory=dict)
     """Extra environment variables for each replica. A secret (a token, a password) is
     referenced rather than written: ``HF_TOKEN: {from_env: HF_TOKEN}`` or ``{from_file:
@@ -341,6 +346,16 @@ class WorkerPool(RecipeModel):
                 "load_format",
                 f"{self.load_format!r} is not a loader of {self.engine}"
                 + (f" (it has: {', '.join(offered)})" if offered else " (it has none to pick)"),
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_serves_lora(self) -> WorkerPool:
+        if self.lora is not None and registry.engine_spec(self.engine).lora_args is None:
+            raise rule_error(
+                "lora",
+                f"{self.engine} adapters are not served through dynamoctl yet (vllm and "
+                "the mocker are); serve the merged model instead",
             )
         return self
 

@@ -47,7 +47,7 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
-from dynamoctl.kv.hashing import sequence_hashes
+from dynamoctl.kv.hashing import adapter_parent, sequence_hashes
 from dynamoctl.kv.tiers import Tier, tier_of
 from dynamoctl.wire.kv_events import (
     BlockRemoved,
@@ -315,7 +315,9 @@ class KvIndex(PrefixIndex):
             return
         if isinstance(event, BlockStored):
             tier = tier_of(event.medium)
-            if tier is not None and event.lora_id is None and event.lora_name is None:
+            # An adapter's blocks are known by name (their chain is seeded with it); a
+            # bare lora_id (vLLM before 0.11) names nothing we could hash.
+            if tier is not None and (event.lora_id is None or event.lora_name is not None):
                 self._stored(worker, engine, event, tier)
         elif isinstance(event, BlockRemoved):
             tier = tier_of(event.medium)
@@ -348,7 +350,7 @@ class KvIndex(PrefixIndex):
                 )
             return
         else:
-            parent: int | None = None
+            parent = adapter_parent(event.lora_name)
             if event.parent_block_hash is not None:
                 known = engine.get(event.parent_block_hash)
                 if known is None:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from dynamoctl.kv.hash_cache import HashCache
+from dynamoctl.kv.hashing import adapter_parent
 from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT, Tier, tier_of
 from dynamoctl.router.errors import AllWorkersBusy, NoWorkers
 from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
@@ -61,9 +62,12 @@ class KvRouter:
     """
 
     @classmethod
-    def from_settings(cls, settings: RouterSettings, block_size: int) -> KvRouter:
+    def from_settings(
+        cls, settings: RouterSettings, block_size: int, adapter: str | None = None
+    ) -> KvRouter:
         """A router for one model, whose engines use ``block_size``, with ``settings``'
-        knobs (the settings only declare them: they build nothing)."""
+        knobs (the settings only declare them: they build nothing); ``adapter``: the model
+        is that LoRA adapter, whose prompts' hash chains it seeds."""
         return cls(
             settings.mode,
             block_size,
@@ -73,6 +77,7 @@ class KvRouter:
             disk_credit=settings.disk_tier_credit,
             busy_kv_usage=settings.busy_kv_usage,
             busy_waiting=settings.busy_waiting,
+            adapter=adapter,
         )
 
     def __init__(
@@ -89,6 +94,7 @@ class KvRouter:
         approx_ttl: float = 120.0,
         seed: int | None = None,
         clock: Callable[[], float] = time.monotonic,
+        adapter: str | None = None,
     ) -> None:
         if overlap_weight < 0 or temperature < 0:
             raise ValueError("overlap_weight and temperature must be >= 0")
@@ -109,7 +115,7 @@ class KvRouter:
         )
         self.index = KvIndex(block_size)
         """Blocks cached per worker, from KV events."""
-        self.hashes = HashCache(block_size)
+        self.hashes = HashCache(block_size, parent=adapter_parent(adapter))
         """Prompts' block hashes, so a conversation's next turn hashes only its new blocks."""
         self.approx: ApproxIndex | None = (
             ApproxIndex(approx_ttl, clock) if self.policy.kv_source == "approx" else None

@@ -193,9 +193,8 @@ class RouterService(AsyncService):
         if event.kind is EventKind.PUT:
             assert event.value is not None
             record = decode_json(event.value, InstanceRecord)  # before any change of state
-            if record.model != self.model or (
-                self.roles is not None and record.role not in self.roles
-            ):
+            serves = record.model == self.model or self.model in record.adapters
+            if not serves or (self.roles is not None and record.role not in self.roles):
                 record = None
         old = self._instances.pop(iid, None)
         if record is not None:

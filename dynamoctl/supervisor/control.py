@@ -30,6 +30,7 @@ from dynamoctl.recipe.targets import LocalTarget
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.supervisor.supervisor import Supervisor
 from dynamoctl.util.net import resolve, source_address
+from dynamoctl.wire.adapters import LoraLoadRequest, LoraUnloadRequest
 from dynamoctl.wire.control import (
     ControlReply,
     DownRequest,
@@ -131,6 +132,19 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
             reply.note = f"the planner sizes {body.pool} and may change it at its next decision"
         return reply
 
+    async def lora_load(body: LoraLoadRequest) -> ControlReply:
+        spec = await get_supervisor().adapters.load(body)
+        return ControlReply(ok=True, message=f"{spec.name}: loading on {', '.join(spec.pools)}")
+
+    async def lora_unload(body: LoraUnloadRequest) -> ControlReply:
+        await get_supervisor().adapters.unload(body.name)
+        return ControlReply(ok=True, message=f"{body.name}: unloading")
+
+    async def lora_report(request: Request) -> Response:
+        if not allowed(request):
+            return _json(ControlReply(ok=False, message="bad or missing token"), 401)
+        return _json(await get_supervisor().adapters.report())
+
     async def down(body: DownRequest) -> ControlReply:
         get_supervisor().request_down(now=body.now)
         return ControlReply(ok=True, message="stopping")
@@ -142,5 +156,8 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
             Route("/drain", command(DrainRequest, drain), methods=["POST"]),
             Route("/scale", command(ScaleRequest, scale), methods=["POST"]),
             Route("/down", command(DownRequest, down), methods=["POST"]),
+            Route("/lora", lora_report),
+            Route("/lora/load", command(LoraLoadRequest, lora_load), methods=["POST"]),
+            Route("/lora/unload", command(LoraUnloadRequest, lora_unload), methods=["POST"]),
         ]
     )

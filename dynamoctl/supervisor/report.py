@@ -62,6 +62,7 @@ def instance_status(inst: Instance, now: float) -> InstanceStatus:
         rank=inst.spec.rank,
         mpi_nodes=inst.spec.mpi_nodes,
         start=inst.clock.last,
+        adapters=sample.adapters if sample else [],
     )
 
 

@@ -32,6 +32,7 @@ from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, 
 from dynamoctl.launch.capacity import extra_capacity
 from dynamoctl.plan.build import GpuMap, Plan
 from dynamoctl.recipe.models import Recipe, Supervision
+from dynamoctl.supervisor.adapters import AdapterControl
 from dynamoctl.supervisor.gang import Gangs
 from dynamoctl.supervisor.instance import Failure, Instance
 from dynamoctl.supervisor.probes import DeploymentProber, Prober
@@ -124,6 +125,8 @@ class Supervisor:
         for name, proc in (adopted or {}).items():  # their lives begin at watching
             self.instances[name].adopted = proc
         self.withdrawal = RecordWithdrawal(plan.discovery_url, plan.namespace)
+        self.adapters = AdapterControl(recipe, plan.discovery_url, plan.namespace)
+        """LoRA adapters in discovery (``dynamoctl lora``; the recipe's, at start)."""
         self.phase = Phase.STARTING
         self.error = ""
         self.access = access or ControlAccess()
@@ -170,6 +173,8 @@ class Supervisor:
         try:
             for component in START_ORDER:
                 group = [i for i in self.instances.values() if i.spec.component == component]
+                if component == "worker":  # workers load them as they start
+                    await self.adapters.declare_recipe()
                 if group:
                     await self._start_group(group)
                     if component == "etcd":
@@ -200,6 +205,7 @@ class Supervisor:
                 self._set_phase(Phase.STOPPED)
             await self.prober.close()
             await self.withdrawal.close()
+            await self.adapters.close()
 
     def _fail(self, exc: BaseException) -> None:
         self.error = str(exc) or type(exc).__name__

@@ -39,6 +39,8 @@ class InstanceStatus(msgspec.Struct, kw_only=True):
     """The nodes its one launch spans (a TensorRT-LLM gang's MPI world); empty otherwise."""
     start: StartPhases | None = None
     """How long its last start took, by phase; None before its first start."""
+    adapters: list[str] = []
+    """A worker's LoRA adapters, from its ``/health`` (``dynamoctl lora``)."""
 
 
 class DiscoveryStatus(msgspec.Struct, kw_only=True):

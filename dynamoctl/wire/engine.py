@@ -69,6 +69,9 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     images: list[ImageInput] = []
     """The images of a chat prompt, in order, each over its run of placeholder tokens in
     ``token_ids`` (docs/api.md, "Images"); empty for a text prompt."""
+    adapter: str | None = None
+    """The LoRA adapter to generate with (its served name, loaded on the worker); None:
+    the base model. It seeds the prompt's block hash chain (:mod:`dynamoctl.kv.hashing`)."""
 
 
 class ImageInput(msgspec.Struct, array_like=True, gc=False):
@@ -157,6 +160,14 @@ class ModelCard(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     ``/v1/embeddings``, not text generation."""
     vision: VisionTraits | None = None
     """Set when the model takes images in chat (``image_url`` parts); None: refused."""
+    parent: str | None = None
+    """Set on a LoRA adapter's card: the base model it adapts (``model`` is then the
+    adapter's name, served in ``/v1/models`` with this as its ``parent``)."""
+
+    @property
+    def adapter(self) -> str | None:
+        """The adapter a request for this model generates with; None: a base model."""
+        return self.model if self.parent is not None else None
 
 
 class VisionTraits(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -51,3 +51,5 @@ class WorkerHealth(msgspec.Struct, kw_only=True):
     stalled_s: float = 0.0
     """Seconds the longest-waiting collective of its engines has waited on another member
     of its gang (a frozen follower); 0 when none waits or the engine has no gang."""
+    adapters: list[str] = []
+    """LoRA adapters its instances hold (``dynamoctl lora``), by served name."""

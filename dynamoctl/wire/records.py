@@ -73,6 +73,9 @@ class InstanceRecord(msgspec.Struct, frozen=True, kw_only=True):
     :class:`dynamoctl.wire.health.WorkerHealth`)."""
     label: str = ""
     """The supervisor's name for the process (``agg-0``), empty when started by hand."""
+    adapters: list[str] = []
+    """LoRA adapters loaded on the instance, by served name: routers of those names route
+    to it too (docs/api.md, "LoRA adapters")."""
 
 
 class EventsRecord(msgspec.Struct, frozen=True, kw_only=True):

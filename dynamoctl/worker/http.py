@@ -125,6 +125,7 @@ def worker_health(
             (i.engine.stalled_for() for i in instances if isinstance(i.engine, ReportsStalls)),
             default=0.0,
         ),
+        adapters=sorted({a for i in instances if i.adapters for a in i.adapters.loaded}),
     )
 
 

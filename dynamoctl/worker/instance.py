@@ -50,6 +50,7 @@ from dynamoctl.engines.api import (
     PrefillsForRemoteDecode,
     PublishesKvEvents,
     ReportsDeath,
+    ServesAdapters,
     ServesPeers,
 )
 from dynamoctl.planes.curve import deployment_keys
@@ -60,6 +61,7 @@ from dynamoctl.settings import Role
 from dynamoctl.wire.kv_events import KVEventBatch, encode_batch
 from dynamoctl.wire.records import Component, Endpoint
 from dynamoctl.wire.structured import OutputTraits
+from dynamoctl.worker.adapters import WorkerAdapters
 from dynamoctl.worker.kv_state import KvCacheState
 
 log = logging.getLogger(__name__)
@@ -154,6 +156,13 @@ class WorkerInstance:
         """Why the engine died, once it did (seen by a request or reported by it)."""
         self._died = asyncio.Event()
         self._load_task: asyncio.Task[None] | None = None
+        self.adapters: WorkerAdapters | None = None
+        """The LoRA adapters it holds, when its engine serves them (worker/adapters.py)."""
+        if isinstance(engine, ServesAdapters) and engine.serves_adapters():
+            self.adapters = WorkerAdapters(
+                engine, discovery, namespace, self.instance_id, role, self._adapters_changed
+            )
+        self._adapters_task: asyncio.Task[None] | None = None
 
     # -- keys ------------------------------------------------------------------------
 
@@ -239,8 +248,18 @@ class WorkerInstance:
                 metrics_url=self.metrics_url,
                 health_url=self.health_url,
                 label=self.label,
+                adapters=sorted(self.adapters.loaded) if self.adapters is not None else [],
             )
         )
+
+    async def _adapters_changed(self) -> None:
+        if not (self.standby or self.draining):
+            await self.discovery.register(self.instance_key, self._record(COMPONENT))
+
+    def _own_keys(self) -> tuple[str, ...]:
+        """Every key that routes requests here or marks it a spare: what leaves first."""
+        cards = self.adapters.card_keys() if self.adapters is not None else []
+        return (self.instance_key, self.model_key, self.standby_key, *cards)
 
     async def register(self) -> None:
         """The events record, the model card, then the instance record routers act on."""
@@ -266,6 +285,10 @@ class WorkerInstance:
         )
         await self.discovery.register(self.model_key, wire.encode_json(card))
         await self.discovery.register(self.instance_key, self._record(COMPONENT))
+        if self.adapters is not None and self._adapters_task is None:
+            self._adapters_task = asyncio.create_task(
+                self.adapters.follow(card), name="worker-adapters"
+            )
         log.info(
             "[%s] ready: %s serving %s on %s",
             self.instance_id,
@@ -278,7 +301,7 @@ class WorkerInstance:
         """Stop taking requests, let in-flight ones finish for up to ``grace`` seconds,
         abort the rest. Returns how many were aborted."""
         self.draining = True
-        for key in (self.instance_key, self.model_key, self.standby_key):
+        for key in self._own_keys():
             try:
                 await self.discovery.unregister(key)
             except Exception as exc:  # discovery down: the lease expiry removes them anyway
@@ -320,10 +343,11 @@ class WorkerInstance:
                         left)  # fmt: skip
 
     async def close(self) -> None:
-        if self._load_task is not None:
-            self._load_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._load_task
+        for task in (self._load_task, self._adapters_task):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         await self.server.close()
         await self.engine.stop()
         await self.kv_events.close()
@@ -355,7 +379,7 @@ class WorkerInstance:
             self.inflight,
         )
         self.draining = True
-        for key in (self.instance_key, self.model_key, self.standby_key):
+        for key in self._own_keys():
             with contextlib.suppress(Exception):  # discovery down: the lease expiry removes it
                 await self.discovery.unregister(key)
         # Open streams end with "abort" (or EngineStopped, which _generate turns into one).

@@ -81,15 +81,17 @@ async def test_mocker_refuses_images_it_cannot_take(make_mocker: Any) -> None:
         await vlm.run("b", PROMPT, 1, images=[image(b"x", offset=0)])
 
 
-def test_images_travel_last_on_the_wire() -> None:
+def test_images_travel_after_the_older_fields_on_the_wire() -> None:
     # Appended with a default: a text request carries one byte more (an empty array), and
     # a message from a peer that predates the field decodes with no images.
+    at = GenerateRequest.__struct_fields__.index("images")
+    assert at > GenerateRequest.__struct_fields__.index("pooling")
     request = GenerateRequest("r", [1, 2, 3], 4)
     fields = msgspec.msgpack.decode(encode(request))
-    assert fields[-1] == []
-    assert decode_request(msgspec.msgpack.encode(fields[:-1])).images == []
+    assert fields[at] == []
+    assert decode_request(msgspec.msgpack.encode(fields[:at])).images == []
     with_image = msgspec.msgpack.decode(encode(GenerateRequest("r", [3] * RUN, 4, images=[CAT])))
-    assert with_image[-1] == [[b"cat-pixels", CAT.hash, len(TEXT_BEFORE), RUN]]
+    assert with_image[at] == [[b"cat-pixels", CAT.hash, len(TEXT_BEFORE), RUN]]
 
 
 def test_the_frontend_routes_image_jobs_on_keyed_ids() -> None:

@@ -153,3 +153,23 @@ async def test_stop_releases_pinned_blocks(prefill_side: Any) -> None:
     await engine.start()
     out = await p.m.read(engine.generate(GenerateRequest("again", PROMPT, 2)))
     assert out.finish == "length"
+
+
+async def test_a_lora_adapters_prefill_hands_off_its_own_blocks(
+    prefill_side: Any, make_mocker: Any, tmp_path: Any
+) -> None:
+    (tmp_path / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    p = await prefill_side(max_loras=1)
+    await p.m.engine.load_adapter("sql", str(tmp_path))
+    marker = dict(p.m.engine.remote_prefill_params())
+    out = await p.m.run("p1", PROMPT, 1, kv_transfer_params=marker, adapter="sql")
+    handoff = out.chunks[-1].kv_transfer_params
+    assert handoff is not None
+    d = await make_mocker(block_size=BS, num_gpu_blocks=64, max_loras=1)
+    await d.engine.load_adapter("sql", str(tmp_path))
+    # The blocks are the adapter's: a decode of the same prompt under the base model
+    # refuses them, one under the adapter takes them.
+    with pytest.raises(KvTransferFailed, match="another prompt"):
+        await d.run("d0", PROMPT, 2, kv_transfer_params=handoff)
+    out = await d.run("d1", PROMPT, 2, kv_transfer_params=handoff, adapter="sql")
+    assert out.finish == "length" and d.engine.transfers.stats.received_blocks > 0

@@ -70,9 +70,14 @@ class Reference:
         if blocks is None:
             return
         if isinstance(event, BlockStored):
-            if event.block_size != B or event.medium not in (None, "GPU") or event.lora_name:
+            if event.block_size != B or event.medium not in (None, "GPU"):
                 return
-            parent = None
+            # An adapter's chain starts from its name's hash (docs/api.md, "LoRA adapters").
+            parent = (
+                None
+                if event.lora_name is None
+                else xxhash.xxh3_64_intdigest(b"lora\0" + event.lora_name.encode(), 1337)
+            )
             if event.parent_block_hash is not None:
                 if event.parent_block_hash not in blocks:
                     return

@@ -116,17 +116,19 @@ class BlockPool:
         hashes: Sequence[int],
         parent: int | None,
         token_ids: Sequence[int],
+        adapter: str | None = None,
     ) -> None:
         """Register newly full ``blocks`` (a chain following ``parent``) under ``hashes``.
 
-        ``token_ids`` are the blocks' tokens, ``block_size`` each. Records one
-        ``BlockStored`` per run of hashes new to the cache.
+        ``token_ids`` are the blocks' tokens, ``block_size`` each; ``adapter``: the LoRA
+        adapter they were computed under (named in the events, as vLLM's ``lora_name``).
+        Records one ``BlockStored`` per run of hashes new to the cache.
         """
         run_start = -1
         for i, (block, h) in enumerate(zip(blocks, hashes, strict=True)):
             if h in self._cached:
                 if run_start >= 0:
-                    self._stored(hashes, run_start, i, parent, token_ids)
+                    self._stored(hashes, run_start, i, parent, token_ids, adapter)
                     run_start = -1
                 continue
             self._hash[block] = h
@@ -134,7 +136,7 @@ class BlockPool:
             if run_start < 0:
                 run_start = i
         if run_start >= 0:
-            self._stored(hashes, run_start, len(hashes), parent, token_ids)
+            self._stored(hashes, run_start, len(hashes), parent, token_ids, adapter)
 
     def _stored(
         self,
@@ -143,6 +145,7 @@ class BlockPool:
         end: int,
         parent: int | None,
         token_ids: Sequence[int],
+        adapter: str | None,
     ) -> None:
         bs = self.block_size
         self._record(
@@ -152,6 +155,7 @@ class BlockPool:
                 token_ids=list(token_ids[start * bs : end * bs]),
                 block_size=bs,
                 medium=self.medium,
+                lora_name=adapter,
             )
         )
 

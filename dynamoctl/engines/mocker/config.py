@@ -108,6 +108,11 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
     disk_path: str | None = None
     """Directory of the disk tier: its free space bounds the tier (a full disk stops
     disk offload, serving continues); None: only ``num_disk_blocks`` does."""
+    max_loras: int = 0
+    """Most LoRA adapters loaded at once (vLLM's ``--max-loras``); 0: LoRA off, every
+    adapter refused (docs/api.md, "LoRA adapters")."""
+    lora_load_s: float = 0.5
+    """Simulated seconds loading one adapter takes (reading and placing its weights)."""
     disk_offload_filter: bool = True
     """Write a block to disk only once reused (frequency >= 2: starts at 1, doubles per
     hit, decays by 1 per ``disk_filter_decay_s``), to spare the drive; off: every host

@@ -52,8 +52,10 @@ from dynamoctl.engines.api import (
     ReportsStalls,
     ReportsStartup,
     RequestRejected,
+    ServesAdapters,
     ServesPeers,
 )
+from dynamoctl.engines.mocker.adapters import MockerAdapters
 from dynamoctl.engines.mocker.aic_timing import StepTiming, timing_for
 from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
@@ -194,6 +196,7 @@ class MockerEngine(
     ReportsKvTiers,
     ReportsStartup,
     ReportsStalls,
+    ServesAdapters,
 ):
     """A simulated engine (registered as ``mocker``); see the module docstring."""
 
@@ -247,6 +250,7 @@ class MockerEngine(
             else None,
         )  # fmt: skip
         self._embedder = MockEmbedder(cfg.embedding_size, cfg.vocab_size)
+        self.adapters = MockerAdapters(cfg.max_loras, cfg.lora_load_s, self.clock)
 
     @classmethod
     def from_options(
@@ -320,6 +324,15 @@ class MockerEngine(
         keyed = keyed_token_ids(request.token_ids, request.images)
         return msgspec.structs.replace(request, token_ids=keyed, images=[])
 
+    def serves_adapters(self) -> bool:
+        return self.config.max_loras > 0
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        await self.adapters.load(name, path)
+
+    async def unload_adapter(self, name: str) -> None:
+        self.adapters.unload(name)
+
     def generate(self, request: GenerateRequest) -> MockerStream:
         """Queue ``request`` now and return its output stream (errors surface when read)."""
         rid = request.request_id
@@ -340,6 +353,7 @@ class MockerEngine(
                 )
             if rid in self._pulling:
                 raise RequestRejected(f"request id {rid!r} is already in use")
+            self.adapters.check(request.adapter, rid)
             if request.images:
                 request = self._keyed(request)
             embedder = self._embedder if self._card.embedding is not None else None
@@ -410,7 +424,7 @@ class MockerEngine(
     async def _pull_then_add(self, request: GenerateRequest, handoff: MockerHandoff) -> None:
         rid = request.request_id
         try:
-            await self.transfers.pull(handoff, request.token_ids)
+            await self.transfers.pull(handoff, request.token_ids, request.adapter)
             if self._task is None:
                 raise EngineStopped("mocker engine stopped during a KV pull")
             seq = self._scheduler.add(request, remote_kv=True)

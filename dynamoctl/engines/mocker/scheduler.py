@@ -67,6 +67,7 @@ class SeqState:
     """A request inside the scheduler."""
 
     __slots__ = (
+        "adapter",
         "blocks",
         "cached_tokens",
         "hashes",
@@ -88,6 +89,8 @@ class SeqState:
         sampler: MockSampler,
     ) -> None:  # fmt: skip
         self.request_id = request.request_id
+        self.adapter = request.adapter
+        """The LoRA adapter it runs under (its hash chain starts from the adapter's name)."""
         self.tokens = list(request.token_ids)
         """Prompt then output; the last one is not computed yet."""
         self.prompt_len = len(request.token_ids)
@@ -170,7 +173,9 @@ class Scheduler:
         ``pin``, ``remote_kv``: see the module docstring."""
         self.check(request)
         hashes = (
-            hashing.sequence_hashes(request.token_ids, self.config.block_size)
+            hashing.sequence_hashes(
+                request.token_ids, self.config.block_size, hashing.adapter_parent(request.adapter)
+            )
             if self._caching
             else []
         )
@@ -400,7 +405,7 @@ class Scheduler:
             tokens.append(token)
             num_output += 1
             if caching and len(tokens) % bs == 0:
-                parent = seq.hashes[-1] if seq.hashes else None
+                parent = seq.hashes[-1] if seq.hashes else hashing.adapter_parent(seq.adapter)
                 seq.hashes += hashing.sequence_hashes(tokens[-bs:], bs, parent)
             finish: FinishReason | None = None
             if stop:
@@ -464,6 +469,7 @@ class Scheduler:
                 seq.hashes[start:full],
                 seq.hashes[start - 1] if start else None,
                 seq.tokens[start * bs : full * bs],
+                seq.adapter,
             )
             seq.num_stored = full
 

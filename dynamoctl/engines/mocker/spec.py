@@ -73,4 +73,5 @@ SPEC = EngineSpec(
     # read at the node's local disk bandwidth
     weights_arg="weights_model",
     cached_weights_args={"weights_source": "local-disk"},
+    lora_args=lambda max_loras, max_rank: {"max_loras": max_loras},
 )

@@ -87,7 +87,8 @@ class KvTransfers:
             raise RuntimeError(f"request {request_id!r} has no pinned blocks to hand off")
         tid = uuid.uuid4().hex
         bs = self.config.block_size
-        hashes = hashing.sequence_hashes(prompt[: len(prompt) // bs * bs], bs)
+        parent = hashing.adapter_parent(seq.adapter)  # a LoRA adapter's blocks are its own
+        hashes = hashing.sequence_hashes(prompt[: len(prompt) // bs * bs], bs, parent)
         expiry = asyncio.get_running_loop().call_later(self.config.kv_pin_ttl, self._expire, tid)
         self._pins[tid] = _Pinned(request_id, len(seq.blocks), hashes, expiry)
         self.stats.pinned += 1
@@ -124,12 +125,17 @@ class KvTransfers:
 
     # ------------------------------------------------------------------ decode side
 
-    async def pull(self, handoff: MockerHandoff, prompt: Sequence[int]) -> None:
-        """Take the hand-off's blocks and wait the simulated transfer time.
-        :class:`KvTransferFailed` on any failure."""
+    async def pull(
+        self, handoff: MockerHandoff, prompt: Sequence[int], adapter: str | None = None
+    ) -> None:
+        """Take the hand-off's blocks (of ``prompt`` under LoRA ``adapter``) and wait the
+        simulated transfer time. :class:`KvTransferFailed` on any failure."""
         bs = self.config.block_size
         where = f"KV transfer {handoff.transfer_id} from {handoff.remote_address}"
-        if handoff.block_hashes != hashing.sequence_hashes(prompt[: len(prompt) // bs * bs], bs):
+        full = prompt[: len(prompt) // bs * bs]
+        if handoff.block_hashes != hashing.sequence_hashes(
+            full, bs, hashing.adapter_parent(adapter)
+        ):
             raise KvTransferFailed(f"{where} is for another prompt or block size")
         if handoff.num_blocks * bs < len(prompt):
             raise KvTransferFailed(f"{where} has {handoff.num_blocks} blocks: too few")

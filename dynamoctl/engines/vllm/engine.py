@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any, NoReturn
 
 from dynamoctl.engines.api import (
+    AdapterRefused,
     Engine,
     EngineDied,
     EngineError,
@@ -47,6 +48,7 @@ from dynamoctl.engines.api import (
     PublishesKvEvents,
     ReportsDeath,
     RequestRejected,
+    ServesAdapters,
 )
 from dynamoctl.engines.common import poll_death
 from dynamoctl.engines.vllm import args as vargs
@@ -61,6 +63,7 @@ try:
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.exceptions import VLLMClientError
     from vllm.inputs import TokensPrompt
+    from vllm.lora.request import LoRARequest
     from vllm.platforms import current_platform
     from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
     from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -109,7 +112,7 @@ class _LoadLogger(StatLoggerBase):  # type: ignore[misc]
         pass
 
 
-class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
+class VllmEngine(Engine, PublishesKvEvents, ReportsDeath, ServesAdapters):
     """vLLM in the worker process (registered as ``vllm``); see the module docstring."""
 
     def __init__(self, options: Mapping[str, Any]) -> None:
@@ -135,6 +138,8 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         self._defaults: dict[str, Any] = {}
         self._kv_source: KvEventSource | None = None
         self._vision: vision.VisionModel | None = None
+        self._adapters: dict[str, Any] = {}  # name -> LoRARequest
+        self._lora_ids = 0
         args = self.engine_args
         name = args.served_model_name
         self._card = ModelCard(  # provisional: vLLM's config fills it in at start()
@@ -257,6 +262,31 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
 
         return await poll_death(cause)
 
+    # ------------------------------------------------------------------ LoRA adapters
+
+    def serves_adapters(self) -> bool:
+        return bool(self.engine_args.enable_lora)
+
+    async def load_adapter(self, name: str, path: str) -> None:
+        if self._engine is None:
+            raise EngineStopped("vLLM engine is not running")
+        if name in self._adapters:
+            return
+        self._lora_ids += 1
+        lora = LoRARequest(name, self._lora_ids, path)
+        try:  # vLLM reads and checks the adapter (rank, modules) as it adds it
+            added = await self._engine.add_lora(lora)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise AdapterRefused(f"adapter {name!r}: vLLM refused it: {exc}") from exc
+        if not added:
+            raise AdapterRefused(f"adapter {name!r}: vLLM did not add it")
+        self._adapters[name] = lora
+
+    async def unload_adapter(self, name: str) -> None:
+        lora = self._adapters.pop(name, None)
+        if lora is not None and self._engine is not None:
+            await self._engine.remove_lora(lora.lora_int_id)
+
     # ------------------------------------------------------------------ internals
 
     async def _stream(self, request: GenerateRequest) -> AsyncIterator[GenerateChunk]:
@@ -285,11 +315,21 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
             )
         except Exception as exc:  # Pillow: the frontend checked it, a peer may not have
             raise RequestRejected(f"images: {exc}") from exc
+        lora = None
+        if request.adapter is not None:
+            lora = self._adapters.get(request.adapter)
+            if lora is None:
+                raise RequestRejected(f"LoRA adapter {request.adapter!r} is not loaded here")
         self._load.started(rid, len(request.token_ids))
         first = True
         scored = 0  # prompt tokens whose log-probabilities were sent (prompt_logprobs)
         try:
-            async with contextlib.aclosing(engine.generate(prompt, params, rid)) as outputs:
+            stream = (
+                engine.generate(prompt, params, rid)
+                if lora is None
+                else engine.generate(prompt, params, rid, lora_request=lora)
+            )
+            async with contextlib.aclosing(stream) as outputs:
                 async for out in outputs:
                     completion = out.outputs[0]
                     chunk = GenerateChunk(list(completion.token_ids))

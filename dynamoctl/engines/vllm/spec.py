@@ -155,6 +155,11 @@ SPEC = EngineSpec(
         "modelexpress",
     ),
     embed_args={"runner": "pooling"},  # an embedding model's pooler (/v1/embeddings)
+    lora_args=lambda max_loras, max_rank: {
+        "enable_lora": True,
+        "max_loras": max_loras,
+        "max_lora_rank": max_rank,
+    },
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,

@@ -110,7 +110,7 @@ class RouteServer(AsyncService):
 
     async def _open(self, model: str, card: ModelCard) -> ModelPools:
         def build() -> KvRouter:
-            return KvRouter.from_settings(self.settings, card.block_size)
+            return KvRouter.from_settings(self.settings, card.block_size, card.adapter)
 
         pools = await ModelPools.open(self.discovery, self.namespace, model, build)
         log.info("routing %s (%s, block size %d)", model, self.settings.mode, card.block_size)
