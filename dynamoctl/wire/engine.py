@@ -66,6 +66,10 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     pooling: Pooling | None = None
     """Embed the prompt instead of generating (an embedding model's pooling runner): the
     one chunk carries :attr:`GenerateChunk.embedding` and no token; None: generate."""
+    trace_context: str | None = None
+    """The W3C ``traceparent`` of the frontend's span for this attempt, so the worker's
+    spans (and the engine's own, vLLM's) join the request's trace; None: not traced
+    (docs/operations.md, "Traces")."""
 
 
 class Pooling(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
