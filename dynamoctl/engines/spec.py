@@ -251,6 +251,11 @@ class EngineSpec:
     embed_args: Mapping[str, Any] | None = None
     """The engine arguments that run an embedding model (recipe ``model.task: embed``:
     vLLM's pooling runner); None: the engine serves no embeddings."""
+    tracing: Callable[[str, str], tuple[dict[str, Any], dict[str, str]]] | None = None
+    """(the recipe's ``tracing.endpoint``, its OTLP protocol) → the engine arguments and
+    environment that make the engine export spans of its own there, under the worker's
+    (the adapter hands it each request's ``trace_context``); None: the engine has no
+    tracing of its own, the worker's spans alone cover it."""
 
 
 def load_entry(target: str) -> Any:

@@ -81,9 +81,11 @@ class Tracer:
                 },
             )
             pulls_kv = request.kv_transfer_params is not None and role != "prefill"
+            # The engine's own spans (vLLM's) go under this one.
+            ours = msgspec.structs.replace(request, trace_context=traceparent(span))
             received, first, chunks = time.time_ns(), 0, 0
             try:
-                async for raw in handler(body):
+                async for raw in handler(wire_engine.encode(ours)):
                     if not first:
                         first = time.time_ns()
                         self.child(span, "kv_transfer" if pulls_kv else "prefill", received, first)

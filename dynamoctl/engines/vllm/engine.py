@@ -276,11 +276,15 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath):
         except (ValueError, VLLMClientError) as exc:
             raise RequestRejected(str(exc)) from exc
         prompt = TokensPrompt(prompt_token_ids=request.token_ids)
+        # The worker's span as parent of vLLM's own (its --otlp-traces-endpoint, spec.py).
+        traced = {"traceparent": request.trace_context} if request.trace_context else None
         self._load.started(rid, len(request.token_ids))
         first = True
         scored = 0  # prompt tokens whose log-probabilities were sent (prompt_logprobs)
         try:
-            async with contextlib.aclosing(engine.generate(prompt, params, rid)) as outputs:
+            async with contextlib.aclosing(
+                engine.generate(prompt, params, rid, trace_headers=traced)
+            ) as outputs:
                 async for out in outputs:
                     completion = out.outputs[0]
                     chunk = GenerateChunk(list(completion.token_ids))
