@@ -171,11 +171,11 @@ class RequestTrace:
                 choice = await pick(*args)
             except BaseException as exc:
                 span.set_attribute("dynamoctl.refused", str(exc))
+                span.end()
                 refused_at.append(time.time_ns())
                 raise
-            finally:
-                span.end()
-            span.set_attribute("dynamoctl.worker", str(getattr(choice, "name", "")))
+            span.set_attribute("dynamoctl.worker", str(getattr(choice, "name", choice)))
+            span.end()
             return choice
 
         return traced
