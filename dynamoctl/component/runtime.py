@@ -26,6 +26,7 @@ import socket
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from dynamoctl import tracing
 from dynamoctl.component.http import BoundServer
 from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.settings import ComponentSettings
@@ -50,6 +51,8 @@ class ComponentRuntime(AsyncService):
         self.signals = 0
         self.on_signal: Callable[[int], None] = lambda count: None
         self.instance_id = f"{socket.gethostname()}-{os.getpid()}"
+        self.tracer = tracing.enable(options.tracing, component, options.label or self.instance_id)
+        """OpenTelemetry spans (``--otlp-endpoint``); None: tracing off."""
         self.http: BoundServer | None = None
         self._http_task: asyncio.Task[None] | None = None
         self._keys: list[str] = []
@@ -127,6 +130,8 @@ class ComponentRuntime(AsyncService):
         for closer in reversed(self._closers):
             await closer()
         await self.discovery.close()  # revokes the lease: anything left vanishes now
+        if self.tracer is not None:  # the last spans sent
+            await asyncio.to_thread(self.tracer.shutdown)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)

@@ -255,6 +255,11 @@ class EngineSpec:
     """A pool's ``lora`` section (most adapters at once, largest rank) as engine
     arguments (vLLM's ``--enable-lora --max-loras --max-lora-rank``); None: the engine
     serves no LoRA adapters through dynamoctl (the recipe refuses the section by name)."""
+    tracing: Callable[[str, str], tuple[dict[str, Any], dict[str, str]]] | None = None
+    """(the recipe's ``tracing.endpoint``, its OTLP protocol) → the engine arguments and
+    environment that make the engine export spans of its own there, under the worker's
+    (the adapter hands it each request's ``trace_context``); None: the engine has no
+    tracing of its own, the worker's spans alone cover it."""
 
 
 def load_entry(target: str) -> Any:

@@ -62,6 +62,7 @@ from dynamoctl.structured.errors import StructuredError
 from dynamoctl.structured.plan import OutputPlan, plan_chat, plan_completion
 from dynamoctl.tokenizer import Tokenizer
 from dynamoctl.tokenizer.prefix import PrefixCache
+from dynamoctl.tracing import TRACE
 from dynamoctl.wire.engine import ImageInput
 
 log = logging.getLogger(__name__)
@@ -330,7 +331,11 @@ class _Completions:
 
     async def _chat(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, ChatCompletionRequest)
+        if (trace := TRACE.get()) is not None:
+            trace.phase("parse")
         model, choices = await self.chat_choices(body, f"chatcmpl-{uuid.uuid4().hex}")
+        if trace is not None:
+            trace.phase("tokenize")  # the template and the tokeniser
         return model, body, choices
 
     async def chat_prompt(
@@ -369,6 +374,8 @@ class _Completions:
 
     async def _completion(self, raw: bytes) -> tuple[ServedModel, _Body, Choices]:
         body = decode_body(raw, CompletionRequest)
+        if (trace := TRACE.get()) is not None:
+            trace.phase("parse")
         model = _model(self.registry, body.model)
         try:
             plan = plan_completion(body, model.card.traits)
@@ -392,6 +399,8 @@ class _Completions:
         choices = Choices(rid, jobs, sum(map(len, batch)), echo, logprobs=logprobs)
         choices.echo_logprobs = body.echo and logprobs
         choices.prompt_logprobs = body.prompt_logprobs is not None
+        if trace is not None:
+            trace.phase("tokenize")
         return model, body, choices
 
     async def _image_prompt(

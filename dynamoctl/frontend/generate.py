@@ -51,6 +51,7 @@ from dynamoctl.planes.request import (
 from dynamoctl.settings.frontend import AdmissionSettings
 from dynamoctl.settings.keyfile import DEFAULT_CLASS
 from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Tokenizer
+from dynamoctl.tracing import TRACE
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, ImageInput, TokenLogprobs
 from dynamoctl.wire.records import Endpoint
@@ -292,7 +293,11 @@ class Generator:
         if self.prefiller is None or not self.prefiller.applies(picker):
             return None
         prompt = msgspec.structs.replace(job.engine, request_id=job.request_id)
-        handoff = await self.prefiller.prefill(prompt, job.model, picker)
+        if (trace := TRACE.get()) is None:
+            handoff = await self.prefiller.prefill(prompt, job.model, picker)
+        else:  # the prefill worker's spans join the trace under this one
+            span, prompt = trace.attempt("prefill.remote", "", prompt)
+            handoff = await trace.ending(span, self.prefiller.prefill(prompt, job.model, picker))
         if handoff is not None:
             outcome.cached_tokens = handoff.cached_tokens
         return handoff
@@ -304,14 +309,18 @@ class Generator:
         process the request plane saw die; none is a 503."""
         chosen: PickFn = picker.pick_decode if remote else picker.pick
         pick = skip_unreachable(chosen, self.client.peer_down)
+        trace = TRACE.get()
+        if trace is not None:
+            pick = trace.picks(pick)
         try:
-            return await self.admission.pick(
+            admitted = self.admission.pick(
                 pick,
                 (job.route_ids or job.prompt_ids) + generated,
                 job.request_id,
                 exclude,
                 job.model,
             )
+            return await (admitted if trace is None else trace.route(admitted))
         except NoWorkerAvailable as exc:
             if generated:
                 raise OpenAIError(
@@ -326,8 +335,12 @@ class Generator:
     ) -> AsyncIterator[str]:
         """Stream one request from one worker; an aborted stream raises :class:`_Migrate`."""
         outcome = tokens.outcome
+        if (trace := TRACE.get()) is not None:
+            span, request = trace.attempt("generate", choice.name, request)
         body = wire_engine.encode(request)
         stream = self.client.stream(choice.address, Endpoint.GENERATE, body, probe=outcome.probe)
+        if trace is not None:
+            stream = trace.streamed(stream, span)
         async with contextlib.aclosing(stream):
             async for raw in stream:
                 chunk = wire_engine.decode_chunk(raw)

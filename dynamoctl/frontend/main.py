@@ -20,6 +20,7 @@ import contextlib
 import logging
 import socket
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from dynamoctl.component.runtime import ComponentRuntime
 from dynamoctl.discovery import keys
@@ -67,8 +68,13 @@ async def run_frontend(opts: FrontendOptions) -> None:
         max_stored_responses=opts.responses.max_stored_responses,
         images=opts.images,
     )
+    served: Any = app
+    if runtime.tracer is not None:  # off: not even installed (docs/operations.md, "Traces")
+        from dynamoctl.tracing.asgi import TracingMiddleware
+
+        served = TracingMiddleware(app, runtime.tracer)
     http = runtime.serve_http(
-        app,
+        served,
         opts.port,
         limits=opts.http,
         reuse_port=opts.reuse_port,

@@ -23,6 +23,7 @@ from dynamoctl.settings import (
     RouterOptions,
     RouterSettings,
     StreamSettings,
+    TracingSettings,
     WorkerOptions,
     to_argv,
 )
@@ -45,6 +46,7 @@ def _component(recipe: Recipe, url: str, label: str, address: str) -> dict[str, 
         # out must not give up first and be restarted a second time (issue 23).
         "discovery_wait": recipe.supervision.start_timeout,
         "label": label,
+        **({"tracing": _part(TracingSettings, recipe.tracing)} if recipe.tracing else {}),
     }
 
 

@@ -17,6 +17,7 @@ from dynamoctl.plan.hosts import Host
 from dynamoctl.plan.transfer import TransferError, member_channel
 from dynamoctl.recipe.kv_offload import offload_args
 from dynamoctl.recipe.models import ModelSpec, Role, SecretSource, WorkerPool
+from dynamoctl.recipe.tracing import Tracing
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.instance import InstanceName
 
@@ -48,6 +49,19 @@ def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str,
                 )
         merged[name] = value
     return {**merged, **offload}
+
+
+def _engine_tracing(
+    pool: WorkerPool, traced: Tracing | None
+) -> tuple[dict[str, Any], dict[str, str]]:
+    """The engine's own tracing (:attr:`EngineSpec.tracing`) when the recipe traces and
+    the pool's ``engine_args`` do not set it themselves."""
+    spec = engine_spec(pool.engine)
+    if traced is None or traced.endpoint is None or spec.tracing is None:
+        return {}, {}
+    args, env = spec.tracing(traced.endpoint, traced.protocol)
+    given = {key.replace("-", "_") for key in pool.engine_args}
+    return {k: v for k, v in args.items() if k not in given}, env
 
 
 def _offload(pool: WorkerPool, model: ModelSpec) -> OffloadArgs:
@@ -100,11 +114,12 @@ def worker_spec(
         channel = member_channel(pool.engine, role, index, host, args, extra_args)
     except TransferError as exc:
         raise PlanError(str(exc)) from None
-    argv += render_engine_args({**args, **channel.args, **extra_args})
+    traced, traced_env = _engine_tracing(pool, recipe.tracing)
+    argv += render_engine_args({**args, **traced, **channel.args, **extra_args})
     common, secrets = ctx.component_env()
     plain, hidden = split_env(pool.env)
     offload = _offload(pool, recipe.model)
-    env = {**common, **channel.env, **offload.env, **plain}
+    env = {**common, **channel.env, **offload.env, **traced_env, **plain}
     if gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, gpus))
     return InstanceSpec(

@@ -32,6 +32,7 @@ from dynamoctl.recipe.model_cache import ModelCache
 from dynamoctl.recipe.planner import Planner, check_planner
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 from dynamoctl.recipe.tasks import Task, check_task
+from dynamoctl.recipe.tracing import Tracing
 from dynamoctl.settings import (
     AdmissionSettings,
     DisaggSettings,
@@ -501,6 +502,8 @@ class Recipe(RecipeModel):
     """Restart, health and drain policy of ``dynamoctl up``."""
     security: Security = Field(default_factory=Security)
     """Locks on the planes and on a managed etcd."""
+    tracing: Tracing | None = None
+    """OpenTelemetry traces of each request, exported by OTLP to a collector; absent: off."""
     planner: Planner | None = None
     """The SLA planner, which scales the worker pools to latency targets; absent: the
     pools keep their ``replicas`` until ``dynamoctl scale`` changes them."""

@@ -23,6 +23,7 @@ from dynamoctl.settings.routing import (
     RouterOptions,
     RouterSettings,
 )
+from dynamoctl.settings.tracing import TracingSettings
 
 __all__ = [
     "ROUTER_MODES",
@@ -43,6 +44,7 @@ __all__ = [
     "RouterOptions",
     "RouterSettings",
     "StreamSettings",
+    "TracingSettings",
     "WorkerOptions",
     "cli_parameters",
     "flag",

@@ -9,6 +9,7 @@ from pydantic import Field
 from dynamoctl.settings.base import Options
 from dynamoctl.settings.model_cache import ModelCacheSettings
 from dynamoctl.settings.parsers import OutputParserSettings
+from dynamoctl.settings.tracing import TracingSettings
 from dynamoctl.wire.roles import Role as Role  # re-exported: the settings name it
 
 
@@ -33,6 +34,8 @@ class ComponentSettings(Options):
     """Seconds in-flight work gets to finish on SIGTERM."""
     label: str = ""
     """The supervisor's name for this process (``agg-0``), written into its records."""
+    tracing: TracingSettings = Field(default_factory=TracingSettings)
+    """OpenTelemetry traces (recipe ``tracing``); off unless an endpoint is given."""
 
 
 class WorkerOptions(ComponentSettings):

@@ -72,6 +72,10 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     adapter: str | None = None
     """The LoRA adapter to generate with (its served name, loaded on the worker); None:
     the base model. It seeds the prompt's block hash chain (:mod:`dynamoctl.kv.hashing`)."""
+    trace_context: str | None = None
+    """The W3C ``traceparent`` of the frontend's span for this attempt, so the worker's
+    spans (and the engine's own, vLLM's) join the request's trace; None: not traced
+    (docs/operations.md, "Traces")."""
 
 
 class ImageInput(msgspec.Struct, array_like=True, gc=False):

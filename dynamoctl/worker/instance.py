@@ -34,8 +34,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -63,6 +63,9 @@ from dynamoctl.wire.records import Component, Endpoint
 from dynamoctl.wire.structured import OutputTraits
 from dynamoctl.worker.adapters import WorkerAdapters
 from dynamoctl.worker.kv_state import KvCacheState
+
+if TYPE_CHECKING:  # OpenTelemetry is imported only when tracing is on
+    from dynamoctl.tracing.spans import Tracer
 
 log = logging.getLogger(__name__)
 
@@ -96,8 +99,11 @@ class WorkerInstance:
         load_interval: float = 0.05,
         load_heartbeat: float = 1.0,
         traits: OutputTraits | None = None,
+        tracer: Tracer | None = None,
     ) -> None:
         self.engine = engine
+        self.tracer = tracer
+        """Traces each request's spans (docs/operations.md, "Traces"); None: off."""
         self.discovery = discovery
         self.namespace = namespace
         self.role = role
@@ -210,7 +216,12 @@ class WorkerInstance:
             kv = KvEventSource(
                 self.kv_events.address, self.kv_events.replay_address, KV_TOPIC.decode()
             )
-        self.server.register(GENERATE, self._generate)
+        generate: Callable[[bytes], AsyncIterator[bytes]] = (
+            self._generate
+        )  # tracing off: the plain handler, nothing in between
+        if self.tracer is not None:
+            generate = self.tracer.serving(self._generate, self.role)
+        self.server.register(GENERATE, generate)
         peers = engine if isinstance(engine, ServesPeers) else None
         if peers is not None:
             for name, handler in peers.peer_endpoints().items():

@@ -63,6 +63,7 @@ async def run_worker(opts: WorkerOptions) -> None:
             health_url=runtime.health_url,
             label=opts.label,
             traits=OutputTraits(engine=opts.engine, **opts.parsers.model_dump()),
+            tracer=runtime.tracer,
         )
         for i in range(opts.num_workers)
     ]

@@ -320,14 +320,16 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath, ServesAdapters):
             lora = self._adapters.get(request.adapter)
             if lora is None:
                 raise RequestRejected(f"LoRA adapter {request.adapter!r} is not loaded here")
+        # The worker's span as parent of vLLM's own (its --otlp-traces-endpoint, spec.py).
+        traced = {"traceparent": request.trace_context} if request.trace_context else None
         self._load.started(rid, len(request.token_ids))
         first = True
         scored = 0  # prompt tokens whose log-probabilities were sent (prompt_logprobs)
         try:
             stream = (
-                engine.generate(prompt, params, rid)
+                engine.generate(prompt, params, rid, trace_headers=traced)
                 if lora is None
-                else engine.generate(prompt, params, rid, lora_request=lora)
+                else engine.generate(prompt, params, rid, lora_request=lora, trace_headers=traced)
             )
             async with contextlib.aclosing(stream) as outputs:
                 async for out in outputs:

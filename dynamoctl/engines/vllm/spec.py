@@ -131,6 +131,15 @@ def parallel_args(role: str, p: ParallelShape, batch_size: int) -> dict[str, Any
     return args
 
 
+def tracing(endpoint: str, protocol: str) -> tuple[dict[str, Any], dict[str, str]]:
+    """vLLM's own spans (``--otlp-traces-endpoint``; its ``llm_request`` span carries the
+    queue time, TTFT and token counts) sent to the recipe's collector. vLLM 0.32 reads the
+    protocol from the environment only (default gRPC) and posts OTLP/HTTP to the URL as
+    given, so the path is added here."""
+    url = endpoint if protocol == "grpc" else endpoint.rstrip("/") + "/v1/traces"
+    return {"otlp_traces_endpoint": url}, {"OTEL_EXPORTER_OTLP_TRACES_PROTOCOL": protocol}
+
+
 SPEC = EngineSpec(
     name="vllm",
     adapter="dynamoctl.engines.vllm.engine:VllmEngine.from_options",
@@ -180,4 +189,5 @@ SPEC = EngineSpec(
     host_ip_variable=HOST_IP_VARIABLE,
     enforcement="anything",
     parallel_args=parallel_args,
+    tracing=tracing,
 )
