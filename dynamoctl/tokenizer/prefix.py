@@ -13,6 +13,7 @@ tokens in the ids match those in the text one for one.
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
 
 from dynamoctl.tokenizer.tokenizer import Tokenizer
@@ -37,12 +38,15 @@ def _splits(tokenizer: Tokenizer, special: str) -> bool:
 
 class PrefixCache:
     """Least recently used prefixes of one tokenizer's prompts with their ids, at most
-    ``max_tokens`` ids in all (~36 bytes an id: 2^19 is ~18 MB) and a quarter of that in
-    one entry, so that one huge prompt does not push every conversation out."""
+    ``max_tokens`` ids in all and a quarter of that in one entry, so that one huge prompt
+    does not push every conversation out. An id is 4 bytes in an entry and its prefix's
+    text ~4-5 more (2^22 ids: ~36 MB, a hundred 34k-token prefixes: 16 agents' 32k-token
+    conversations at 8 turns each; 2^19 held 15 prefixes, and 16 such conversations
+    turned in round robin missed every time)."""
 
-    def __init__(self, tokenizer: Tokenizer, max_tokens: int = 1 << 19) -> None:
+    def __init__(self, tokenizer: Tokenizer, max_tokens: int = 1 << 22) -> None:
         self.max_tokens = max_tokens
-        self._entries: OrderedDict[str, tuple[list[int], int]] = OrderedDict()
+        self._entries: OrderedDict[str, tuple[array[int], int]] = OrderedDict()
         """prefix -> (its ids, how many of them are cut tokens)"""
         self._tokens = 0
         cuts = {
@@ -68,7 +72,7 @@ class PrefixCache:
             return [], text
         self._entries.move_to_end(best)
         self.hits += 1
-        return self._entries[best][0], text[len(best) :]
+        return self._entries[best][0].tolist(), text[len(best) :]
 
     def remember(self, text: str, ids: list[int], reused: int = 0) -> None:
         """Cache ``text``'s prefix up to its last special token, with its ids (``ids`` are
@@ -97,7 +101,9 @@ class PrefixCache:
         specials += sum(map(cut_ids.__contains__, prefix_ids[done:]))
         if last < 0 or specials != texts:
             return  # the text's special tokens and the ids' do not line up: do not guess
-        self._entries[prefix] = (prefix_ids, specials)
+        packed = array("I")
+        packed.fromlist(prefix_ids)
+        self._entries[prefix] = (packed, specials)
         self._tokens += len(prefix_ids)
         while self._tokens > self.max_tokens:
             _, (dropped, _) = self._entries.popitem(last=False)
