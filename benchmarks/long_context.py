@@ -5,8 +5,8 @@ what a 1 MB chat body costs the event loop before tokenisation (parsing and vali
 the chat template), and the tokenisation of dynamo_compare.py's multiturn conversations
 (benchmarks/agentic.py): a first turn's 32k-token prompt on the long-text threads with
 the call they make and with ``encode_batch`` (the call before), by process CPU (the
-tokenizer may run it on its own threads), and the prefix cache's bookkeeping of a later
-turn.
+tokenizer may run it on its own threads), and the prefix cache's work on a later turn
+(finding the prefix and joining its ids to the new text's; keeping the new prefix).
 
     python benchmarks/long_context.py [--turns 8] [--repeat 5] [--out FILE]
 
@@ -105,12 +105,16 @@ def tokenisation(repeat: int) -> dict[str, float]:
     def remember() -> None:
         cache = PrefixCache(tokenizer)
         cache.remember(first, ids[0])
-        _, rest = cache.split(second)
+        start = time.thread_time()
+        cached, rest = cache.split(second)
+        cached + ids[1][len(cached) :]  # the frontend joins the rest's ids to the prefix's
+        split.append(time.thread_time() - start)
         start = time.thread_time()
         cache.remember(second, ids[1], len(second) - len(rest))
         spent.append(time.thread_time() - start)
 
     spent: list[float] = []
+    split: list[float] = []
     for _ in range(repeat):
         remember()
     return {
@@ -123,6 +127,7 @@ def tokenisation(repeat: int) -> dict[str, float]:
         "first_turn_encode_batch_ms": cpu_ms(
             lambda: copy.encode_batch([first], add_special_tokens=False), repeat, time.process_time
         ),
+        "later_turn_prefix_split_ms": round(min(split) * 1e3, 3),
         "later_turn_prefix_remember_ms": round(min(spent) * 1e3, 3),
     }
 

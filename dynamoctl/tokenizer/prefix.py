@@ -92,19 +92,19 @@ class PrefixCache:
             return
         cut_ids = self._cut_ids
         last = next((i for i in range(len(ids) - 1, -1, -1) if ids[i] in cut_ids), -1)
-        prefix_ids = ids[: last + 1]
         # The base prefix ends just after a special token, and its two counts agreed.
         base = self._entries.get(text[:reused]) if 0 < reused <= cut else None
         done, specials = (len(base[0]), base[1]) if base is not None else (0, 0)
         start = reused if base is not None else 0
         texts = specials + sum(text.count(t, start, cut) for t in self._cut_texts)
-        specials += sum(map(cut_ids.__contains__, prefix_ids[done:]))
+        new_ids = ids[done : last + 1]  # ids start with the base's (split gave them)
+        specials += sum(map(cut_ids.__contains__, new_ids))
         if last < 0 or specials != texts:
             return  # the text's special tokens and the ids' do not line up: do not guess
-        packed = array("I")
-        packed.fromlist(prefix_ids)
+        packed = base[0][:] if base is not None else array("I")  # a copy: one memcpy
+        packed.fromlist(new_ids)
         self._entries[prefix] = (packed, specials)
-        self._tokens += len(prefix_ids)
+        self._tokens += len(packed)
         while self._tokens > self.max_tokens:
             _, (dropped, _) = self._entries.popitem(last=False)
             self._tokens -= len(dropped)
