@@ -4,7 +4,7 @@ At ~1 µs a character a 3 MB prompt holds the thread that tokenises it for secon
 ``Tokenizer.encode`` holds the GIL meanwhile: on the event loop every other request
 would wait. Long texts go to a small thread pool and through ``encode_batch_fast``,
 which releases the GIL and gives the same ids without the character offsets that no
-caller reads (half the CPU of ``encode_batch`` on a 32k-token prompt).
+caller reads (~0.6-0.7x the CPU of ``encode_batch`` on a 32k-token prompt).
 
 Memory: a long text's encoding is ~130 bytes a token while it lives (bounded here by the
 pool's two threads), and glibc keeps what is freed mapped. Three things bring the
