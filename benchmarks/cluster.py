@@ -35,6 +35,8 @@ class Cluster:
     workers: list[psutil.Process]
     discovery: str = ""
     """The deployment's discovery URL (to find the workers' /metrics)."""
+    frontends: list[psutil.Process] | None = None
+    """Every frontend process (``frontend`` is the first)."""
 
 
 def _free_port() -> int:
@@ -129,7 +131,8 @@ async def cluster(
             url = await _frontend_url(discovery, frontends)
             await _wait_served(url, processes * per_process)
             workers = [psutil.Process(p.pid) for p in procs[:-frontends]]
-            yield Cluster(url, psutil.Process(procs[-frontends].pid), workers, discovery)
+            fronts = [psutil.Process(p.pid) for p in procs[-frontends:]]
+            yield Cluster(url, fronts[0], workers, discovery, fronts)
         finally:
             for proc in procs:
                 if proc.returncode is None:

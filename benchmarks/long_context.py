@@ -1,8 +1,12 @@
 """The long-context request path's pieces, timed in-process by thread CPU (so a loaded
 machine inflates them less than wall time): per turn of an agent's conversation, the
-router's block hashing fresh vs with the hash cache (``dynamoctl/kv/hash_cache.py``), and
+router's block hashing fresh vs with the hash cache (``dynamoctl/kv/hash_cache.py``),
 what a 1 MB chat body costs the event loop before tokenisation (parsing and validation,
-the chat template).
+the chat template), and the tokenisation of dynamo_compare.py's multiturn conversations
+(benchmarks/agentic.py): a first turn's 32k-token prompt on the long-text threads with
+the call they make and with ``encode_batch`` (the call before), by process CPU (the
+tokenizer may run it on its own threads), and the prefix cache's work on a later turn
+(finding the prefix and joining its ids to the new text's; keeping the new prefix).
 
     python benchmarks/long_context.py [--turns 8] [--repeat 5] [--out FILE]
 
@@ -20,23 +24,30 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import agentic
+
 from dynamoctl.frontend.body import decode_body
+from dynamoctl.frontend.longtext import LongTextEncoder
 from dynamoctl.frontend.protocol import ChatCompletionRequest
 from dynamoctl.kv.hash_cache import HashCache
 from dynamoctl.kv.hashing import sequence_hashes
 from dynamoctl.tokenizer.loader import load_tokenizer
+from dynamoctl.tokenizer.prefix import PrefixCache
+from dynamoctl.tokenizer.tokenizer import Tokenizer
 
 HISTORY, NEW, BLOCK = 32_000, 400, 16
 """Tokens a conversation starts with, new tokens a turn (user text and the answer), and
 the block size (dynamo_compare.py's)."""
 
 
-def cpu_ms(fn: Callable[[], object], repeat: int) -> float:
+def cpu_ms(
+    fn: Callable[[], object], repeat: int, clock: Callable[[], float] = time.thread_time
+) -> float:
     best = float("inf")
     for _ in range(repeat):
-        start = time.thread_time()
+        start = clock()
         fn()
-        best = min(best, time.thread_time() - start)
+        best = min(best, clock() - start)
     return round(best * 1e3, 3)
 
 
@@ -74,6 +85,53 @@ def big_body(repeat: int) -> dict[str, float]:
     }
 
 
+class _Model:
+    """What the long-text encoder reads of a served model."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+
+
+def tokenisation(repeat: int) -> dict[str, float]:
+    tokenizer = load_tokenizer("builtin")
+    talk = agentic.Conversation(1, agentic.tokens_per_word(), HISTORY, NEW // 2, NEW // 2, "m")
+    first, second = (
+        tokenizer.apply_chat_template(json.loads(talk.next_turn())["messages"]) for _ in range(2)
+    )
+    encoder, model = LongTextEncoder(), _Model(tokenizer)
+    copy = encoder._copy(model)  # type: ignore[arg-type]  # the tokenizer is all it reads
+    ids = [tokenizer.encode(t, add_special_tokens=False) for t in (first, second)]
+
+    def remember() -> None:
+        cache = PrefixCache(tokenizer)
+        cache.remember(first, ids[0])
+        start = time.thread_time()
+        cached, rest = cache.split(second)
+        cached + ids[1][len(cached) :]  # the frontend joins the rest's ids to the prefix's
+        split.append(time.thread_time() - start)
+        start = time.thread_time()
+        cache.remember(second, ids[1], len(second) - len(rest))
+        spent.append(time.thread_time() - start)
+
+    spent: list[float] = []
+    split: list[float] = []
+    for _ in range(repeat):
+        remember()
+    return {
+        "first_turn_tokens": len(ids[0]),
+        "first_turn_ms": cpu_ms(
+            lambda: encoder._encode(model, first, False, 1 << 30),  # type: ignore[arg-type]
+            repeat,
+            time.process_time,
+        ),
+        "first_turn_encode_batch_ms": cpu_ms(
+            lambda: copy.encode_batch([first], add_special_tokens=False), repeat, time.process_time
+        ),
+        "later_turn_prefix_split_ms": round(min(split) * 1e3, 3),
+        "later_turn_prefix_remember_ms": round(min(spent) * 1e3, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--turns", type=int, default=8)
@@ -87,6 +145,7 @@ def main() -> None:
         "history_tokens": HISTORY, "new_tokens_a_turn": NEW, "block_size": BLOCK,
         "block_hashing": hashing(args.turns, args.repeat),
         "one_megabyte_chat_body": big_body(args.repeat),
+        "multiturn_tokenisation": tokenisation(args.repeat),
     }  # fmt: skip
     result["load_average_1_5_15"] = {"before": load_before, "after": os.getloadavg()}
     print(json.dumps(result, indent=2))

@@ -451,12 +451,9 @@ class _Completions:
         if held is None or held[0] is not tokenizer:
             held = self._prefixes[id(tokenizer)] = (tokenizer, PrefixCache(tokenizer))
         cache = held[1]
-        cached, rest = cache.split(prompt)
-        ids = (
-            cached + await prompt_ids(self._long, model, rest, False, "messages")
-            if rest
-            else list(cached)
-        )
+        ids, rest = cache.split(prompt)  # a fresh list: extended in place
+        if rest:
+            ids += await prompt_ids(self._long, model, rest, False, "messages")
         cache.remember(prompt, ids, len(prompt) - len(rest))
         return ids
 

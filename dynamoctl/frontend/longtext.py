@@ -2,8 +2,9 @@
 
 At ~1 µs a character a 3 MB prompt holds the thread that tokenises it for seconds, and
 ``Tokenizer.encode`` holds the GIL meanwhile: on the event loop every other request
-would wait. Long texts go to a small thread pool and through ``encode_batch``, which
-releases the GIL and gives the same ids.
+would wait. Long texts go to a small thread pool and through ``encode_batch_fast``,
+which releases the GIL and gives the same ids without the character offsets that no
+caller reads (~0.6-0.7x the CPU of ``encode_batch`` on a 32k-token prompt).
 
 Memory: a long text's encoding is ~130 bytes a token while it lives (bounded here by the
 pool's two threads), and glibc keeps what is freed mapped. Three things bring the
@@ -75,7 +76,7 @@ class LongTextEncoder:
         return await loop.run_in_executor(self.pool, self._encode, model, text, special, limit)
 
     def _encode(self, model: ServedModel, text: str, special: bool, limit: int) -> list[int] | int:
-        encoding = self._copy(model).encode_batch([text], add_special_tokens=special)[0]
+        encoding = self._copy(model).encode_batch_fast([text], add_special_tokens=special)[0]
         return len(encoding) if len(encoding) >= limit else encoding.ids
 
     def _copy(self, model: ServedModel) -> FastTokenizer:

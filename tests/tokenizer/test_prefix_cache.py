@@ -116,3 +116,22 @@ def test_counting_only_the_new_part_keeps_what_counting_all_keeps(builtin: Token
                 assert ids == builtin.encode(prompt, add_special_tokens=False)
     assert caches[True]._entries == caches[False]._entries
     assert caches[True].hits == caches[False].hits > 0
+
+
+def test_default_size_keeps_sixteen_long_conversations(builtin: Tokenizer) -> None:
+    """16 agents with 32k-token histories turning in round robin all reuse their previous
+    turn (a cache of 2^19 ids held 15 such prefixes and missed every time)."""
+    rng = random.Random(8)
+    conversations = [
+        [{"role": "user", "content": f"agent {i}: " + _text(rng, 24_000)}] for i in range(16)
+    ]
+    cache = PrefixCache(builtin)
+    for messages in conversations:
+        prompt = builtin.apply_chat_template(messages, add_generation_prompt=True)
+        assert len(_encode(cache, builtin, prompt)) > 32_000
+    for messages in conversations:
+        messages += [{"role": "assistant", "content": "done"}, {"role": "user", "content": "go"}]
+        prompt = builtin.apply_chat_template(messages, add_generation_prompt=True)
+        assert cache.split(prompt)[0], "the previous turn's prefix was evicted"
+        _encode(cache, builtin, prompt)
+    assert cache.hits == 32  # the checks' splits and the turns' own
