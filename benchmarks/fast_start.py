@@ -2,7 +2,7 @@
 and 8 replicas on 4 nodes staged with and without coordination.
 
     flock /tmp/dynamoctl-cluster.lock python benchmarks/fast_start.py \
-        [--model-mib 256] [--rate-mbit 200] [--rounds 3] [--out FILE]
+        [--model-mib 2048] [--rate-mbit 1000] [--rounds 3] [--tree] [--out FILE]
 
 Run from the repository root with ``PYTHONPATH=$PWD`` (it uses the tests' namespace hosts,
 tests/infra/). A generated checkpoint (safetensors shards of noise, tests/infra/model_dir.py)
@@ -19,6 +19,11 @@ to ``--rate-mbit``; four nodes (namespaces) read it.
   one read of the shared path per node, the second replica waits and reuses it.
   ``staging_uncoordinated_s``: the same 8 with a cache each (8 reads of the shared path,
   as 8 replicas reading ``model.path`` directly). Time until the last one is done.
+- ``staging_tree_s`` (``--tree``): the coordinated staging over the nodes
+  (:mod:`dynamoctl.modelcache.tree`): the first node reads the shared path, every node
+  that has the model serves one that has not (1, 2, 4 nodes hold it), then the 8
+  replicas stage (each finds its node's copy). Each node's cache is a directory of its
+  own mounted at one path (a mount namespace per node), as a node-local disk is.
 - ``spare_promotion_s``, ``spare_replacement_s``: copied from
   benchmarks/results/fast_start_spares.json (benchmarks/spares.py) when present, else null.
 """
@@ -26,6 +31,7 @@ to ``--rate-mbit``; four nodes (namespaces) read it.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import shutil
 import statistics
@@ -38,6 +44,8 @@ from typing import Any
 
 from machine import machine
 
+from dynamoctl.modelcache.tree import command_runner, stage_tree
+from dynamoctl.settings.model_cache import ModelCacheSettings
 from tests.infra.model_dir import model_dir
 from tests.infra.netns import Network, network
 from tests.infra.shared_fs import shared_fs
@@ -93,6 +101,38 @@ def stage_all(net: Network, source: Path, caches: list[tuple[str, Path]]) -> flo
     return elapsed
 
 
+BIND = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+
+
+def tree_s(net: Network, source: Path, rdir: Path) -> float:
+    """Seconds until the tree has staged every node and the 8 replicas found their copy."""
+    local = rdir / "node-local"  # the path every node sees its own cache directory at
+    local.mkdir(parents=True)
+
+    def on(node: str) -> list[str]:
+        own = rdir / "tree" / node
+        own.mkdir(parents=True, exist_ok=True)
+        private = ["unshare", "--mount", "--propagation", "private", "sh", "-c", BIND, "sh"]
+        return net.host(node).argv([*private, str(own), str(local)])
+
+    began = time.monotonic()
+    settings = ModelCacheSettings(dir=str(local / "cache"))
+    tree = asyncio.run(
+        stage_tree(command_runner(on), NODES, net.addresses, str(source), settings, sys.executable)
+    )
+    replicas = [on(node) for node in NODES for _ in range(REPLICAS_PER_NODE)]
+    argv = [sys.executable, "-m", "dynamoctl.modelcache", str(source)]
+    argv += ["--model-cache-dir", str(local / "cache")]
+    procs = [subprocess.Popen([*prefix, *argv], stdout=subprocess.PIPE) for prefix in replicas]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    elapsed = time.monotonic() - began
+    if any(p.returncode for p in procs) or not all(json.loads(o)["hit"] for o in outs):
+        raise RuntimeError("a replica's staging failed or found no copy")
+    froms = [tree.staged[n]["from"].split(" ")[0] for n in NODES]
+    print(f"  tree {tree.seconds:.1f} s ({', '.join(froms)}), then 8 hits: {elapsed:.1f} s")
+    return elapsed
+
+
 def spares() -> dict[str, Any]:
     path = RESULTS / "fast_start_spares.json"
     if not path.exists():
@@ -108,7 +148,8 @@ def spares() -> dict[str, Any]:
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     export = work / "export"
     model_dir(export / "model", args.model_mib << 20)
-    runs: dict[str, list[float]] = {k: [] for k in ("shared", "cache", "coord", "uncoord")}
+    arms = ("shared", "cache", "coord", "uncoord") + (("tree",) if args.tree else ())
+    runs: dict[str, list[float]] = {k: [] for k in arms}
     with (
         network(["fileserver", *NODES]) as net,
         shared_fs(net.host("fileserver"), export, work / "shared", args.rate_mbit) as fs,
@@ -121,9 +162,13 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             uncoord = [
                 (n, rdir / "uncoord" / f"{n}-{i}") for n in NODES for i in range(REPLICAS_PER_NODE)
             ]
-            arms = [("coord", coord), ("uncoord", uncoord)]
-            for name, caches in arms if r % 2 == 0 else arms[::-1]:
-                runs[name].append(stage_all(net, source, caches))
+            stagings = [("tree", None)] if args.tree else []
+            stagings += [("coord", coord), ("uncoord", uncoord)]
+            for name, caches in stagings if r % 2 == 0 else stagings[::-1]:
+                if caches is None:
+                    runs[name].append(tree_s(net, source, rdir))
+                else:
+                    runs[name].append(stage_all(net, source, caches))
             cached = next((rdir / "coord" / "node-a").glob("*/model"))
             loads = [("shared", source), ("cache", cached)]
             for name, path in loads if r % 2 == 0 else loads[::-1]:
@@ -136,10 +181,16 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         "from_cache_s": med["cache"],
         "staging_coordinated_s": med["coord"],
         "staging_uncoordinated_s": med["uncoord"],
+        **({"staging_tree_s": med["tree"]} if args.tree else {}),
         **spares(),
         "ratios": {
             "shared_over_cache": round(med["shared"] / med["cache"], 2),
             "uncoordinated_over_coordinated": round(med["uncoord"] / med["coord"], 2),
+            **(
+                {"uncoordinated_over_tree": round(med["uncoord"] / med["tree"], 2)}
+                if args.tree
+                else {}
+            ),
         },
         "runs": {k: [round(x, 3) for x in v] for k, v in runs.items()},
         "setup": {
@@ -156,9 +207,10 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model-mib", type=int, default=256)
-    parser.add_argument("--rate-mbit", type=int, default=200)
+    parser.add_argument("--model-mib", type=int, default=2048)
+    parser.add_argument("--rate-mbit", type=int, default=1000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--tree", action="store_true", help="add the tree arm (staging_tree_s)")
     parser.add_argument("--out", type=Path, default=RESULTS / "fast_start.json")
     parser.add_argument(
         "--refresh-spares",

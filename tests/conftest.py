@@ -53,6 +53,7 @@ _SERIAL_PATHS = {
     "tests/launch/": _HOSTS,
     "tests/gpu/": _HOSTS,
     "tests/modelcache/test_shared_fs.py": _HOSTS,  # namespace hosts, a FUSE mount
+    "tests/modelcache/test_tree.py": _HOSTS,  # sshd hosts with node-local mounts
     "tests/bench/": _HOSTS,
     "tests/security/test_locked_ssh.py": _HOSTS,
     "tests/engines/test_vllm_cpu.py": _ENGINES,

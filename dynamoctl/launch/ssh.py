@@ -325,6 +325,14 @@ class SshLauncher:
             conn.close()
         await asyncio.gather(*(conn.wait_closed() for conn in conns))
 
+    async def command(self, host: str, argv: list[str]) -> Process:
+        """``argv`` run on ``host`` in the workdir, output and errors merged, its input
+        open (a staging step: dynamoctl.launch.stage)."""
+        command = f"exec {shlex.join(argv)}"
+        if self._cwd:
+            command = f"cd {shlex.quote(self._cwd)} && {command}"
+        return await self._open(host, command)
+
     async def _run(self, host: str, command: str, timeout: float) -> tuple[int, str]:
         """Run a short command on ``host``: its exit status and output."""
         proc = await self._open(host, command)

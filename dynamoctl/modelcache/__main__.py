@@ -2,7 +2,11 @@
 into this node's cache and print what happened as JSON (one line); exit 1 with one line
 naming node, file and reason when it fails. What a Slurm step per node (``srun
 --ntasks-per-node=1``) or an SSH command runs to stage ahead of the engines; a worker
-stages by itself (docs/operations.md, "Model cache")."""
+stages by itself (docs/operations.md, "Model cache").
+
+``--from-peer URL`` copies from a node that serves the entry (falling back to SOURCE);
+``--serve ADDRESS:PORT`` then serves this node's entry to others until standard input
+closes (a coordinated staging, :mod:`dynamoctl.modelcache.tree`)."""
 
 from __future__ import annotations
 
@@ -13,30 +17,47 @@ import time
 import typer
 
 from dynamoctl.modelcache.cache import NodeCache, StagingError
+from dynamoctl.modelcache.peer import serve_entry
 from dynamoctl.settings.base import with_options
 from dynamoctl.settings.model_cache import ModelCacheSettings
 
 
-def stage(source: str, *, cache: ModelCacheSettings) -> None:
+def stage(
+    source: str,
+    from_peer: str | None = typer.Option(
+        None, help="URL of a node serving the entry (--serve there): copy from it."
+    ),
+    serve: str | None = typer.Option(
+        None, help="ADDRESS:PORT: once staged, serve the entry there until stdin closes."
+    ),
+    *,
+    cache: ModelCacheSettings,
+) -> None:
     """Stage SOURCE into the cache; print the entry as JSON."""
     logging.basicConfig(level=logging.INFO, format="[modelcache] %(message)s")
     if cache.dir is None:
         raise typer.BadParameter("is required", param_hint="--model-cache-dir")
     began = time.monotonic()
     try:
-        entry = NodeCache(cache).stage(source)
+        entry = NodeCache(cache).stage(source, peer=from_peer)
     except StagingError as exc:
         typer.echo(f"dynamoctl modelcache: {exc}", err=True)
         raise typer.Exit(1) from exc
-    entry.release()
     out = {
         "node": entry.manifest.node,
         "path": str(entry.model_dir),
         "hit": entry.hit,
+        "from": entry.origin,
         "bytes": entry.manifest.bytes,
         "staging_s": round(time.monotonic() - began, 3),
     }
     typer.echo(json.dumps(out))
+    if serve is not None:
+        address, _, port = serve.rpartition(":")
+        if not address or not port.isdigit():
+            raise typer.BadParameter(f"{serve!r} should be ADDRESS:PORT", param_hint="--serve")
+        serve_entry(entry.path, address, int(port))  # the entry stays held meanwhile
+    entry.release()
 
 
 def main() -> None:

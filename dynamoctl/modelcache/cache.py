@@ -25,9 +25,10 @@ from typing import IO
 import msgspec
 
 from dynamoctl.modelcache.copy import FileFault, Progress, check_files, copy_file
+from dynamoctl.modelcache.peer import PeerError, copy_from_peer, peer_manifest
 from dynamoctl.modelcache.scan import SourceFile, entry_key, revision, scan
 from dynamoctl.settings.model_cache import ModelCacheSettings
-from dynamoctl.wire.model_cache import CacheManifest
+from dynamoctl.wire.model_cache import CachedFile, CacheManifest
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +52,8 @@ class Entry:
     manifest: CacheManifest
     hit: bool
     """It was in the cache already (nothing copied)."""
+    origin: str = "shared"
+    """Where the copy was read: ``shared`` (the source path), ``peer URL``, ``cache`` (a hit)."""
     held: IO[bytes] | None = None
 
     @property
@@ -84,9 +87,10 @@ class NodeCache:
             found.append((manifest_file.parent, manifest))
         return sorted(found, key=lambda e: _last_used(e[0]))
 
-    def stage(self, source: str | os.PathLike[str]) -> Entry:
+    def stage(self, source: str | os.PathLike[str], peer: str | None = None) -> Entry:
         """The entry of ``source`` at its current revision, copied now if absent or
-        damaged; held (shared lock) until :meth:`Entry.release` or the process ends."""
+        damaged (from the node serving it at ``peer``, else, or if that fails, from
+        ``source``); held (shared lock) until :meth:`Entry.release` or the process ends."""
         src = Path(source).absolute()
         try:
             files = scan(src)
@@ -99,6 +103,8 @@ class NodeCache:
             raise self.error(src, f"cannot make {self.root}: {exc.strerror}") from exc
         with self._locked():
             entry = self._reuse(self.root / key, src)
+            if entry is None and peer is not None:
+                entry = self._copy_from_peer(src, key, files, peer)
             if entry is None:
                 entry = self._copy(src, key, files)
             entry.held = _hold(entry.path)
@@ -125,7 +131,7 @@ class NodeCache:
             log.warning("cache entry %s is damaged (%s); copying it again", path.name, exc)
             return None
         log.info("model %s found in the cache (%s)", src, path)
-        return Entry(path, manifest, hit=True)
+        return Entry(path, manifest, hit=True, origin="cache")
 
     def _copy(self, src: Path, key: str, files: list[SourceFile]) -> Entry:
         path = self.root / key
@@ -141,9 +147,47 @@ class NodeCache:
         except FileFault as exc:
             shutil.rmtree(path, ignore_errors=True)
             raise self.error(src, str(exc)) from exc
+        return self._complete(path, src, revision(files), copied, began, "shared")
+
+    def _copy_from_peer(
+        self, src: Path, key: str, files: list[SourceFile], peer: str
+    ) -> Entry | None:
+        """The entry copied from the node serving it at ``peer``; None (with a warning)
+        when that fails, for a copy from the source instead."""
+        path = self.root / key
+        shutil.rmtree(path, ignore_errors=True)
+        began = time.monotonic()
+        try:
+            theirs = peer_manifest(peer)
+            if theirs.source != str(src) or theirs.revision != revision(files):
+                raise PeerError(
+                    f"peer {peer} holds {theirs.source} at revision {theirs.revision}; "
+                    f"this node needs {src} at {revision(files)}"
+                )
+            self._make_room(theirs.bytes, src)
+            log.info("staging %s (%.2f GiB) from peer %s", src, theirs.bytes / 2**30, peer)
+            progress = Progress(f"{src} from {peer}", theirs.bytes)
+            copied = copy_from_peer(peer, theirs, path / "model", progress)
+        except (PeerError, FileFault) as exc:
+            shutil.rmtree(path, ignore_errors=True)
+            log.warning("staging from peer failed (%s); reading %s instead", exc, src)
+            return None
+        return self._complete(path, src, theirs.revision, copied, began, f"peer {peer}")
+
+    def _complete(
+        self,
+        path: Path,
+        src: Path,
+        rev: str,
+        copied: list[CachedFile],
+        began: float,
+        origin: str,
+    ) -> Entry:
+        """Write the manifest of a finished copy: the entry is complete from then on."""
+        total = sum(f.size for f in copied)
         manifest = CacheManifest(
             source=str(src),
-            revision=revision(files),
+            revision=rev,
             files=copied,
             bytes=total,
             staging_s=round(time.monotonic() - began, 3),
@@ -153,12 +197,13 @@ class NodeCache:
         tmp.write_bytes(msgspec.json.encode(manifest))
         os.replace(tmp, path / MANIFEST)  # last: the entry is complete from here on
         log.info(
-            "staged %s in %.1f s (%.0f MB/s)",
+            "staged %s from %s in %.1f s (%.0f MB/s)",
             src,
+            origin,
             manifest.staging_s,
             total / max(manifest.staging_s, 1e-9) / 1e6,
         )
-        return Entry(path, manifest, hit=False)
+        return Entry(path, manifest, hit=False, origin=origin)
 
     def _make_room(self, needed: int, src: Path) -> None:
         """Remove unfinished copies, then (``evict``) the least recently used entries no

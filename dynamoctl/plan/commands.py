@@ -79,6 +79,15 @@ def worker_argv(recipe: Recipe, role: Role, label: str, address: str, url: str) 
     return ["worker", *to_argv(options, explicit=True)]
 
 
+def follower_cache_argv(recipe: Recipe) -> list[str]:
+    """``dynamoctl follower``'s ``--model-cache-*`` flags: a follower stages the weights
+    onto its own node before its engine reads them, as the leader's worker does."""
+    cached = recipe.model.cache
+    if cached is None:
+        return []
+    return to_argv(_part(ModelCacheSettings, cached), explicit=True)
+
+
 def router_argv(recipe: Recipe, label: str, address: str, url: str) -> list[str]:
     options = RouterOptions(
         **_component(recipe, url, label, address),

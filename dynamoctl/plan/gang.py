@@ -42,6 +42,7 @@ import msgspec
 from dynamoctl.engines.registry import engine_spec
 from dynamoctl.engines.spec import POOL_BLOCK, EngineSpec, GangRank
 from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.plan.commands import follower_cache_argv
 from dynamoctl.plan.context import BASE_ENV, PlanContext, PlanError
 from dynamoctl.plan.hosts import Host
 from dynamoctl.plan.transfer import TransferError, member_channel
@@ -125,8 +126,9 @@ class _Member:
 def _follower_spec(
     ctx: PlanContext, member: _Member, args: dict[str, Any], flags: dict[str, Any], rendezvous: str
 ) -> InstanceSpec:
-    """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags;
-    the pool's env and secrets (weights need the same token), its node's GPUs."""
+    """A follower: ``dynamoctl follower`` with the engine's arguments and its rank flags,
+    ``model.cache``'s flags (it stages its own node, as the leader does); the pool's env
+    and secrets (weights need the same token), its node's GPUs."""
     from dynamoctl.wire.engine_args import render_engine_args
 
     role, index = member.role, member.index
@@ -142,6 +144,7 @@ def _follower_spec(
         *("-m", "dynamoctl", "follower"),
         *("--engine", pool.engine, "--label", str(member.name)),
         *("--rendezvous", rendezvous, "--rendezvous-timeout", f"{timeout:g}"),
+        *follower_cache_argv(ctx.recipe),
         "--",
         *render_engine_args({**args, **channel.args, **flags}),
     ]

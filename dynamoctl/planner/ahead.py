@@ -83,12 +83,14 @@ def _rate_need(
     else:
         steady = agg_need(model, now, settings.ttft_target, settings.itl_target)
     queue = 0.0
+    horizon = max(settings.ttft_target, startup_s or 0.0)
     if role != "decode":
-        horizon = max(settings.ttft_target, startup_s or 0.0)
         queue = metrics.queued_prefill_tokens / (model.prefill_tokens_per_second() * horizon)
     # Until the replicas asked now are ready, the ready ones fall behind by what they lack;
-    # that backlog is drained within the start-up after (a step is sized at once to it).
-    deficit = max(0.0, steady.share - metrics.ready) if startup_s else 0.0
+    # that backlog is drained within the start-up after (a step is sized at once to it),
+    # and no sooner than a TTFT target (a spare's promotion is shorter than one).
+    lack = max(0.0, steady.share - metrics.ready)
+    deficit = lack * (startup_s or 0.0) / horizon
     needed = max(steady.replicas, replicas_for(steady.share + queue + deficit))
     arithmetic = f"{rate:.2f} req/s needs {steady.share:.2f}"
     if queue:

@@ -229,8 +229,14 @@ def _up_to(
     than the target (sized in one step), else one more."""
     if model is None:
         return pool.target + 1, ""
-    startup = pool.startup_s or metrics.startup_s
-    need, why = backlog_need(spec.role, metrics, model, settings, startup)
+    cold = pool.startup_s or metrics.startup_s
+    # a step the warm spares cover is ready after a promotion: it is sized to the backlog
+    # one promotion builds; a larger one waits for cold starts and is sized to theirs
+    need, why = backlog_need(spec.role, metrics, model, settings, metrics.lead_s(cold))
+    if metrics.spares and need - pool.target > metrics.spares:
+        need, why = backlog_need(spec.role, metrics, model, settings, cold)
+    elif metrics.spares:
+        why += f" (spares cover it: promotion {metrics.promotion_s:g} s)"
     return max(pool.target + 1, need), why
 
 

@@ -77,6 +77,19 @@ class PoolMetrics(msgspec.Struct, frozen=True, kw_only=True):
     startup_s: float | None = None
     """Longest start-up (seconds from start to ready) its replicas reported; None: none
     reports one."""
+    spares: int = 0
+    """Warm spares of the pool on standby (recipe ``spares``): a scale-up of at most this
+    many replicas is that many promotions, not starts."""
+    promotion_s: float | None = None
+    """Seconds a promotion of one of its spares takes (the longest measured, else the
+    supervisor's promotion bound); None without spares."""
+
+    def lead_s(self, startup_s: float | None, replicas: int = 1) -> float | None:
+        """Seconds until ``replicas`` more are ready: a promotion when the spares cover
+        them, else ``startup_s`` (a cold start)."""
+        if self.promotion_s is not None and 0 < replicas <= self.spares:
+            return self.promotion_s
+        return startup_s
 
 
 class PoolSpec(msgspec.Struct, frozen=True, kw_only=True):

@@ -44,8 +44,11 @@ from dynamoctl.planner.records import (
 from dynamoctl.planner.settings import PlannerOptions
 from dynamoctl.settings.component import Role
 from dynamoctl.util.backoff import Backoff
+from dynamoctl.wire.control import StatusReport
 from dynamoctl.wire.planner import PlannerPhase, PlannerPool, PlannerStatus
 from dynamoctl.wire.roles import DECODE_ROLES, PREFILL_ROLES
+from dynamoctl.wire.start_phases import PROMOTE_TIMEOUT_S
+from dynamoctl.wire.states import State
 
 log = logging.getLogger(__name__)
 
@@ -176,6 +179,7 @@ class PlannerService:
         self.phase = "planning"
         totals = await self._observe()
         self._measured_startup(report.measured_start_s)
+        self._spares(report)
         now = self.clock()
         if self.settings.mode != "load":
             self.throughput(totals, now)
@@ -198,6 +202,18 @@ class PlannerService:
             figures = [s for s in (pool.startup_s, measured.get(role)) if s is not None]
             if figures:
                 self.metrics[role] = msgspec.structs.replace(pool, startup_s=max(figures))
+
+    def _spares(self, report: StatusReport) -> None:
+        """Each pool's warm spares on standby and how long promoting one takes (the longest
+        promotion of the pool ``status`` shows, else the supervisor's promotion bound)."""
+        for role, pool in self.metrics.items():
+            rows = [r for r in report.instances if r.pool == role and r.component == "worker"]
+            spares = sum(1 for r in rows if r.state is State.STANDBY and not r.rank)
+            if not spares:
+                continue
+            took = [r.start.promotion_s for r in rows if r.start and r.start.promotion_s]
+            promotion = max(took, default=PROMOTE_TIMEOUT_S)
+            self.metrics[role] = msgspec.structs.replace(pool, spares=spares, promotion_s=promotion)
 
     async def _observe(self) -> FrontendTotals | None:
         """Refresh :attr:`metrics` (pools with usable metrics only) and :attr:`window`."""

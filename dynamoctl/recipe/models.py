@@ -364,7 +364,11 @@ class WorkerPool(RecipeModel):
     def _gang_flags_are_ours(self) -> WorkerPool:
         if self.spares and self.nodes_per_replica > 1:
             raise rule_error(
-                "spares", "is for replicas on one node; a multi-node replica has no spares yet"
+                "spares",
+                "is for replicas on one node; a multi-node replica has no spares: a spare "
+                f"gang would hold {self.nodes_per_replica} whole nodes idle, and promotion "
+                "registers one standby worker, while a gang's leader and followers start "
+                "and restart together (scale such a pool instead)",
             )
         if self.nodes_per_replica == 1:
             return self

@@ -30,12 +30,11 @@ from dynamoctl.supervisor.instance import Instance, as_spare, free_indices
 from dynamoctl.supervisor.view import SparesView
 from dynamoctl.util.aio import BackgroundTasks
 from dynamoctl.wire.records import Component, InstanceRecord
+from dynamoctl.wire.start_phases import PROMOTE_TIMEOUT_S
 from dynamoctl.wire.states import Phase, State
 
 log = logging.getLogger(__name__)
 
-PROMOTE_TIMEOUT = 10.0
-"""Seconds a promotion may take before the spare is judged unable (a cold start follows)."""
 PROMOTE_POLL = 0.02
 """Seconds between two looks for the promoted worker's record."""
 
@@ -131,7 +130,7 @@ class Spares:
 
     async def promote(self, inst: Instance, why: str) -> bool:
         """Ask ``inst``'s worker to join routing and wait until it has: READY. False when it
-        could not (no standby record, or no worker record within :data:`PROMOTE_TIMEOUT`)."""
+        could not (no standby record, or no worker record within :data:`PROMOTE_TIMEOUT_S`)."""
         dep, name = self.deployment, inst.spec.name
         self._promoting.add(name)
         inst.clock.promotion_asked = time.monotonic()
@@ -142,13 +141,13 @@ class Spares:
             if not ids:
                 log.warning("%s has no standby record: not promoted", name)
                 return False
-            lease = await store.grant(PROMOTE_TIMEOUT * 2)
+            lease = await store.grant(PROMOTE_TIMEOUT_S * 2)
             for iid in ids:
                 await store.put(keys.promote_key(ns, iid), b"promote", lease)
-            deadline = time.monotonic() + PROMOTE_TIMEOUT
+            deadline = time.monotonic() + PROMOTE_TIMEOUT_S
             while len(await self._labelled(store, Component.WORKER, name)) < len(ids):
                 if time.monotonic() > deadline or inst.state is not State.STANDBY:
-                    log.warning("%s was not promoted within %g s", name, PROMOTE_TIMEOUT)
+                    log.warning("%s was not promoted within %g s", name, PROMOTE_TIMEOUT_S)
                     return False
                 await asyncio.sleep(PROMOTE_POLL)
         finally:

@@ -22,6 +22,10 @@ SPARE_PROMOTIONS = "dynamoctl_supervisor_spare_promotions"
 """Counter: warm spares promoted to READY, by why (``scale``, ``replace``)."""
 SPARE_PROMOTION_SECONDS = "dynamoctl_supervisor_spare_promotion_seconds"
 """Gauge: seconds the instance's last promotion took, from asked to READY."""
+PROMOTE_TIMEOUT_S = 10.0
+"""Seconds a promotion may take before the supervisor judges the spare unable (a cold
+start follows): also the planner's lead time for a pool with a spare before any promotion
+of it was measured (docs/planner.md, "Start-up")."""
 
 
 class StartPhases(msgspec.Struct, kw_only=True):

@@ -2,8 +2,11 @@
 
 It never registers in discovery and serves no request: the leader does both, and the
 supervisor treats the gang as one replica (docs/operations.md, "Multi-node replicas").
-It first waits, within ``--rendezvous-timeout``, until the leader's rendezvous address
-accepts a TCP connection, so a follower placed where the leader cannot be reached exits
+With ``model.cache`` (``--model-cache-*``) it first stages the weights onto its own node
+and points its engine at that copy, as the leader's worker does: every node of the gang
+reads the model from its own cache (docs/operations.md, "Model cache"). It then waits,
+within ``--rendezvous-timeout``, until the leader's rendezvous address accepts a TCP
+connection, so a follower placed where the leader cannot be reached exits
 2 with the member, its node, the address and the last error instead of hanging in the
 engine's own (much longer) timeouts. Then it runs the engine's follower side:
 
@@ -31,7 +34,10 @@ from collections.abc import Sequence
 
 from dynamoctl.engines.registry import ENGINES, engine_spec
 from dynamoctl.engines.spec import FollowerEntry, LeaderLost, load_entry
-from dynamoctl.wire.engine_args import parse_engine_args
+from dynamoctl.modelcache.cache import StagingError
+from dynamoctl.modelcache.stage import stage_engine_weights
+from dynamoctl.settings.model_cache import ModelCacheSettings
+from dynamoctl.wire.engine_args import parse_engine_args, render_engine_args
 
 log = logging.getLogger(__name__)
 
@@ -80,11 +86,29 @@ def wait_reachable(label: str, host: str, port: int, timeout: float) -> float:
 
 
 def run_follower(
-    engine: str, label: str, rendezvous: str, timeout: float, argv: Sequence[str]
+    engine: str,
+    label: str,
+    rendezvous: str,
+    timeout: float,
+    argv: Sequence[str],
+    cache: ModelCacheSettings | None = None,
 ) -> int:
-    """Join the gang and run its follower side (its spec's ``follower``); the exit status."""
-    parse_engine_args(argv)  # refuse a malformed command before waiting for the leader
+    """Stage the weights onto this node (``cache``), join the gang and run its follower
+    side (its spec's ``follower``); the exit status."""
+    options = parse_engine_args(argv)  # refuse a malformed command before anything else
     spec = engine_spec(engine)
+    staged = None
+    if cache is not None and cache.dir is not None:
+        # before the rendezvous: every member stages its own node at once, the leader too
+        try:
+            staged = stage_engine_weights(engine, options, cache)
+        except StagingError as exc:
+            raise FollowerError(f"{label}: {exc}", 1) from exc
+        if staged.report is not None:
+            log.info(
+                "%s: weights from %s (%s)", label, staged.report.weights_from, staged.report.path
+            )
+        argv = render_engine_args(staged.engine_options)
     if spec.follower_check is not None:
         load_entry(spec.follower_check)(argv)
     host, port = split_address(rendezvous)
@@ -100,3 +124,6 @@ def run_follower(
         return follow(label, host, port, left, argv)
     except LeaderLost as exc:
         raise FollowerError(f"{label}: {exc}", UNREACHABLE) from exc
+    finally:
+        if staged is not None and staged.entry is not None:
+            staged.entry.release()  # the engine is done with the node's copy

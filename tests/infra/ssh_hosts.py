@@ -106,10 +106,14 @@ def ssh_hosts(
     *,
     max_sessions: int = 10,
     host_env: Sequence[Mapping[str, str]] = (),
+    node_local: Path | None = None,
 ) -> Iterator[SshHosts]:
     """``n`` hosts, each a namespace with an sshd; everything is removed on exit.
     ``host_env[i]``: variables every session on host ``i`` starts with (sshd's
-    ``SetEnv``), e.g. a different ``CUDA_VISIBLE_DEVICES`` per "node" of one machine."""
+    ``SetEnv``), e.g. a different ``CUDA_VISIBLE_DEVICES`` per "node" of one machine.
+    ``node_local``: a path each host sees as its own disk (host ``i``'s sshd runs in a
+    mount namespace of its own with ``tmp_dir/node-local-i`` bound there), as a node's
+    local disk is the same path on every node of a cluster."""
     require_tools(SSHD, "ssh-keygen")
     tag = new_tag()
     key = keygen(tmp_dir / "client_key")
@@ -125,7 +129,10 @@ def ssh_hosts(
                 config = tmp_dir / f"sshd_config_{i}"
                 env = host_env[i] if i < len(host_env) else {}
                 config.write_text(_sshd_config(host.address, host_key, tmp_dir, max_sessions, env))
-                daemons.append(_start_sshd(host, config, tmp_dir / f"sshd_{i}.log"))
+                own = None
+                if node_local is not None:
+                    own = (tmp_dir / f"node-local-{i}", node_local)
+                daemons.append(_start_sshd(host, config, tmp_dir / f"sshd_{i}.log", own))
             (tmp_dir / "known_hosts").write_text("\n".join(known) + "\n")
             for i, host in enumerate(net.hosts):
                 _wait_listening(host.address, 22, daemons[i], tmp_dir / f"sshd_{i}.log")
@@ -169,11 +176,22 @@ MaxSessions {max_sessions}
     )
 
 
-def _start_sshd(host: NetHost, config: Path, log: Path) -> subprocess.Popen[bytes]:
+_BIND = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+
+
+def _start_sshd(
+    host: NetHost, config: Path, log: Path, own: tuple[Path, Path] | None = None
+) -> subprocess.Popen[bytes]:
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
+    sshd = [SSHD, "-D", "-e", "-f", str(config)]
+    if own is not None:  # (its own directory, the path the host sees it at)
+        for path in own:
+            path.mkdir(parents=True, exist_ok=True)
+        private = ["unshare", "--mount", "--propagation", "private"]
+        sshd = [*private, "sh", "-c", _BIND, "sh", str(own[0]), str(own[1]), *sshd]
     with open(log, "ab") as out:
         return subprocess.Popen(
-            host.argv([SSHD, "-D", "-e", "-f", str(config)]),
+            host.argv(sshd),
             stdin=subprocess.DEVNULL,
             stdout=out,
             stderr=subprocess.STDOUT,

@@ -29,7 +29,7 @@ from dynamoctl.planner.observe import (
     window,
 )
 from dynamoctl.planner.perf import PerfModel
-from dynamoctl.planner.records import PlannerState
+from dynamoctl.planner.records import PlannerState, PoolMetrics
 from dynamoctl.planner.service import PlannerService, pool_metrics
 from dynamoctl.planner.settings import PlannerOptions, PlannerPools, PlannerSettings
 from dynamoctl.recipe import load_recipe_text
@@ -41,6 +41,7 @@ from dynamoctl.util.backoff import Backoff
 from dynamoctl.wire.control import InstanceStatus, StatusReport
 from dynamoctl.wire.engine import LoadMetrics
 from dynamoctl.wire.records import Component, Endpoint, InstanceRecord, encode_json
+from dynamoctl.wire.start_phases import PROMOTE_TIMEOUT_S, StartPhases
 from dynamoctl.wire.states import Phase, State
 from tests.planner.helpers import PROFILE
 
@@ -334,3 +335,33 @@ def test_the_throughput_loop_raises_the_floor_from_the_frontends_counters(tmp_pa
                 await planner.close()
 
     asyncio.run(run())
+
+
+def test_spares_on_standby_and_their_promotion_reach_the_pool_s_metrics(tmp_path: Path) -> None:
+    def row(name: str, state: State, promotion_s: float | None = None) -> InstanceStatus:
+        start = StartPhases(total_s=40.0, promotion_s=promotion_s)
+        return msgspec.structs.replace(_row(name, "agg", state), start=start)
+
+    def spares_seen(rows: list[InstanceStatus]) -> PoolMetrics:
+        async def run() -> PoolMetrics:
+            async with Discovery(store_from_url(f"embedded://{tmp_path}")) as discovery:
+                planner = PlannerService(_options(tmp_path), discovery, None)
+                planner.metrics = {"agg": PoolMetrics(at=0.0, ready=1, startup_s=40.0)}
+                report = StatusReport(
+                    name="n", phase=Phase.SERVING, endpoint="e", model="m", target="local",
+                    instances=rows,
+                )  # fmt: skip
+                planner._spares(report)
+                return planner.metrics["agg"]
+
+        return asyncio.run(run())
+
+    promoted = row("agg-0", State.READY, promotion_s=0.3)  # a spare promoted earlier
+    seen = spares_seen([promoted, row("agg-1", State.STANDBY), row("agg-2", State.STANDBY)])
+    assert (seen.spares, seen.promotion_s) == (2, 0.3)
+    assert seen.lead_s(40.0) == seen.lead_s(40.0, replicas=2) == 0.3
+    assert seen.lead_s(40.0, replicas=3) == 40.0  # more than the spares: cold starts
+    never = spares_seen([row("agg-0", State.READY), row("agg-1", State.STANDBY)])
+    assert (never.spares, never.promotion_s) == (1, PROMOTE_TIMEOUT_S)
+    none = spares_seen([row("agg-0", State.READY)])
+    assert (none.spares, none.promotion_s, none.lead_s(40.0)) == (0, None, 40.0)

@@ -411,3 +411,31 @@ def test_a_step_in_the_rate_is_read_as_a_step_a_ramp_as_a_ramp() -> None:
     assert level_shift([(0.0, 2.0), (15.0, 5.0), (30.0, 8.0), (45.0, 11.0)]) is None
     assert level_shift([(0.0, 2.0), (15.0, 2.0), (30.0, 2.0)]) is None
     assert level_shift(step[-2:]) is None  # two samples: a line through them fits
+
+
+def test_a_step_the_warm_spares_cover_is_sized_to_a_promotion_not_a_cold_start() -> None:
+    # The window test's load without a queue: 3.43 replicas' worth with 1 ready. A cold
+    # start (60 s) lets the ready one fall 2.43 behind for a start-up: 5.86 -> 6. Three
+    # spares promote in 0.1 s: that backlog is 0.1 s of it, drained within the 0.5 s TTFT
+    # target: 3.43 + 0.49 = 3.92 -> 4, which the spares cover. One spare covers 1 of the
+    # 3 new: the step waits on cold starts and is sized to them.
+    current = PlannerState(pools={"agg": PoolState(target=1, startup_s=60.0)})
+    agg = [spec("agg")]
+    settings = SETTINGS.model_copy(update={"stable_intervals": 1, "itl_target_ms": 50.0})
+    cold = PoolMetrics(
+        at=100.0, ready=1, ttft=3.0, arrival_rate=30.0, mean_isl=1000.0, mean_osl=1.0
+    )
+
+    def target(load: PoolMetrics) -> tuple[int, str]:
+        decision, after = decide_load(
+            settings=settings, specs=agg, state=current, model=model(), load={"agg": load},
+            now=100.0,
+        )  # fmt: skip
+        return after.pools["agg"].target, decision.reason
+
+    assert target(cold)[0] == 6
+    covered, reason = target(msgspec.structs.replace(cold, spares=3, promotion_s=0.1))
+    assert covered == 4
+    assert "+ 0.49 for the backlog of 1 ready" in reason
+    assert "spares cover it: promotion 0.1 s" in reason
+    assert target(msgspec.structs.replace(cold, spares=1, promotion_s=0.1))[0] == 6

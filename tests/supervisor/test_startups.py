@@ -142,6 +142,7 @@ def test_spares_of_a_multi_node_replica_are_refused() -> None:
         load_recipe_text(RECIPE, "r.yaml")
     assert "workers.agg.spares" in str(caught.value)
     assert "multi-node replica has no spares" in str(caught.value)
+    assert "would hold 2 whole nodes idle" in str(caught.value)  # why, with its size
 
 
 def test_the_planner_takes_the_longer_of_the_measured_and_reported_start_up() -> None:
