@@ -103,9 +103,13 @@ def main() -> None:
     parser.add_argument("refs", nargs="+", help="commits whose install-deps.sh to time")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/install_deps.json"))
+    parser.add_argument("--append", action="store_true", help="add to --out's runs")
     args = parser.parse_args()
     commits = [commit_of(ref) for ref in args.refs]
-    runs = []
+    previous: dict[str, Any] = {}
+    if args.append and Path(args.out).exists():
+        previous = json.loads(Path(args.out).read_text())
+    runs: list[dict[str, Any]] = previous.get("runs", [])
     for round_ in range(args.rounds):
         for commit in commits:
             work = Path(tempfile.mkdtemp(prefix="install-deps-"))
@@ -114,9 +118,10 @@ def main() -> None:
             finally:
                 shutil.rmtree(work, ignore_errors=True)
             result["round"] = round_
+            result["machine"] = machine()
             print(json.dumps(result), flush=True)
             runs.append(result)
-    out = {"benchmark": "install_deps", "machine": machine(), "cpu": cpu(), "runs": runs}
+    out = {**previous, "benchmark": "install_deps", "cpu": cpu(), "runs": runs}
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
     print(f"wrote {args.out}")
 

@@ -40,7 +40,7 @@ fi
 # which reads no pip configuration. DYNAMOCTL_SKIP_VLLM=1 leaves vLLM out (test_vllm_cpu.py
 # then skips too, except under CI).
 UV_VERSION=0.13.9
-if [ "$("$PYTHON" -m uv --version 2>/dev/null)" != "uv $UV_VERSION" ]; then
+if [ "$("$PYTHON" -m uv --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
     echo "[install-deps] pip install uv==$UV_VERSION"
     "$PYTHON" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION"
 fi
@@ -64,20 +64,31 @@ echo "[install-deps] uv pip install -e '.[$extras]'"
 # guidellm and lm-evaluation-harness, the real clients tests/frontend/test_real_clients.py
 # runs, in a virtual environment of their own that sees this one's packages (a .pth file
 # naming its site-packages, after the venv's own): they pin older click and multidict, which
-# must not replace ours. pip, not uv: uv counts only the venv's own packages as installed
-# and would put a second torch (a CUDA build, GBs) and the rest in it. Idempotent by their
-# versions.
+# must not replace ours. uv counts only a venv's own packages as installed (told to install
+# the clients there, it put a second torch, a CUDA build, and the rest in it): so the clients
+# are resolved with this environment's versions as preferences (uv takes an existing output
+# file's pins as preferences) and only what differs is installed, without requirements
+# (the resolution holds them all). Idempotent by their versions.
 CLIENTS_VENV=${DYNAMOCTL_CLIENTS_VENV:-$HOME/.cache/dynamoctl/clients}
 clients_want=$(sed -n 's/^clients = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
 if [ ! -x "$CLIENTS_VENV/bin/guidellm" ] || [ ! -x "$CLIENTS_VENV/bin/lm_eval" ] \
     || [ "$(cat "$CLIENTS_VENV/.installed" 2>/dev/null)" != "$clients_want" ]; then
-    echo "[install-deps] venv $CLIENTS_VENV: pip install $clients_want"
-    "$PYTHON" -m venv "$CLIENTS_VENV"
-    clients_site=$("$CLIENTS_VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    echo "[install-deps] venv $CLIENTS_VENV: uv pip install $clients_want"
+    "$PYTHON" -m venv --without-pip "$CLIENTS_VENV"
+    clients_python=$CLIENTS_VENV/bin/python
+    clients_site=$("$clients_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
     "$PYTHON" -c 'import sysconfig; print(*sorted({sysconfig.get_path(p) for p in ("purelib", "platlib")}), sep="\n")' \
         > "$clients_site/dynamoctl-main-env.pth"
+    pins=$(mktemp -d)
+    "${uv_pip[@]}" freeze -q --python "$PYTHON" | grep -v '^-e ' > "$pins/main.txt"
+    cp "$pins/main.txt" "$pins/clients.txt"
     # shellcheck disable=SC2086  # the requirements, one word each
-    "$CLIENTS_VENV/bin/python" -m pip install -q --disable-pip-version-check $clients_want
+    printf '%s\n' $clients_want > "$pins/clients.in"
+    "${uv_pip[@]}" compile -q --python "$clients_python" "${find_links[@]}" --no-header \
+        --no-annotate "$pins/clients.in" -o "$pins/clients.txt"
+    grep -v -x -F -f "$pins/main.txt" "$pins/clients.txt" > "$pins/add.txt" || true
+    "${uv_pip[@]}" install -q --python "$clients_python" --no-deps -r "$pins/add.txt"
+    rm -rf "$pins"
     echo "$clients_want" > "$CLIENTS_VENV/.installed"
 fi
 
