@@ -1,8 +1,8 @@
 """A real OpenTelemetry trace collector for tests: Arize Phoenix (PyPI ``arize-phoenix``),
 which receives OTLP over HTTP and gRPC, stores the spans and serves them back by REST.
 ``scripts/install-deps.sh`` installs it in a virtual environment of its own (its
-dependencies pin versions ours must not share); ``DYNAMOCTL_PHOENIX`` names another
-``phoenix`` executable."""
+dependencies pin versions ours must not share); ``DYNAMOCTL_PHOENIX_VENV`` names another
+such environment (the script's variable too)."""
 
 from __future__ import annotations
 
@@ -18,9 +18,8 @@ from typing import Any
 
 import httpx
 
-PHOENIX = os.environ.get(
-    "DYNAMOCTL_PHOENIX", str(Path.home() / ".cache/dynamoctl/phoenix/bin/phoenix")
-)
+VENV = Path(os.environ.get("DYNAMOCTL_PHOENIX_VENV", Path.home() / ".cache/dynamoctl/phoenix"))
+PHOENIX = str(VENV / "bin" / "phoenix")
 START_S = 120.0
 """Phoenix imports a web stack and migrates its SQLite database: 30 s at load 8."""
 
