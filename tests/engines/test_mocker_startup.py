@@ -79,6 +79,7 @@ async def test_a_virtual_clock_passes_the_start_up_in_no_wall_time() -> None:
 def test_worker_health_carries_the_engine_start_up() -> None:
     class Bare:  # what worker_health reads of an instance
         draining, inflight, tokens_total, instance_id = False, 0, 0, "w-0"
+        adapters = None  # no LoRA
 
         def __init__(self) -> None:
             self.engine = MockerEngine(MockerConfig(weights_bytes=10**9), clock=VirtualClock())
