@@ -169,6 +169,7 @@ def decide_throughput(
         budget=budget,
         forecast=forecast,
         observed=observed,
+        lead_s=lead,
     )
     return decision, PlannerState(pools=pools)
 

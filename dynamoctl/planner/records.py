@@ -170,6 +170,9 @@ class Decision(msgspec.Struct, frozen=True, kw_only=True):
     """The throughput loop's forecast (``None``: none yet, or the load loop)."""
     observed: TrafficSample | None = None
     """The throughput interval the corrections came from."""
+    lead_s: float | None = None
+    """How far ahead the throughput loop carried its forecast: one start-up, as measured
+    or the settings' guess (:func:`dynamoctl.planner.ahead.lead_time`)."""
     load: dict[Role, PoolMetrics] | None = None
     """The load loop's snapshot."""
 

@@ -298,7 +298,11 @@ class PlannerService:
     def _inputs(self, decision: Decision) -> str:
         if decision.loop == "throughput":
             return msgspec.json.encode(
-                {"forecast": decision.forecast, "observed": decision.observed}
+                {
+                    "forecast": decision.forecast,
+                    "observed": decision.observed,
+                    "lead_s": decision.lead_s,
+                }
             ).decode()
         return msgspec.json.encode(decision.load or {}).decode()
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from dynamoctl.planner.ahead import lead_time, rate_ahead
+from dynamoctl.planner.ahead import rate_ahead
 from dynamoctl.planner.perf import PerfModel, corrections, decode_need, load_profile, prefill_need
 from dynamoctl.planner.records import Forecast, TrafficSample
 from dynamoctl.planner.settings import PlannerSettings
@@ -84,13 +84,15 @@ def throughput_lines(log: str) -> list[tuple[dict[str, Any], str]]:
 
 def expected_reasons(inputs: dict[str, Any], profile: Path) -> tuple[str, str]:
     """What the profile says the logged forecast needs, per pool, as the decision states
-    it: the forecast carried one lead time along its trend, corrected by the observed
-    interval's latencies against the profile."""
+    it: the forecast carried the logged lead time (one start-up, measured: longer on a
+    loaded machine) along its trend, corrected by the observed interval's latencies
+    against the profile."""
     settings = PlannerSettings.model_validate(PLANNER)
     model = PerfModel(load_profile(profile))
     forecast = Forecast(**inputs["forecast"])
     observed = TrafficSample(**inputs["observed"])
-    ahead = rate_ahead(forecast, lead_time(settings, None))
+    assert inputs["lead_s"] >= settings.throughput_interval  # never less than an interval
+    ahead = rate_ahead(forecast, inputs["lead_s"])
     prefill_factor, decode_factor = corrections(model, observed)
     prefill = prefill_need(model, ahead, settings.ttft_target, prefill_factor)
     decode = decode_need(model, ahead, settings.itl_target, decode_factor)
