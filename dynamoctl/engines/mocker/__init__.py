@@ -13,7 +13,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from dynamoctl.engines.mocker.clock import Clock, RealClock, VirtualClock
     from dynamoctl.engines.mocker.config import MockerConfig
-    from dynamoctl.engines.mocker.engine import MockerEngine, MockerStats, MockerStream
+    from dynamoctl.engines.mocker.engine import MockerEngine, MockerStats
+    from dynamoctl.engines.mocker.stream import MockerStream
     from dynamoctl.engines.mocker.timing import TimingModel
 
 _MODULES = {
@@ -23,7 +24,7 @@ _MODULES = {
     "MockerConfig": "config",
     "MockerEngine": "engine",
     "MockerStats": "engine",
-    "MockerStream": "engine",
+    "MockerStream": "stream",
     "TimingModel": "timing",
 }
 

@@ -27,7 +27,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +39,6 @@ from dynamoctl.engines.api import (
     EngineError,
     EngineStopped,
     FinishReason,
-    GenerateChunk,
     GenerateRequest,
     HoldsPeerWork,
     KVEventSink,
@@ -61,21 +60,18 @@ from dynamoctl.engines.mocker.clock import Clock, RealClock
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.embedding import MockEmbedder, pooled
 from dynamoctl.engines.mocker.gang import GangLeader
+from dynamoctl.engines.mocker.images import keyed, vision_traits
 from dynamoctl.engines.mocker.output import Scripts
 from dynamoctl.engines.mocker.sampling import prompt_logprobs
 from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput, request_seed
 from dynamoctl.engines.mocker.startup import Startup
+from dynamoctl.engines.mocker.stream import MockerStream
 from dynamoctl.engines.mocker.transfer import KvTransfers
-from dynamoctl.kv.images import keyed_token_ids
 from dynamoctl.kv.tiers import TierStats
-from dynamoctl.wire.engine import EmbeddingTraits, TokenLogprobs, VisionTraits
+from dynamoctl.wire.engine import EmbeddingTraits
 from dynamoctl.wire.health import StartupReport
 from dynamoctl.wire.kv_events import KVEventBatch
 from dynamoctl.wire.kv_transfer import KV_PULL, MockerHandoff
-
-IMAGE_PLACEHOLDER = "<image>"
-"""What the chat template is given for an image (the mocker's model has no template of
-its own: any text works, as long as the messages' text does not contain it)."""
 
 logger = logging.getLogger(__name__)
 
@@ -96,96 +92,6 @@ class MockerStats:
     lag_s: float = 0.0
     """How far (simulated seconds) the clock had passed the latest step's deadline when
     the step ended; stays near 0 while the process keeps up with the clock."""
-
-
-class MockerStream(AsyncIterator[GenerateChunk]):
-    """The output of one request. A chunk carries every token produced since the reader's
-    previous one: one per step while it keeps up, several if it falls behind."""
-
-    __slots__ = (
-        "_done",
-        "_embedding",
-        "_engine",
-        "_error",
-        "_finish",
-        "_handoff",
-        "_header",
-        "_logprobs",
-        "_prompt_logprobs",
-        "_tokens",
-        "_waiter",
-        "request_id",
-    )
-
-    def __init__(self, engine: MockerEngine, request_id: str, prompt_tokens: int) -> None:
-        self._engine = engine
-        self.request_id = request_id
-        self._tokens: list[int] = []
-        self._finish: FinishReason | None = None
-        # (cached_tokens, prompt_tokens) for the first chunk; None once sent.
-        self._header: tuple[int, int] | None = (0, prompt_tokens)
-        self._handoff: dict[str, Any] | None = None  # on the last chunk
-        self._logprobs: list[TokenLogprobs] | None = None  # aligned with _tokens, if asked
-        self._prompt_logprobs: list[TokenLogprobs | None] | None = None  # first chunk's
-        self._error: BaseException | None = None
-        self._waiter: asyncio.Future[None] | None = None
-        self._done = False
-        self._embedding: list[float] | None = None  # an embedding request's, at its end
-
-    def _push(
-        self, token: int | None, finish: FinishReason | None, logprobs: TokenLogprobs | None = None
-    ) -> None:
-        if token is not None:
-            self._tokens.append(token)
-            if logprobs is not None:
-                if self._logprobs is None:
-                    self._logprobs = []
-                self._logprobs.append(logprobs)
-        self._finish = finish
-        self._wake()
-
-    def _fail(self, error: BaseException) -> None:
-        self._error = error
-        self._wake()
-
-    def _wake(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
-    def __aiter__(self) -> MockerStream:
-        return self
-
-    async def __anext__(self) -> GenerateChunk:
-        while not (self._done or self._tokens or self._finish or self._error):
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        if self._done:
-            raise StopAsyncIteration
-        if self._error is not None:
-            self._done = True
-            raise self._error
-        chunk = GenerateChunk(self._tokens, self._finish)
-        if self._logprobs is not None:
-            chunk.logprobs, self._logprobs = self._logprobs, None
-        if self._finish is not None:
-            chunk.kv_transfer_params = self._handoff
-            chunk.embedding = self._embedding
-        if self._header is not None:
-            chunk.cached_tokens, chunk.prompt_tokens = self._header
-            chunk.prompt_logprobs = self._prompt_logprobs
-            self._header = None
-        self._tokens = []
-        self._done = self._finish is not None
-        return chunk
-
-    async def aclose(self) -> None:
-        """Stop reading: aborts the request if it has not finished."""
-        if not self._done:
-            self._done = True
-            await self._engine.abort(self.request_id)
 
 
 class MockerEngine(
@@ -244,11 +150,8 @@ class MockerEngine(
             embedding=EmbeddingTraits(size=cfg.embedding_size, matryoshka=cfg.matryoshka)
             if cfg.task == "embed"
             else None,
-            vision=VisionTraits(placeholder=IMAGE_PLACEHOLDER, token_id=cfg.image_token_id,
-                                tokens_per_image=cfg.image_tokens, at_start=cfg.image_at_start)
-            if cfg.image_tokens
-            else None,
-        )  # fmt: skip
+            vision=vision_traits(cfg),
+        )
         self._embedder = MockEmbedder(cfg.embedding_size, cfg.vocab_size)
         self.adapters = MockerAdapters(cfg.max_loras, cfg.lora_load_s, self.clock)
 
@@ -308,22 +211,6 @@ class MockerEngine(
         error.__cause__ = self._failure
         return error
 
-    def _keyed(self, request: GenerateRequest) -> GenerateRequest:
-        """An image prompt with its placeholders keyed by its images: what the block pool
-        hashes and the KV events carry, as the router keys it (:mod:`dynamoctl.kv.images`)."""
-        vision = self._card.vision
-        if vision is None:
-            raise RequestRejected("this mocker takes no images (set image_tokens)")
-        for image in request.images:
-            run = request.token_ids[image.offset : image.offset + image.tokens]
-            if image.tokens != vision.tokens_per_image or run != [vision.token_id] * image.tokens:
-                raise RequestRejected(
-                    f"image at token {image.offset} is not a run of {vision.tokens_per_image} "
-                    f"placeholder ids {vision.token_id}"
-                )
-        keyed = keyed_token_ids(request.token_ids, request.images)
-        return msgspec.structs.replace(request, token_ids=keyed, images=[])
-
     def serves_adapters(self) -> bool:
         return self.config.max_loras > 0
 
@@ -336,7 +223,7 @@ class MockerEngine(
     def generate(self, request: GenerateRequest) -> MockerStream:
         """Queue ``request`` now and return its output stream (errors surface when read)."""
         rid = request.request_id
-        stream = MockerStream(self, rid, len(request.token_ids))
+        stream = MockerStream(self.abort, rid, len(request.token_ids))
         if self._task is None:
             error = EngineStopped("mocker engine is not running (start() it)")
             error.__cause__ = self._failure
@@ -355,7 +242,7 @@ class MockerEngine(
                 raise RequestRejected(f"request id {rid!r} is already in use")
             self.adapters.check(request.adapter, rid)
             if request.images:
-                request = self._keyed(request)
+                request = keyed(request, self._card.vision)
             embedder = self._embedder if self._card.embedding is not None else None
             request, stream._embedding = pooled(request, embedder, self.config.matryoshka)
             script = self._scripts.script(request, request_seed(request))
