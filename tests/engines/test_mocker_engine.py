@@ -15,8 +15,8 @@ from dynamoctl.engines.api import (
     RequestRejected,
 )
 from dynamoctl.engines.mocker import MockerConfig, MockerEngine, RealClock
-from dynamoctl.engines.mocker.sampling import output_length
-from dynamoctl.engines.mocker.scheduler import Scheduler, mock_token
+from dynamoctl.engines.mocker.sampling import mock_token, output_length
+from dynamoctl.engines.mocker.scheduler import Scheduler
 from dynamoctl.kv import hashing
 from dynamoctl.wire.kv_events import BlockRemoved, BlockStored
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from dynamoctl.engines.api import GenerateRequest, RequestRejected
 from dynamoctl.engines.mocker import MockerConfig, MockerEngine, VirtualClock
-from dynamoctl.engines.mocker.scheduler import mock_token
+from dynamoctl.engines.mocker.sampling import mock_token
 from dynamoctl.kv import hashing
 from dynamoctl.wire.kv_events import AllBlocksCleared, BlockRemoved, BlockStored, KVEventBatch
 

@@ -62,8 +62,9 @@ from dynamoctl.engines.mocker.embedding import MockEmbedder, pooled
 from dynamoctl.engines.mocker.gang import GangLeader
 from dynamoctl.engines.mocker.images import keyed, vision_traits
 from dynamoctl.engines.mocker.output import Scripts
-from dynamoctl.engines.mocker.sampling import prompt_logprobs
-from dynamoctl.engines.mocker.scheduler import Scheduler, StepOutput, request_seed
+from dynamoctl.engines.mocker.sampling import prompt_logprobs, request_seed
+from dynamoctl.engines.mocker.scheduler import Scheduler
+from dynamoctl.engines.mocker.sequence import StepOutput
 from dynamoctl.engines.mocker.startup import Startup
 from dynamoctl.engines.mocker.stream import MockerStream
 from dynamoctl.engines.mocker.transfer import KvTransfers
