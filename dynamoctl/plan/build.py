@@ -34,7 +34,8 @@ from dynamoctl.plan.gang import gang_specs
 from dynamoctl.plan.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
 from dynamoctl.plan.hosts import Host
 from dynamoctl.plan.worker import worker_spec
-from dynamoctl.recipe.models import EtcdDiscovery, Recipe, Role
+from dynamoctl.recipe.discovery import EtcdDiscovery
+from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.instance import InstanceName
 from dynamoctl.wire.roles import PLACEMENT_ORDER

@@ -15,8 +15,10 @@ from dynamoctl.launch.api import SecretRef
 from dynamoctl.launch.gpus import count_local_gpus
 from dynamoctl.launch.slurm.jobs import sbatch_resources
 from dynamoctl.plan.hosts import LOCALHOST, Host, HostError, resolve_host, symbolic_host
-from dynamoctl.recipe.models import EmbeddedDiscovery, EtcdDiscovery, Recipe, Role, WorkerPool
+from dynamoctl.recipe.discovery import EmbeddedDiscovery, EtcdDiscovery
+from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget
+from dynamoctl.recipe.workers import WorkerPool
 from dynamoctl.supervisor import credentials
 
 ETCD_CLIENT_PORT = 2379

@@ -16,8 +16,10 @@ from dynamoctl.plan.context import PlanContext, PlanError
 from dynamoctl.plan.hosts import Host
 from dynamoctl.plan.transfer import TransferError, member_channel
 from dynamoctl.recipe.kv_offload import offload_args
-from dynamoctl.recipe.models import ModelSpec, Role, SecretSource, WorkerPool
+from dynamoctl.recipe.models import ModelSpec, Role
+from dynamoctl.recipe.security import SecretSource
 from dynamoctl.recipe.tracing import Tracing
+from dynamoctl.recipe.workers import WorkerPool
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.instance import InstanceName
 

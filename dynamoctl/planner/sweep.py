@@ -29,7 +29,8 @@ from pydantic import Field, field_validator, model_validator
 from dynamoctl.bench.client import RequestRecord, Sender
 from dynamoctl.bench.workload import TOKEN_HI, Conversation, Session, Turn
 from dynamoctl.planner.perf import PROFILE_VERSION, DecodePoint, PrefillPoint, Profile
-from dynamoctl.recipe.models import Recipe, WorkerPool
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.workers import WorkerPool
 from dynamoctl.settings.base import Options
 
 

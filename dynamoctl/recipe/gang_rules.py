@@ -1,6 +1,7 @@
 """Recipe rules of multi-node replicas (``workers.ROLE.nodes_per_replica`` > 1): the flags
 dynamoctl sets for every gang member, and the arithmetic a gang must satisfy. Called from
-the models' validators (:mod:`dynamoctl.recipe.models`), whose errors name the field.
+the models' validators (:mod:`dynamoctl.recipe.models`, :mod:`dynamoctl.recipe.workers`),
+whose errors name the field.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dynamoctl.recipe.targets import LocalTarget, SlurmTarget, SshTarget, Target
 
 
 class GangPool(Protocol):
-    """What the rules read of a worker pool (:class:`~dynamoctl.recipe.models.WorkerPool`,
+    """What the rules read of a worker pool (:class:`~dynamoctl.recipe.workers.WorkerPool`,
     which calls them: named by its fields, not imported back)."""
 
     @property

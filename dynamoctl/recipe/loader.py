@@ -28,7 +28,8 @@ from dynamoctl.recipe import guard
 from dynamoctl.recipe.fields import RULE_ERROR
 from dynamoctl.recipe.introspect import choices, models_in, union_tag
 from dynamoctl.recipe.issues import FieldPath, Issue, RecipeError, dotted
-from dynamoctl.recipe.models import ENV_VALUE_TAGS, SCHEMA_VERSION, Recipe
+from dynamoctl.recipe.models import SCHEMA_VERSION, Recipe
+from dynamoctl.recipe.security import ENV_VALUE_TAGS
 
 __all__ = ["Issue", "RecipeError", "load_recipe", "load_recipe_text"]
 

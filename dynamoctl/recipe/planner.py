@@ -18,7 +18,7 @@ from dynamoctl.settings.component import Role
 
 
 class PlannedPool(Protocol):
-    """What the rules read of a worker pool (:class:`~dynamoctl.recipe.models.WorkerPool`,
+    """What the rules read of a worker pool (:class:`~dynamoctl.recipe.workers.WorkerPool`,
     whose recipe calls them: named by its fields, not imported back)."""
 
     @property

@@ -22,7 +22,9 @@ from dynamoctl.discovery.etcd_tls import EtcdTls
 from dynamoctl.launch.api import SecretRef
 from dynamoctl.plan.hosts import Host
 from dynamoctl.planes.curve import generate_secret
-from dynamoctl.recipe.models import EtcdDiscovery, Recipe, SecretSource
+from dynamoctl.recipe.discovery import EtcdDiscovery
+from dynamoctl.recipe.models import Recipe
+from dynamoctl.recipe.security import SecretSource
 from dynamoctl.recipe.targets import LocalTarget
 from dynamoctl.security import names, pki
 

@@ -15,7 +15,8 @@ The planes and a managed etcd are already locked there (``security.curve``,
 
 from __future__ import annotations
 
-from dynamoctl.recipe.models import EtcdDiscovery, Recipe
+from dynamoctl.recipe.discovery import EtcdDiscovery
+from dynamoctl.recipe.models import Recipe
 from dynamoctl.util.net import is_loopback
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from dynamoctl.plan.build import build_plan
+from dynamoctl.recipe.frontend import Frontend, Router
 from dynamoctl.recipe.loader import load_recipe_text
-from dynamoctl.recipe.models import Frontend, Router
 from dynamoctl.router.policies import mode_names
 from dynamoctl.settings import (
     ROUTER_MODES,

@@ -21,7 +21,7 @@ EXAMPLES = re.findall(r"```yaml\n(.*?)```", TEXT, flags=re.DOTALL)
 def test_field_reference_is_up_to_date() -> None:
     start, end = TEXT.index(BEGIN), TEXT.index(END) + len(END)
     assert TEXT[start:end] == render(), (
-        f"docs/recipes.md is out of date with dynamoctl/recipe/models.py; run: {REGENERATE}"
+        f"docs/recipes.md is out of date with the models in dynamoctl/recipe/; run: {REGENERATE}"
     )
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from dynamoctl.recipe import Recipe, RecipeError, load_recipe, load_recipe_text
-from dynamoctl.recipe.models import EtcdDiscovery
+from dynamoctl.recipe.discovery import EtcdDiscovery
 from dynamoctl.recipe.targets import SlurmTarget, SshTarget
 
 
