@@ -22,7 +22,7 @@ from pydantic import (
 )
 
 from dynamoctl.frontend import compat
-from dynamoctl.frontend.compat import Endpoint
+from dynamoctl.frontend.compat_policy import Endpoint
 from dynamoctl.frontend.errors import ParamError
 from dynamoctl.structured.request import StructuredOutputFields, ToolFields, ToolMessageFields
 

@@ -23,7 +23,7 @@ from starlette.responses import JSONResponse, Response
 from dynamoctl.frontend import compat
 from dynamoctl.frontend.asgi import read_body
 from dynamoctl.frontend.body import decode_body
-from dynamoctl.frontend.compat import Endpoint
+from dynamoctl.frontend.compat_policy import Endpoint
 from dynamoctl.frontend.errors import OpenAIError, ParamError, bad_request
 from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder
 from dynamoctl.frontend.metrics import FrontendMetrics

@@ -1,5 +1,5 @@
 """The compatibility policy (docs/api.md) is one declaration: the table in the docs, the
-request models and the validation all derive from ``dynamoctl/frontend/compat.py``, and
+request models and the validation all derive from ``dynamoctl/frontend/compat_policy.py``, and
 every row behaves as it says (through the real body parser, as the frontend runs it)."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from dynamoctl.frontend import compat
+from dynamoctl.frontend import compat, compat_policy
 from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
 from dynamoctl.frontend.body import decode_body, engine_request
 from dynamoctl.frontend.embeddings import EmbeddingRequest
@@ -45,8 +45,8 @@ BASE: dict[str, dict[str, Any]] = {
     "responses": {"model": "m", "input": "hi"},
     "embeddings": {"model": "m", "input": "hi"},
 }
-ROWS = [(e, p) for e in compat.ENDPOINTS for p in compat.params(e).values()]
-UNSUPPORTED = [(e, p) for e, p in ROWS if p.support is not compat.Support.SUPPORTED]
+ROWS = [(e, p) for e in compat_policy.ENDPOINTS for p in compat.params(e).values()]
+UNSUPPORTED = [(e, p) for e, p in ROWS if p.support is not compat_policy.Support.SUPPORTED]
 
 
 def parse(endpoint: str, **fields: Any) -> Any:
@@ -68,9 +68,9 @@ def test_docs_table_is_generated_from_the_policy() -> None:
     assert text[start:end] == compat.render_table(), f"run: {compat.REGENERATE}"
 
 
-@pytest.mark.parametrize("endpoint", compat.ENDPOINTS)
+@pytest.mark.parametrize("endpoint", compat_policy.ENDPOINTS)
 def test_supported_rows_are_exactly_the_request_models_fields(endpoint: str) -> None:
-    supported = set(compat.params(endpoint, compat.Support.SUPPORTED))
+    supported = set(compat.params(endpoint, compat_policy.Support.SUPPORTED))
     rows = set(compat.params(endpoint))
     objects = {name: m for name, m in OBJECTS.items() if name in MODELS[endpoint].model_fields}
     models: dict[str, type[Any]] = {"": MODELS[endpoint], **objects}
@@ -89,22 +89,22 @@ def test_supported_rows_are_exactly_the_request_models_fields(endpoint: str) -> 
 
 def test_an_objects_rows_are_the_same_on_every_endpoint_with_it() -> None:
     # One model (StreamOptions) checks its keys for both endpoints: one policy for both.
-    for p in compat.POLICY:
+    for p in compat_policy.POLICY:
         within = p.name.partition(".")[0]
         if "." in p.name:
-            having = tuple(e for e in compat.ENDPOINTS if within in compat.params(e))
+            having = tuple(e for e in compat_policy.ENDPOINTS if within in compat.params(e))
             assert p.endpoints == having, p.name
 
 
 def test_each_parameter_has_one_row_per_endpoint() -> None:
-    for endpoint in compat.ENDPOINTS:
-        names = [p.name for p in compat.POLICY if endpoint in p.endpoints]
+    for endpoint in compat_policy.ENDPOINTS:
+        names = [p.name for p in compat_policy.POLICY if endpoint in p.endpoints]
         assert len(names) == len(set(names)), endpoint
 
 
 @pytest.mark.parametrize(("endpoint", "param"), UNSUPPORTED, ids=lambda v: getattr(v, "name", v))
 def test_neutral_values_are_accepted_and_others_refused_by_name(
-    endpoint: str, param: compat.Param
+    endpoint: str, param: compat_policy.Param
 ) -> None:
     within, _, key = param.name.rpartition(".")
     for value in (None, *param.neutral):
@@ -140,7 +140,7 @@ def test_a_dotted_row_is_a_key_of_its_object_only() -> None:
     assert "unknown or unsupported parameter" in refused.value.message
     options = {"include_usage": True, "continuous_usage_stats": True,
                "include_obfuscation": False}  # fmt: skip
-    for endpoint in compat.BOTH:
+    for endpoint in compat_policy.BOTH:
         body = parse(endpoint, stream=True, stream_options=options)
         assert body.stream_options is not None and body.stream_options.usage_every_chunk()
         plain = parse(endpoint, stream=True, stream_options={"continuous_usage_stats": False})

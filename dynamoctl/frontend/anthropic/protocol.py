@@ -2,7 +2,7 @@
 
 Validated as strictly as the OpenAI endpoints (:mod:`dynamoctl.frontend.protocol`): an
 unknown field is a 400 naming it, a parameter not implemented is accepted only with a
-value that asks for nothing (its row in :mod:`dynamoctl.frontend.compat`). Content blocks
+value that asks for nothing (its row in :mod:`dynamoctl.frontend.compat_policy`). Content blocks
 are declared one model per ``type``; ``cache_control`` is accepted on every block that
 Anthropic allows it on and asks for nothing here, since prefix caching is automatic (the
 KV router and the engines' prefix caches)."""
@@ -14,7 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from dynamoctl.frontend import compat
-from dynamoctl.frontend.compat import Endpoint
+from dynamoctl.frontend.compat_policy import Endpoint
 from dynamoctl.frontend.errors import ParamError
 from dynamoctl.frontend.protocol import MAX_TOKENS_LIMIT
 from dynamoctl.structured.request import Name

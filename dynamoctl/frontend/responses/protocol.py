@@ -1,6 +1,7 @@
 """Responses API request bodies, validated as strictly as the chat endpoints
 (:mod:`dynamoctl.frontend.protocol`): unknown fields are 400s naming them, parameters not
-implemented are accepted only when neutral (their rows in :mod:`dynamoctl.frontend.compat`)."""
+implemented are accepted only when neutral (their rows in
+:mod:`dynamoctl.frontend.compat_policy`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from dynamoctl.frontend import compat
-from dynamoctl.frontend.compat import Endpoint
+from dynamoctl.frontend.compat_policy import Endpoint
 from dynamoctl.frontend.errors import ParamError
 from dynamoctl.frontend.protocol import MAX_TOKENS_LIMIT
 from dynamoctl.structured.request import Name
