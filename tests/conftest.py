@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from dynamoctl.discovery.etcd_server import ManagedEtcd
+from tests.infra.ports import free_port
 
 # The Slurm clusters: one of each kind for the whole session, whichever directory asks.
 pytest_plugins = ["tests.infra.fixtures"]
@@ -19,7 +20,7 @@ def etcd_server() -> Iterator[ManagedEtcd]:
     if shutil.which("etcd") is None:
         pytest.fail("etcd is not installed: apt-get install etcd-server (.ci/run does this)")
     # Started with room for a loaded machine (etcd's own default waits 15 s).
-    with ManagedEtcd().start(timeout=60) as server:
+    with ManagedEtcd(client_port=free_port(), peer_port=free_port()).start(timeout=60) as server:
         yield server
 
 

@@ -254,7 +254,11 @@ class BoundServer(uvicorn.Server):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         if reuse_port:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-        sock.bind((host, port))
+        try:
+            sock.bind((host, port))
+        except OSError as exc:  # the address in the message: the error alone names none
+            sock.close()
+            raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from exc
         super().__init__(
             uvicorn.Config(
                 app,

@@ -20,12 +20,15 @@ The ``local``, ``ssh`` and ``slurm`` launchers share this interface and these se
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 from pathlib import Path
 from typing import Protocol
 
 import msgspec
+
+log = logging.getLogger(__name__)
 
 LOST = 255
 """Exit status of an instance whose end was not seen (its connection lost, or its keeper
@@ -206,13 +209,41 @@ class Launcher(Protocol):
         their orphan grace is over."""
 
 
+KILL_WAIT_S = 10.0
+"""Seconds a SIGKILLed instance's end may take to be seen before it is given up as
+:data:`LOST` (a stop never waits without a bound: ``down`` has a deadline)."""
+
+
+async def ended_within(proc: Launched, seconds: float) -> int | None:
+    """``proc``'s exit status if it ends within ``seconds``, else None (it is not waited
+    for any longer)."""
+    ended = asyncio.ensure_future(proc.wait())
+    try:
+        done, _ = await asyncio.wait({ended}, timeout=seconds)
+        return ended.result() if done else None
+    finally:
+        ended.cancel()
+
+
+async def kill(proc: Launched) -> int:
+    """SIGKILL the group, then at most :data:`KILL_WAIT_S` for the end to be seen; the exit
+    status, or :data:`LOST`."""
+    await proc.signal(signal.SIGKILL)
+    status = await ended_within(proc, KILL_WAIT_S)
+    if status is None:
+        log.error(
+            "pid %d on %s: no end seen %g s after SIGKILL; given up as lost",
+            proc.record.pid, proc.record.host, KILL_WAIT_S,
+        )  # fmt: skip
+        return LOST
+    return status
+
+
 async def stop(proc: Launched, grace: float) -> int:
-    """terminate → deadline → kill: SIGTERM to the group, ``grace`` seconds, then SIGKILL."""
+    """terminate → deadline → kill: SIGTERM to the group, ``grace`` seconds, then SIGKILL
+    (:func:`kill`); the exit status, never a wait without a bound."""
     if proc.returncode is not None:
         return proc.returncode
     await proc.signal(signal.SIGTERM)
-    try:
-        return await asyncio.wait_for(proc.wait(), grace)
-    except asyncio.TimeoutError:
-        await proc.signal(signal.SIGKILL)
-        return await proc.wait()
+    status = await ended_within(proc, grace)
+    return status if status is not None else await kill(proc)

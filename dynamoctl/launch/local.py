@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import signal
 import socket
@@ -34,6 +35,8 @@ from dynamoctl.wire.keeper import KeeperExit, KeeperHeader, read_frame
 if TYPE_CHECKING:  # the recipe's models are not needed where a keeper is reaped
     from dynamoctl.recipe.models import Recipe
 
+log = logging.getLogger(__name__)
+
 
 def keeper_argv(
     spec: InstanceSpec, python: str = sys.executable, options: Sequence[str] = ()
@@ -51,23 +54,108 @@ def lifeline_options(spec: InstanceSpec, orphan_grace: float) -> list[str]:
 
 
 class LocalProcess:
-    """A keeper in its own session on this machine; its stdin pipe is the lifeline."""
+    """A keeper in its own session on this machine; its stdin pipe is the lifeline.
+
+    Its end is read from the kernel as well as from the event loop: a pidfd (Linux) says
+    at once that the keeper has exited, and if the loop has not reported that exit
+    :data:`MISSED_EXIT_S` later (uvloop reports none for a child whose status another
+    ``waitpid`` took), the status is read with ``waitid``. A missed exit must not leave
+    an instance STARTING forever and hang the teardown that waits for it."""
 
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self._proc = proc
         self.record = ProcessRecord(launcher="local", host="localhost", pid=proc.pid, pgid=proc.pid)
+        self._status: int | None = None
+        self._ended: asyncio.Task[int] | None = None
 
     @property
     def returncode(self) -> int | None:
-        return self._proc.returncode
+        return self._status if self._status is not None else self._proc.returncode
 
     async def wait(self) -> int:
-        return await self._proc.wait()
+        if self._ended is None:  # one follower of the end, however many wait
+            self._ended = asyncio.create_task(self._follow(), name=f"end-{self.record.pid}")
+        return await asyncio.shield(self._ended)
+
+    async def _follow(self) -> int:
+        by_loop = asyncio.ensure_future(self._proc.wait())
+        by_kernel = asyncio.ensure_future(_exited(self._proc.pid))
+        try:
+            await asyncio.wait({by_loop, by_kernel}, return_when=asyncio.FIRST_COMPLETED)
+            if not by_loop.done():  # the kernel says it ended: the loop should say so soon
+                await asyncio.wait({by_loop}, timeout=MISSED_EXIT_S)
+            if by_loop.done():
+                self._status = by_loop.result()
+            else:
+                self._status = _reap(self._proc.pid)
+                log.warning(
+                    "pid %d: its exit (status %d) was not reported by the event loop; "
+                    "read from the kernel",
+                    self._proc.pid, self._status,
+                )  # fmt: skip
+            return self._status
+        finally:
+            by_loop.cancel()
+            by_kernel.cancel()
 
     async def signal(self, sig: int) -> None:
-        if self._proc.returncode is None:
+        if self.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.record.pgid, sig)
+
+
+MISSED_EXIT_S = 1.0
+"""Seconds the event loop gets to report an exit the kernel has shown, before the status
+is read from the kernel instead."""
+EXIT_POLL_S = 0.5
+"""Seconds between looks at a child's state where no pidfd can be had."""
+
+
+async def _exited(pid: int) -> None:
+    """Return once child ``pid`` has exited (a zombie, or reaped already), without reaping it."""
+    try:
+        pidfd = os.pidfd_open(pid)
+    except (AttributeError, OSError):  # not Linux 5.3+, or gone already
+        pidfd = -1
+    if pidfd >= 0:
+        loop = asyncio.get_running_loop()
+        readable: asyncio.Future[None] = loop.create_future()
+
+        def turned_readable() -> None:
+            if not readable.done():
+                readable.set_result(None)
+
+        loop.add_reader(pidfd, turned_readable)
+        try:
+            await readable  # a pidfd turns readable when its process exits
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
+        return
+    # No pidfd: nothing to await but the kernel's word, asked now and then.
+    while not _has_exited(pid):  # noqa: ASYNC110
+        await asyncio.sleep(EXIT_POLL_S)
+
+
+def _has_exited(pid: int) -> bool:
+    try:  # WNOWAIT: look, leave the status for the loop's own waitpid
+        return os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:
+        return True  # reaped already (by whoever)
+
+
+def _reap(pid: int) -> int:
+    """The exit status of child ``pid`` (negative: killed by that signal), reaping it;
+    :data:`LOST` when another ``waitpid`` took it."""
+    try:
+        info = os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG)
+    except ChildProcessError:
+        return LOST
+    if info is None:  # not ended after all (cannot happen once the pidfd said so)
+        return LOST
+    if info.si_code == os.CLD_EXITED:
+        return info.si_status
+    return -info.si_status
 
 
 class AdoptedProcess:

@@ -88,6 +88,23 @@ def status_report(
     )
 
 
+LAST_LINE_BYTES = 4096
+"""How much of a log's end is read for its last line."""
+
+
+def last_log_line(log_file: Path) -> str:
+    """The last non-empty line of ``log_file`` (what a process that exited said last, its
+    error as often as not), cut to 300 characters; empty when there is none."""
+    try:
+        with open(log_file, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - LAST_LINE_BYTES))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return ""
+    lines = [line.strip() for line in tail.splitlines() if line.strip()]
+    return lines[-1][:300] if lines else ""
+
+
 def startup_failure(inst: Instance, log_file: Path, lines: int = 15) -> str:
     """Why ``up`` rolls back: the instance, its last failure, and its log's last lines."""
     try:

@@ -26,18 +26,29 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 
 from dynamoctl.discovery import Discovery
-from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, stop
+from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, kill, stop
 from dynamoctl.launch.capacity import extra_capacity
 from dynamoctl.plan.build import GpuMap, Plan
 from dynamoctl.recipe.models import Recipe, Supervision
 from dynamoctl.supervisor.adapters import AdapterControl
+from dynamoctl.supervisor.deadlines import (
+    CLOSE_DEADLINE_S,
+    LIFE_END_S,
+    PROBE_DEADLINE_S,
+    Outcome,
+    abandon,
+    race,
+    within,
+)
 from dynamoctl.supervisor.gang import Gangs
 from dynamoctl.supervisor.instance import Failure, Instance
-from dynamoctl.supervisor.probes import DeploymentProber, Prober
+from dynamoctl.supervisor.probes import DeploymentProber, Health, Prober
 from dynamoctl.supervisor.report import (
     ControlAccess,
+    last_log_line,
     register_control,
     run_state,
     startup_failure,
@@ -71,6 +82,15 @@ NOW_TIMEOUT = 3.0
 """Seconds ``down --now`` gives each instance between SIGTERM and SIGKILL."""
 HUNG_GRACE = 5.0
 """Seconds a hung instance gets between SIGTERM and SIGKILL."""
+
+
+@dataclass
+class HealthTrack:
+    """What one process's watch carries from one health probe to the next."""
+
+    wedge: WedgeWatch
+    unhealthy_since: float | None = None
+    last_tokens: float | None = None
 
 
 class StartupFailed(Exception):
@@ -194,7 +214,7 @@ class Supervisor:
             if self.phase is not Phase.FAILED:
                 self._set_phase(Phase.STOPPING, "down")
             if self._discovery is not None:  # before teardown stops a managed etcd
-                await self._discovery.close()
+                await within(self._discovery.close(), CLOSE_DEADLINE_S, "control record close")
                 self._discovery = None
             await self._teardown(now=self._down_now)
             await self.capacity.close()  # after the teardown drained their replicas
@@ -203,9 +223,12 @@ class Supervisor:
                 self.save()  # without the records of what the teardown stopped
             else:
                 self._set_phase(Phase.STOPPED)
-            await self.prober.close()
-            await self.withdrawal.close()
-            await self.adapters.close()
+            for what, closing in (
+                ("probes' close", self.prober.close()),
+                ("record withdrawal's close", self.withdrawal.close()),
+                ("adapters' close", self.adapters.close()),
+            ):
+                await within(closing, CLOSE_DEADLINE_S, what)
 
     def _fail(self, exc: BaseException) -> None:
         self.error = str(exc) or type(exc).__name__
@@ -247,9 +270,8 @@ class Supervisor:
             group = [i for i in self.instances.values() if i.spec.component == component]
             await asyncio.gather(*(self._stop_instance(i, now, why) for i in group))
         for inst in self.instances.values():
-            if inst.task is not None:
-                inst.task.cancel()
-                await asyncio.gather(inst.task, return_exceptions=True)
+            if inst.task is not None and not inst.task.done():
+                abandon(inst.task)
 
     async def _stop_instance(self, inst: Instance, now: bool, why: str) -> None:
         """Stop ``inst`` on purpose: it ends STOPPED (FAILED if it had failed for good),
@@ -266,8 +288,27 @@ class Supervisor:
         else:
             if inst.proc is not None and inst.running:
                 await self._drain(inst, inst.proc, NOW_TIMEOUT if now else None, why)
-            await asyncio.wait({task})  # its life task records STOPPED (and its followers)
+            # Its life task records STOPPED (and its followers'), within a bound: a life
+            # stuck in an await must not hold up ``down``.
+            if not (await asyncio.wait({task}, timeout=LIFE_END_S))[0]:
+                await self._give_up(inst, task, why)
         self._release(inst)  # also when it had failed for good
+
+    async def _give_up(self, inst: Instance, task: asyncio.Task[None], why: str) -> None:
+        """A life task that did not end once its instance was asked to stop: cancelled,
+        its process group killed, the instance recorded STOPPED (a supervisor bug, logged)."""
+        log.error(
+            "%s: its supervision did not end %g s after it was asked to stop (%s); "
+            "killing its process group",
+            inst.spec.name, LIFE_END_S, inst.state,
+        )  # fmt: skip
+        abandon(task)
+        if inst.proc is not None and inst.running:
+            inst.last_exit = await kill(inst.proc)
+        await self.gangs.stop(inst, 0.0)
+        if inst.state not in (State.STOPPED, State.FAILED):
+            self._stopped(inst, f"{why}: given up")
+        inst.ended.set()
 
     async def _drain(self, inst: Instance, proc: Launched, grace: float | None, why: str) -> None:
         """SIGTERM, ``grace`` (default ``drain_timeout``), SIGKILL. Asking again (``down
@@ -321,7 +362,7 @@ class Supervisor:
             self.transition(inst, State.STARTING, "restart" if inst.restarts else "start")
             inst.clock.launching()
             try:
-                proc = await self.start_process(inst.spec)
+                proc = await self._launch(inst.spec)
             except LaunchError as exc:
                 inst.proc = None
                 return RestartReason.LAUNCH, str(exc)
@@ -338,7 +379,23 @@ class Supervisor:
         wedged = inst.state is State.WEDGED  # its followers get no grace either
         await self.gangs.stop(inst, 0.0 if wedged else NOW_TIMEOUT)  # after their leader
         await self.withdrawal.ended(inst.spec)  # routers drop it now, not at lease expiry
-        return failure or (RestartReason.EXIT, f"exited with status {inst.last_exit}")
+        said = last_log_line(self.run_dir.log_of(inst.spec.name))
+        ended = f"exited with status {inst.last_exit}" + (f": {said}" if said else "")
+        return failure or (RestartReason.EXIT, ended)
+
+    async def _launch(self, spec: InstanceSpec) -> Launched:
+        """Start ``spec``'s process; a launch that has not returned when the instance
+        should have been ready (its start timeout) is a :class:`LaunchError`."""
+        limit = self.starts.timeout(spec.component, spec.pool)
+        task = asyncio.ensure_future(self.start_process(spec))
+        try:
+            await asyncio.wait({task}, timeout=limit)
+        finally:
+            if not task.done():  # also when this life is cancelled: what starts late stops
+                abandon(task)
+        if not task.done():
+            raise LaunchError(f"{spec.name}: its launch on {spec.host} took over {limit:g} s")
+        return task.result()
 
     async def _kill(self, inst: Instance, proc: Launched, failure: Failure) -> None:
         """Put down a process that must go: a wedged or hung one is WEDGED and SIGKILLed
@@ -353,54 +410,77 @@ class Supervisor:
 
     async def _watch(self, inst: Instance, proc: Launched) -> Failure | None:
         """Probe ``proc`` every ``probe_interval`` until it exits (None), or must be killed
-        (why). Health is *alive + answering + progress*: a worker with requests in flight
-        whose token counter stops is hung even though it answers."""
+        (why). Every probe is raced against the process's end, so an exit is seen at once
+        whatever the probe is doing, and bounded (:data:`PROBE_DEADLINE_S`)."""
+        ended = asyncio.ensure_future(proc.wait())
+        wedge = WedgeWatch(inst.spec, self.settings.wedge_timeout, self.silence_counts)
+        health = HealthTrack(wedge)
+        try:
+            while not (await asyncio.wait({ended}, timeout=self.settings.probe_interval))[0]:
+                if not inst.wanted:
+                    continue  # being stopped: only wait for the exit
+                if inst.state is State.STARTING:
+                    failure = await self._probe_start(inst, ended, health.wedge)
+                else:
+                    failure = await self._probe_health(inst, ended, health)
+                if failure is not None:
+                    return failure
+            return None
+        finally:
+            ended.cancel()
+
+    async def _probe_start(
+        self, inst: Instance, ended: asyncio.Future[int], wedge: WedgeWatch
+    ) -> Failure | None:
+        """One readiness probe of a STARTING instance: READY (or STANDBY) when it passes,
+        a failure when its start timeout is over."""
+        ready = await race(self.prober.ready(inst.spec), ended, PROBE_DEADLINE_S)
+        if not inst.wanted or ready is Outcome.ENDED:
+            return None  # stopped or ended while probing: that decides
+        took = time.monotonic() - (inst.started_at or 0.0)
+        if ready is True:
+            inst.ready_since = time.monotonic()
+            wedge.ready(inst.ready_since)
+            self.starts.ready(
+                inst.spec.component, inst.spec.pool, inst.clock, staged_seconds(inst.sample)
+            )
+            new = State.STANDBY if inst.standby else State.READY
+            self.transition(inst, new, f"{new.lower()} after {took:.1f} s")
+            inst.ready.set()
+        elif took > (limit := self.starts.timeout(inst.spec.component, inst.spec.pool)):
+            return RestartReason.START_TIMEOUT, f"not ready after {limit:g} s"
+        return None
+
+    async def _probe_health(
+        self, inst: Instance, ended: asyncio.Future[int], track: HealthTrack
+    ) -> Failure | None:
+        """One health probe of a READY (or STANDBY) instance. Health is *alive + answering
+        + progress*: a worker with requests in flight whose token counter stops is hung
+        even though it answers."""
         s = self.settings
-        unhealthy_since: float | None = None
-        last_tokens: float | None = None
-        wedge = WedgeWatch(inst.spec, s.wedge_timeout, self.silence_counts)
-        while True:
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(asyncio.shield(proc.wait()), s.probe_interval)
-                return None
-            if not inst.wanted:
-                continue  # being stopped: only wait for the exit
-            if inst.state is State.STARTING:
-                ready = await self.prober.ready(inst.spec)
-                if not inst.wanted or proc.returncode is not None:
-                    continue  # stopped or ended while probing: that decides
-                took = time.monotonic() - (inst.started_at or 0.0)
-                if ready:
-                    inst.ready_since = time.monotonic()
-                    wedge.ready(inst.ready_since)
-                    self.starts.ready(
-                        inst.spec.component, inst.spec.pool, inst.clock, staged_seconds(inst.sample)
-                    )
-                    new = State.STANDBY if inst.standby else State.READY
-                    self.transition(inst, new, f"{new.lower()} after {took:.1f} s")
-                    inst.ready.set()
-                elif took > (limit := self.starts.timeout(inst.spec.component, inst.spec.pool)):
-                    return RestartReason.START_TIMEOUT, f"not ready after {limit:g} s"
-                continue
-            health = await self.prober.health(inst.spec)
-            if not inst.wanted or proc.returncode is not None:
-                continue
-            inst.sample = health.sample
-            progressing = health.tokens is None or health.tokens != last_tokens
-            last_tokens = health.tokens if health.tokens is not None else last_tokens
-            now = time.monotonic()
-            if (wedged := wedge.observe(health.silent, now, health.silence)) is not None:
-                return wedged
-            if health.silent:
-                continue  # no answer at all: wedge_timeout judges it, not hang_timeout
-            if health.answering and progressing:
-                unhealthy_since = None
-            elif unhealthy_since is None:
-                unhealthy_since = now
-            elif now - unhealthy_since > s.hang_timeout:
-                what = "no token generated" if health.answering else "answering probes unhealthy"
-                reason = RestartReason.HANG if health.answering else RestartReason.PROBE
-                return reason, f"hung: {what} for {s.hang_timeout:g} s"
+        health = await race(self.prober.health(inst.spec), ended, PROBE_DEADLINE_S)
+        if not inst.wanted or health is Outcome.ENDED:
+            return None
+        if health is Outcome.LATE:
+            silence = f"no probe answer in {PROBE_DEADLINE_S:g} s"
+            health = Health(False, silent=True, silence=silence)
+        inst.sample = health.sample
+        progressing = health.tokens is None or health.tokens != track.last_tokens
+        track.last_tokens = health.tokens if health.tokens is not None else track.last_tokens
+        now = time.monotonic()
+        if (wedged := track.wedge.observe(health.silent, now, health.silence)) is not None:
+            return wedged
+        if health.silent:
+            return None  # no answer at all: wedge_timeout judges it, not hang_timeout
+        if health.answering and progressing:
+            track.unhealthy_since = None
+        elif track.unhealthy_since is None:
+            track.unhealthy_since = now
+        elif now - track.unhealthy_since > s.hang_timeout:
+            what = "no token generated" if health.answering else "answering probes unhealthy"
+            reason = RestartReason.HANG if health.answering else RestartReason.PROBE
+            return reason, f"hung: {what} for {s.hang_timeout:g} s"
+        return None
 
     async def _after_failure(self, inst: Instance, failure: Failure) -> bool:
         """Record the failure (FAILED), then wait out the backoff (BACKOFF): True to start

@@ -18,10 +18,9 @@ with their leader and the gang restarts whole.
 from __future__ import annotations
 
 import logging
-import signal
 from collections import Counter
 
-from dynamoctl.launch.api import InstanceSpec, Launched
+from dynamoctl.launch.api import InstanceSpec, Launched, kill
 from dynamoctl.wire.states import RestartReason
 
 log = logging.getLogger(__name__)
@@ -87,5 +86,4 @@ class WedgeWatch:
 
 async def put_down(proc: Launched) -> int:
     """SIGKILL ``proc``'s whole process group (stopped members included); its status."""
-    await proc.signal(signal.SIGKILL)
-    return await proc.wait()
+    return await kill(proc)

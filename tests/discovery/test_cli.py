@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from dynamoctl.discovery import Discovery, store_from_url
-from dynamoctl.discovery.etcd_server import ManagedEtcd, free_port
+from dynamoctl.discovery.etcd_server import ManagedEtcd
+from tests.infra.ports import free_port
 
 
 def dynamoctl(*args: str) -> subprocess.CompletedProcess[str]:

@@ -27,7 +27,8 @@ from dynamoctl.discovery import (
     store_from_url,
 )
 from dynamoctl.discovery.etcd import EtcdStore
-from dynamoctl.discovery.etcd_server import ManagedEtcd, free_port
+from dynamoctl.discovery.etcd_server import ManagedEtcd
+from tests.infra.ports import free_port
 
 TTL = 2.0
 FREEZE = 3 * TTL
@@ -37,7 +38,7 @@ OWNER = Path(__file__).with_name("owner.py")
 
 @pytest.fixture
 def etcd() -> Iterator[ManagedEtcd]:
-    with ManagedEtcd() as server:
+    with ManagedEtcd(client_port=free_port(), peer_port=free_port()) as server:
         yield server
 
 

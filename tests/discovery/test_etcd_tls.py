@@ -18,9 +18,10 @@ from aetcd import rpc
 from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.discovery.api import StoreUnavailable
 from dynamoctl.discovery.etcd import EtcdStore
-from dynamoctl.discovery.etcd_server import EtcdTlsFiles, ManagedEtcd, free_port
+from dynamoctl.discovery.etcd_server import EtcdTlsFiles, ManagedEtcd
 from dynamoctl.discovery.etcd_tls import EtcdTls
 from dynamoctl.security import names, pki
+from tests.infra.ports import free_port
 
 
 @dataclass

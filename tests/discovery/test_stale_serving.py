@@ -16,6 +16,7 @@ import pytest
 
 from dynamoctl.discovery.etcd_server import ManagedEtcd
 from tests.frontend.conftest import MODEL, Deployment
+from tests.infra.ports import free_port
 
 TTL = 2.0
 FREEZE = 3 * TTL
@@ -33,7 +34,7 @@ class EtcdDeployment(Deployment):
 
 @pytest.fixture
 def etcd() -> Iterator[ManagedEtcd]:
-    with ManagedEtcd() as server:
+    with ManagedEtcd(client_port=free_port(), peer_port=free_port()) as server:
         yield server
 
 

@@ -19,14 +19,9 @@ from dynamoctl.engines.api import EngineDied, GenerateRequest
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.engine import MockerEngine
 from dynamoctl.engines.mocker.gang import GangError
+from tests.infra.ports import free_port
 
 pytestmark = pytest.mark.gang
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def follower(

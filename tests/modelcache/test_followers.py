@@ -16,6 +16,7 @@ from dynamoctl.plan.build import build_plan
 from dynamoctl.recipe.loader import load_recipe_text
 from dynamoctl.wire.engine_args import parse_engine_args
 from tests.infra.model_dir import model_dir
+from tests.infra.ports import free_port
 
 pytestmark = pytest.mark.fast_start
 
@@ -48,17 +49,11 @@ def test_every_member_of_a_gang_gets_the_cache_flags() -> None:
     assert engine["model"] == "/shared/m"  # the follower points it at its copy itself
 
 
-def _unused_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def test_a_follower_stages_its_node_before_it_waits_for_the_leader(tmp_path: Path) -> None:
     source = model_dir(tmp_path / "shared" / "m", 4 << 20)
     cache = tmp_path / "node-b-cache"
     argv = [sys.executable, "-m", "dynamoctl", "follower", "--engine", "mocker"]
-    argv += ["--label", "agg-0.1", "--rendezvous", f"127.0.0.1:{_unused_port()}"]
+    argv += ["--label", "agg-0.1", "--rendezvous", f"127.0.0.1:{free_port()}"]
     argv += ["--rendezvous-timeout", "1", "--model-cache-dir", str(cache)]
     argv += ["--", "--weights-model", str(source), "--nnodes", "2", "--node-rank", "1"]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
@@ -77,7 +72,7 @@ def test_a_follower_whose_staging_fails_exits_naming_node_and_reason(tmp_path: P
     blocked.write_text("a file where the cache should be")
     source = model_dir(tmp_path / "shared" / "m", 1 << 20)
     argv = [sys.executable, "-m", "dynamoctl", "follower", "--engine", "mocker"]
-    argv += ["--label", "agg-0.1", "--rendezvous", f"127.0.0.1:{_unused_port()}"]
+    argv += ["--label", "agg-0.1", "--rendezvous", f"127.0.0.1:{free_port()}"]
     argv += ["--model-cache-dir", str(blocked), "--", "--weights-model", str(source)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr

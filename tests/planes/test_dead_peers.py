@@ -5,13 +5,13 @@ monitor can fail the stream (docs/planes.md, "Dead peers")."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import pytest
 
 from dynamoctl.planes.request import PeerDeadError, RequestClient, RequestServer
+from tests.infra.ports import free_port
 
 NEVER = 600.0
 """A heartbeat timeout no test outlives: a failure seen must come from the monitor."""
@@ -73,9 +73,7 @@ async def test_a_server_answering_again_at_the_address_is_up(
 ) -> None:
     client = patient_client
     events = PeerEvents(client)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     address = f"tcp://127.0.0.1:{port}"
 
     async def hello(body: bytes) -> AsyncIterator[bytes]:

@@ -15,7 +15,6 @@ from cryptography import x509
 from dynamoctl.discovery import store_from_url
 from dynamoctl.discovery.api import StoreUnavailable
 from dynamoctl.discovery.embedded import EmbeddedStore
-from dynamoctl.discovery.etcd_server import free_port
 from dynamoctl.launch.api import SecretRef
 from dynamoctl.plan.build import build_plan, render
 from dynamoctl.plan.hosts import Host
@@ -23,6 +22,7 @@ from dynamoctl.recipe.loader import RecipeError, load_recipe_text
 from dynamoctl.security import names
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.rundir import RunDir
+from tests.infra.ports import free_port
 
 HEAD = """\
 schema: 1

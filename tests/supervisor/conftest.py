@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -18,13 +17,9 @@ import openai
 import psutil
 import pytest
 
+from tests.infra.ports import free_port as free_port  # what the tests here import
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def mocker_recipe(name: str, port: int, replicas: int = 2, extra: str = "") -> str:

@@ -10,6 +10,7 @@ transitions, with probe and backoff intervals of milliseconds.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import signal
 import time
@@ -62,6 +63,8 @@ class FakeProcess:
         self.deaf = deaf
         """Ignores SIGTERM: only SIGKILL ends it."""
         self.signals: list[int] = []
+        self.unseen = False
+        """Its end is never reported, SIGKILL's included (an exit the event loop missed)."""
         self._end: asyncio.Future[int] = asyncio.get_running_loop().create_future()
 
     @property
@@ -75,6 +78,8 @@ class FakeProcess:
         if self._end.done():
             return
         self.signals.append(sig)
+        if self.unseen:
+            return
         if sig == signal.SIGKILL:
             self.exit(-signal.SIGKILL)
         elif not self.deaf:
@@ -130,11 +135,20 @@ class FakeProber:
         """Readiness by instance name (default: ready)."""
         self.healths: dict[str, Callable[[], Health]] = {}
         """Health by instance name (default: answering, nothing in flight)."""
+        self.hung: set[str] = set()
+        """Instances whose probes never return (nor end when cancelled, for a while)."""
+
+    async def _hang(self, spec: InstanceSpec) -> None:
+        while spec.name in self.hung:
+            with contextlib.suppress(asyncio.CancelledError):  # a probe deaf to cancels
+                await asyncio.sleep(0.05)
 
     async def ready(self, spec: InstanceSpec) -> bool:
+        await self._hang(spec)
         return self.ready_now.get(spec.name, True)
 
     async def health(self, spec: InstanceSpec) -> Health:
+        await self._hang(spec)
         probe = self.healths.get(spec.name)
         return probe() if probe is not None else Health(True)
 

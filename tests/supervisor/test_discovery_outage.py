@@ -29,7 +29,7 @@ FREEZE = 30.0
 
 @pytest.fixture
 def etcd() -> Iterator[ManagedEtcd]:
-    with ManagedEtcd() as server:
+    with ManagedEtcd(client_port=free_port(), peer_port=free_port()) as server:
         yield server
 
 

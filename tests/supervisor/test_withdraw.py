@@ -13,9 +13,10 @@ import psutil
 import pytest
 
 from dynamoctl.discovery import Discovery, EventKind, WatchEvent, keys, store_from_url
-from dynamoctl.discovery.etcd_server import ManagedEtcd, free_port
+from dynamoctl.discovery.etcd_server import ManagedEtcd
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
 from dynamoctl.wire.records import EventsRecord, InstanceRecord, encode_json
+from tests.infra.ports import free_port
 from tests.supervisor.conftest import Cli, mocker_recipe
 
 LEASE_TTL = 300.0
