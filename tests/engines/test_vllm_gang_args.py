@@ -17,8 +17,8 @@ from tests.engines.vllm_required import require
 from tests.supervisor.conftest import REPO
 
 require("vllm")  # a failure, not a skip, under CI
-
-import vllm.engine.arg_utils as vllm_args  # noqa: E402
+# vLLM is imported in the tests, not here: its import (torch's with it) took 26 s of each
+# pytest-xdist worker's collection on a loaded 2-core machine, for two tests on one worker.
 
 pytestmark = pytest.mark.gang
 
@@ -27,6 +27,7 @@ pytestmark = pytest.mark.gang
     ("recipe", "nodes"), [("vllm-tp16-2node", 2), ("deepseek-r1-wide-ep", 6)], ids=str
 )
 def test_vllm_parses_every_members_rendered_command(recipe: str, nodes: int) -> None:
+    import vllm.engine.arg_utils as vllm_args
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 

@@ -11,27 +11,34 @@ import asyncio
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 import zmq
 
+from dynamoctl.planes.curve import generate_secret
+from dynamoctl.planes.events import Event, EventSubscriber
+from dynamoctl.planes.events.relay import KvEventRelay, node_local
+from dynamoctl.security.names import CURVE_SECRET_KEY
+from dynamoctl.wire.kv_events import decode_batch
 from tests.engines.vllm_required import require
 
+if TYPE_CHECKING:
+    from vllm.distributed.kv_events import KVEventBatch, ZmqEventPublisher
+
 require("vllm")
-
-from vllm.distributed.kv_events import BlockStored, KVEventBatch, ZmqEventPublisher  # noqa: E402
-
-from dynamoctl.planes.curve import generate_secret  # noqa: E402
-from dynamoctl.planes.events import Event, EventSubscriber  # noqa: E402
-from dynamoctl.planes.events.relay import KvEventRelay, node_local  # noqa: E402
-from dynamoctl.security.names import CURVE_SECRET_KEY  # noqa: E402
-from dynamoctl.wire.kv_events import decode_batch  # noqa: E402
+# vLLM is imported where it is used, not at collection: importing it cost each
+# pytest-xdist worker seconds of a 2-core machine for one test on one worker. The fixture
+# that imports it now runs under the timeout: it took over 120 s at load 14.
+pytestmark = pytest.mark.timeout(300)
 
 TOPIC = "kv"
 
 
 @pytest.fixture
 def vllm_publisher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ZmqEventPublisher]:
+    from vllm.distributed.kv_events import ZmqEventPublisher
+
     monkeypatch.setenv(CURVE_SECRET_KEY, generate_secret())
     publisher = ZmqEventPublisher(
         data_parallel_rank=0,
@@ -46,6 +53,8 @@ def vllm_publisher(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[
 
 
 def batch(block: int) -> KVEventBatch:
+    from vllm.distributed.kv_events import BlockStored, KVEventBatch
+
     stored = BlockStored(
         block_hashes=[block], parent_block_hash=None, token_ids=list(range(16)),
         block_size=16, lora_id=None, medium="GPU", lora_name=None,
