@@ -4,6 +4,7 @@ settings (docs/operations.md, "Model cache")."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from dynamoctl.engines.registry import engine_spec
@@ -11,14 +12,21 @@ from dynamoctl.recipe.models import Recipe
 from dynamoctl.settings.model_cache import ModelCacheSettings
 
 
-def ahead(recipe: Recipe) -> tuple[list[str], ModelCacheSettings] | None:
-    """The directories to stage onto every node before any engine starts, and the cache
-    to stage them into; None when the recipe does not ask for it."""
+@dataclass(frozen=True)
+class Ahead:
+    """What to stage onto every node before any engine starts, and into which cache."""
+
+    sources: list[str]
+    settings: ModelCacheSettings
+
+
+def ahead(recipe: Recipe) -> Ahead | None:
+    """What the recipe asks to stage ahead; None when it does not."""
     cache = recipe.model.cache
     if cache is None or not cache.stage_ahead:
         return None
     settings = ModelCacheSettings(**cache.model_dump(include=set(ModelCacheSettings.model_fields)))
-    return weights_sources(recipe), settings
+    return Ahead(weights_sources(recipe), settings)
 
 
 def weights_sources(recipe: Recipe) -> list[str]:

@@ -50,10 +50,9 @@ from dynamoctl.launch.slurm.jobs import (
     step_env,
 )
 from dynamoctl.launch.slurm.sbcast import stage_allocation
-from dynamoctl.launch.weights import ahead
+from dynamoctl.launch.weights import Ahead, ahead
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmContainer, SlurmTarget
-from dynamoctl.settings.model_cache import ModelCacheSettings
 
 STEP_PREFIX = "dynamoctl:"
 """Job-step names are ``dynamoctl:INSTANCE``: how ``start`` finds the step it made."""
@@ -175,7 +174,7 @@ class SlurmLauncher:
         env: Mapping[str, str] | None = None,
         step_timeout: float = 60.0,
         mpi: str = "pmix",
-        stage_ahead: tuple[list[str], ModelCacheSettings] | None = None,
+        stage_ahead: Ahead | None = None,
     ) -> None:
         self.mpi = mpi
         self.stage_ahead = stage_ahead
@@ -238,11 +237,15 @@ class SlurmLauncher:
                 error = path_unusable(spec, result.get("paths", {}))
                 if error is not None:
                     raise error
-        if self.stage_ahead is not None and self.stage_ahead[0] and instances:
-            sources, settings = self.stage_ahead
+        if self.stage_ahead is not None and self.stage_ahead.sources and instances:
             step_args = [*self._container_args(), self.python]
             report = await stage_allocation(
-                self._job(), nodes, sources, settings, env=self._env, step_args=step_args
+                self._job(),
+                nodes,
+                self.stage_ahead.sources,
+                self.stage_ahead.settings,
+                env=self._env,
+                step_args=step_args,
             )
             log.info("model staged ahead on every node: %s", json.dumps(report))
 
