@@ -36,6 +36,9 @@ from dynamoctl.settings.model_cache import ModelCacheSettings
 log = logging.getLogger(__name__)
 
 STEP_NAME = "dynamoctl:stage"
+PARALLEL_SBCASTS = 4
+"""``sbcast`` calls at once, one file each: a call costs a credential and a fan-out set-up
+(about a second here), which a model of many files would otherwise pay in series."""
 STAGING_TIMEOUT_S = 3600.0
 """Bound on one broadcast of a file and on one step that checks every node's copy (it
 reads the whole model): hundreds of GiB over a slow network."""
@@ -85,8 +88,15 @@ async def _stage_source(
         log.info("%s: sbcast to the job's nodes (missing on %s)", source, ", ".join(missing))
         sent = time.monotonic()
         root = Path(settings.dir or "")
-        for local, name in broadcast_files(entry):
-            await _sbcast(job, local, root / name, env)
+        *files, manifest = broadcast_files(entry)
+        calls = asyncio.Semaphore(PARALLEL_SBCASTS)
+
+        async def send(local: Path, name: str) -> None:
+            async with calls:
+                await _sbcast(job, local, root / name, env)
+
+        await asyncio.gather(*(send(local, name) for local, name in files))
+        await _sbcast(job, manifest[0], root / manifest[1], env)  # last: adopt needs it
         sbcast_s = _since(sent)
         adopted = await _each_node(job, nodes, source, settings, env, step_args, "--adopt")
     finally:
