@@ -345,7 +345,8 @@ def plot(name: str, workload: Workload, found: dict[str, Any], path: Path) -> No
     bottom.set_ylabel("% meeting SLA (10 s bins)")
     bottom.set_xlabel("simulated seconds since the load started")
     mid.legend(loc="upper left", fontsize=7, ncol=4)
-    spares = f", {found['spares']} warm spare(s) promoted in 1 s" if found.get("spares") else ""
+    promoted = f"promoted in {found.get('promotion_s', 1.0):g} s"
+    spares = f", {found['spares']} warm spare(s) {promoted}" if found.get("spares") else ""
     fig.suptitle(
         f"{name}: {workload.title}\nLlama-3.1-8B on H100 (AI Configurator timing), start-up "
         f"{found['startup_s']:.1f} s{spares}; TTFT {TTFT_S:g} s, mean ITL {ITL_S * 1e3:g} ms",

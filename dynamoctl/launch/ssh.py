@@ -52,6 +52,8 @@ from dynamoctl.launch.api import (
 from dynamoctl.launch.gpus import FIX_GPU_COUNT, check_gpus
 from dynamoctl.launch.lifeline import NO_KEEPER
 from dynamoctl.launch.local import keeper_argv, lifeline_options
+from dynamoctl.launch.ssh_tree import stage_ahead
+from dynamoctl.launch.weights import Ahead, ahead
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SshTarget
 
@@ -132,7 +134,11 @@ class SshLauncher:
         known_hosts: str | Path | None = DEFAULT_KNOWN_HOSTS,
         connect_timeout: float = 10.0,
         orphan_grace: float = 0.0,
+        stage_ahead: Ahead | None = None,
     ) -> None:
+        self.stage_ahead = stage_ahead
+        """The model staged onto the workers' hosts, coordinated, before they start
+        (recipe ``model.cache.stage_ahead``; :mod:`~dynamoctl.launch.ssh_tree`)."""
         self.user = user
         self.port = port
         self.key = Path(key).expanduser() if key is not None else None
@@ -150,7 +156,12 @@ class SshLauncher:
 
     @classmethod
     def from_target(
-        cls, target: SshTarget, *, connect_timeout: float = 10.0, orphan_grace: float = 0.0
+        cls,
+        target: SshTarget,
+        *,
+        connect_timeout: float = 10.0,
+        orphan_grace: float = 0.0,
+        stage_ahead: Ahead | None = None,
     ) -> SshLauncher:
         return cls(
             user=target.user,
@@ -161,6 +172,7 @@ class SshLauncher:
             known_hosts=target.known_hosts or DEFAULT_KNOWN_HOSTS,
             connect_timeout=connect_timeout,
             orphan_grace=orphan_grace,
+            stage_ahead=stage_ahead,
         )
 
     def remote_command(self, spec: InstanceSpec) -> str:
@@ -211,6 +223,8 @@ class SshLauncher:
             error = path_unusable(spec, unusable[spec.host])
             if error is not None:
                 raise error
+        if self.stage_ahead is not None:
+            await stage_ahead(self.command, instances, self.stage_ahead, self.python)
 
     async def _check_host(
         self, host: str, ports: list[int], paths: list[str]
@@ -416,4 +430,6 @@ def _status(code: int | None, output: str) -> str:
 
 def from_recipe(recipe: Recipe) -> SshLauncher:
     assert isinstance(recipe.target, SshTarget)
-    return SshLauncher.from_target(recipe.target, orphan_grace=recipe.supervision.orphan_grace)
+    return SshLauncher.from_target(
+        recipe.target, orphan_grace=recipe.supervision.orphan_grace, stage_ahead=ahead(recipe)
+    )

@@ -1,11 +1,10 @@
 """``python -m dynamoctl.launch.stage RECIPE``: stage the recipe's model (``model.path``)
-into ``model.cache`` on every host of its SSH target before ``up``, coordinated: one read
-of the shared path in all, then each host that has it serves one that has not
-(:mod:`dynamoctl.modelcache.tree`). Prints each host's result as JSON; exits 1 naming the
+into ``model.cache`` on every host of its SSH target, coordinated: one read of the shared
+path in all, then each host that has it serves one that has not
+(:mod:`dynamoctl.launch.ssh_tree`). Prints each host's result as JSON; exits 1 naming the
 host that failed. The workers of ``up`` then find the model in their node's cache.
-
-A Slurm allocation stages with one ``srun`` step per node instead (docs/operations.md,
-"Model cache"): its nodes read the shared path once each.
+``model.cache.stage_ahead: true`` makes ``up`` itself do this before the engines start
+(on Slurm with ``sbcast``; docs/operations.md, "Model cache").
 """
 
 from __future__ import annotations
@@ -14,34 +13,19 @@ import asyncio
 import json
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
 
 from dynamoctl.launch.api import LaunchError
-from dynamoctl.launch.ssh import Process, SshLauncher
+from dynamoctl.launch.ssh import SshLauncher
+from dynamoctl.launch.ssh_tree import stage_hosts as stage_over_ssh
 from dynamoctl.modelcache.cache import StagingError
-from dynamoctl.modelcache.tree import NodeProcess, TreeResult, stage_tree
+from dynamoctl.modelcache.tree import TreeResult
 from dynamoctl.recipe.loader import RecipeError, load_recipe
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SshTarget
 from dynamoctl.settings.model_cache import ModelCacheSettings
-
-
-@dataclass
-class _SshStep:
-    proc: Process
-
-    async def readline(self) -> bytes:
-        return await self.proc.stdout.readline()
-
-    def close_input(self) -> None:
-        self.proc.stdin.write_eof()
-
-    async def wait(self) -> int:
-        done = await self.proc.wait()
-        return done.returncode if done.returncode is not None else -1
 
 
 async def stage_hosts(recipe: Recipe) -> TreeResult:
@@ -52,13 +36,9 @@ async def stage_hosts(recipe: Recipe) -> TreeResult:
     launcher = SshLauncher.from_target(target)
     addresses = {h: target.addresses.get(h) or socket.gethostbyname(h) for h in target.hosts}
     settings = ModelCacheSettings(**cache.model_dump(include=set(ModelCacheSettings.model_fields)))
-
-    async def run(host: str, argv: list[str]) -> NodeProcess:
-        return _SshStep(await launcher.command(host, argv))
-
     try:
-        return await stage_tree(
-            run, target.hosts, addresses, recipe.model.path, settings, python=target.python
+        return await stage_over_ssh(
+            launcher.command, target.hosts, addresses, recipe.model.path, settings, target.python
         )
     finally:
         await launcher.close()

@@ -6,18 +6,22 @@ stages by itself (docs/operations.md, "Model cache").
 
 ``--from-peer URL`` copies from a node that serves the entry (falling back to SOURCE);
 ``--serve ADDRESS:PORT`` then serves this node's entry to others until standard input
-closes (a coordinated staging, :mod:`dynamoctl.modelcache.tree`)."""
+closes (a coordinated staging, :mod:`dynamoctl.modelcache.tree`). ``--probe`` and
+``--adopt`` are the two steps around a Slurm ``sbcast`` of the entry
+(:mod:`dynamoctl.modelcache.receive`)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 
 import typer
 
 from dynamoctl.modelcache.cache import NodeCache, StagingError
 from dynamoctl.modelcache.peer import serve_entry
+from dynamoctl.modelcache.receive import adopt, probe
 from dynamoctl.settings.base import with_options
 from dynamoctl.settings.model_cache import ModelCacheSettings
 
@@ -30,6 +34,12 @@ def stage(
     serve: str | None = typer.Option(
         None, help="ADDRESS:PORT: once staged, serve the entry there until stdin closes."
     ),
+    probe_only: bool = typer.Option(
+        False, "--probe", help="Copy nothing: say whether this node holds the entry."
+    ),
+    adopt_broadcast: bool = typer.Option(
+        False, "--adopt", help="Take the entry broadcast into the cache (sbcast), checked."
+    ),
     *,
     cache: ModelCacheSettings,
 ) -> None:
@@ -38,8 +48,16 @@ def stage(
     if cache.dir is None:
         raise typer.BadParameter("is required", param_hint="--model-cache-dir")
     began = time.monotonic()
+    node_cache = NodeCache(cache, node=os.environ.get("SLURMD_NODENAME"))  # Slurm's name
     try:
-        entry = NodeCache(cache).stage(source, peer=from_peer)
+        if probe_only:
+            hit = probe(node_cache, source)
+            typer.echo(json.dumps({"node": node_cache.node, "hit": hit}))
+            return
+        if adopt_broadcast:
+            entry = adopt(node_cache, source)
+        else:
+            entry = node_cache.stage(source, peer=from_peer)
     except StagingError as exc:
         typer.echo(f"dynamoctl modelcache: {exc}", err=True)
         raise typer.Exit(1) from exc

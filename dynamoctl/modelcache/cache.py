@@ -53,7 +53,8 @@ class Entry:
     hit: bool
     """It was in the cache already (nothing copied)."""
     origin: str = "shared"
-    """Where the copy was read: ``shared`` (the source path), ``peer URL``, ``cache`` (a hit)."""
+    """Where the copy was read: ``shared`` (the source path), ``peer URL``, ``cache`` (a
+    hit), ``sbcast`` (broadcast by Slurm, :mod:`.receive`)."""
     held: IO[bytes] | None = None
 
     @property
@@ -101,8 +102,8 @@ class NodeCache:
             self.root.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise self.error(src, f"cannot make {self.root}: {exc.strerror}") from exc
-        with self._locked():
-            entry = self._reuse(self.root / key, src)
+        with self.locked():
+            entry = self.reuse(self.root / key, src)
             if entry is None and peer is not None:
                 entry = self._copy_from_peer(src, key, files, peer)
             if entry is None:
@@ -114,12 +115,12 @@ class NodeCache:
         return StagingError(self.node, str(src), reason)
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
         with open(self.root / ".lock", "a+b") as fh:
             fcntl.flock(fh, fcntl.LOCK_EX)
             yield
 
-    def _reuse(self, path: Path, src: Path) -> Entry | None:
+    def reuse(self, path: Path, src: Path) -> Entry | None:
         manifest_file = path / MANIFEST
         if not manifest_file.exists():
             return None
@@ -137,7 +138,7 @@ class NodeCache:
         path = self.root / key
         shutil.rmtree(path, ignore_errors=True)
         total = sum(f.size for f in files)
-        self._make_room(total, src)
+        self.make_room(total, src)
         began = time.monotonic()
         log.info("staging %s (%d files, %.2f GiB) into %s", src, len(files), total / 2**30, path)
         progress = Progress(str(src), total)
@@ -147,7 +148,7 @@ class NodeCache:
         except FileFault as exc:
             shutil.rmtree(path, ignore_errors=True)
             raise self.error(src, str(exc)) from exc
-        return self._complete(path, src, revision(files), copied, began, "shared")
+        return self.complete(path, src, revision(files), copied, began, "shared")
 
     def _copy_from_peer(
         self, src: Path, key: str, files: list[SourceFile], peer: str
@@ -164,7 +165,7 @@ class NodeCache:
                     f"peer {peer} holds {theirs.source} at revision {theirs.revision}; "
                     f"this node needs {src} at {revision(files)}"
                 )
-            self._make_room(theirs.bytes, src)
+            self.make_room(theirs.bytes, src)
             log.info("staging %s (%.2f GiB) from peer %s", src, theirs.bytes / 2**30, peer)
             progress = Progress(f"{src} from {peer}", theirs.bytes)
             copied = copy_from_peer(peer, theirs, path / "model", progress)
@@ -172,9 +173,9 @@ class NodeCache:
             shutil.rmtree(path, ignore_errors=True)
             log.warning("staging from peer failed (%s); reading %s instead", exc, src)
             return None
-        return self._complete(path, src, theirs.revision, copied, began, f"peer {peer}")
+        return self.complete(path, src, theirs.revision, copied, began, f"peer {peer}")
 
-    def _complete(
+    def complete(
         self,
         path: Path,
         src: Path,
@@ -205,7 +206,7 @@ class NodeCache:
         )
         return Entry(path, manifest, hit=False, origin=origin)
 
-    def _make_room(self, needed: int, src: Path) -> None:
+    def make_room(self, needed: int, src: Path) -> None:
         """Remove unfinished copies, then (``evict``) the least recently used entries no
         start holds until ``needed`` more bytes fit under ``max_bytes``."""
         for partial in self.root.iterdir():

@@ -13,6 +13,14 @@ class ModelCache(RecipeModel, ModelCacheSettings):
     """Stage the weights into a directory on each node before its engines start
     (docs/operations.md, "Model cache")."""
 
+    stage_ahead: bool = False
+    """Stage the model onto every node once, coordinated, before any engine starts: on
+    Slurm, the first node copies it from ``model.path`` and ``sbcast`` (Slurm's own tree)
+    sends that copy to every other node of the allocation, each checking it against the
+    first node's checksums; over SSH, each host that has it serves one that has not
+    (one read of the shared path in all). Nodes that hold it already copy nothing. Off:
+    each node's first start copies from the shared path by itself."""
+
     @model_validator(mode="after")
     def _absolute_dir(self) -> ModelCache:
         if self.dir is None:

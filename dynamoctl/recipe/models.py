@@ -51,8 +51,8 @@ class ModelSpec(RecipeModel, OutputParserSettings):
     """Longest prompt plus completion, in tokens. Default: the model's own limit."""
     cache: ModelCache | None = None
     """A node-local copy of ``path``'s directory each engine reads instead of the shared
-    path: ``{dir, max_bytes, when_full, fallback_to_shared, verify}`` (docs/operations.md,
-    "Model cache"). Default: none, engines read ``path``."""
+    path: ``{dir, max_bytes, when_full, fallback_to_shared, verify, stage_ahead}``
+    (docs/operations.md, "Model cache"). Default: none, engines read ``path``."""
     task: Task = "generate"
     """``generate``: a language model (chat, completions, responses, messages).
     ``embed``: an embedding model, run by its engine's pooling runner (vLLM's ``--runner

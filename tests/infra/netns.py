@@ -263,3 +263,16 @@ def _free_subnet() -> str:
         if f" {prefix}." not in used:
             return prefix
     raise RuntimeError("no free 10.77.X.0/24 subnet")
+
+
+_BIND = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
+
+
+def own_disk(own: Path, at: Path, argv: Sequence[str]) -> list[str]:
+    """``argv`` in a mount namespace of its own in which directory ``own`` is seen at
+    ``at``: a node's local disk, the same path on every node of a cluster, each its own
+    (an SSH host's sshd, a Slurm node's slurmd and the steps it starts)."""
+    for path in (own, at):
+        path.mkdir(parents=True, exist_ok=True)
+    private = ["unshare", "--mount", "--propagation", "private"]
+    return [*private, "sh", "-c", _BIND, "sh", str(own), str(at), *argv]

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.infra.netns import NetHost, Network, network, new_tag, require_tools
+from tests.infra.netns import NetHost, Network, network, new_tag, own_disk, require_tools
 from tests.infra.ports import free_ports
 
 BINARIES = ("munged", "slurmctld", "slurmd", "sbatch", "srun", "squeue", "scancel", "scontrol")
@@ -380,9 +380,13 @@ def slurm_cluster(tmp_dir: Path) -> Iterator[SlurmCluster]:
 
 
 @contextlib.contextmanager
-def multinode_cluster(tmp_dir: Path, nodes: int = 3) -> Iterator[MultiNodeCluster]:
+def multinode_cluster(
+    tmp_dir: Path, nodes: int = 3, node_local: Path | None = None
+) -> Iterator[MultiNodeCluster]:
     """A controller host, ``nodes`` compute nodes and a login host, all named (see the
-    module's docstring); yields once every node is idle. Everything is gone afterwards:
+    module's docstring); yields once every node is idle. ``node_local``: a path each
+    node sees as its own disk (its slurmd, and so its steps, in a mount namespace with
+    ``ROOT/node-local-NAME`` bound there), as a node's local disk is. Everything is gone afterwards:
     jobs, daemons, stragglers, namespaces, ``/etc/hosts`` lines, files."""
     missing = missing_binaries()
     if missing:
@@ -424,9 +428,10 @@ def multinode_cluster(tmp_dir: Path, nodes: int = 3) -> Iterator[MultiNodeCluste
                 "slurmctld": net.host(controller).argv(["slurmctld", "-D", "-i", "-f", str(conf)])
             }
             for name in names:
-                starts[f"slurmd-{name}"] = net.host(name).argv(
-                    ["slurmd", "-D", "-N", name, "-f", str(conf)]
-                )
+                slurmd = ["slurmd", "-D", "-N", name, "-f", str(conf)]
+                if node_local is not None:
+                    slurmd = own_disk(root / f"node-local-{name}", node_local, slurmd)
+                starts[f"slurmd-{name}"] = net.host(name).argv(slurmd)
             # munged on the controller host too: a later session's clean-up of a killed
             # one's namespaces ends it with the rest.
             with _daemons(cluster, starts, names, net.host(controller).argv()):

@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.infra.netns import NetHost, in_namespace, network, new_tag, require_tools
+from tests.infra.netns import NetHost, in_namespace, network, new_tag, own_disk, require_tools
 
 SSHD = "/usr/sbin/sshd"
 REPO = Path(__file__).resolve().parents[2]
@@ -176,19 +176,13 @@ MaxSessions {max_sessions}
     )
 
 
-_BIND = 'mount --bind "$1" "$2" && shift 2 && exec "$@"'
-
-
 def _start_sshd(
     host: NetHost, config: Path, log: Path, own: tuple[Path, Path] | None = None
 ) -> subprocess.Popen[bytes]:
     os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation dir
     sshd = [SSHD, "-D", "-e", "-f", str(config)]
     if own is not None:  # (its own directory, the path the host sees it at)
-        for path in own:
-            path.mkdir(parents=True, exist_ok=True)
-        private = ["unshare", "--mount", "--propagation", "private"]
-        sshd = [*private, "sh", "-c", _BIND, "sh", str(own[0]), str(own[1]), *sshd]
+        sshd = own_disk(own[0], own[1], sshd)
     with open(log, "ab") as out:
         return subprocess.Popen(
             host.argv(sshd),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ from dynamoctl.modelcache.tree import waves
 from dynamoctl.settings.model_cache import ModelCacheSettings
 from tests.infra.model_dir import model_dir
 from tests.infra.ssh_hosts import ssh_hosts, tree_python
+from tests.supervisor.conftest import free_port
 
 pytestmark = pytest.mark.fast_start
 
@@ -87,3 +89,59 @@ workers:
     assert not list(local.iterdir())  # nothing landed on the machine's own path
     assert again.returncode == 0, again.stderr
     assert all(v["hit"] for v in json.loads(again.stdout)["staged"].values())
+
+
+@pytest.mark.timeout(300)
+def test_up_stages_the_workers_hosts_through_the_tree_before_they_start(tmp_path: Path) -> None:
+    """``model.cache.stage_ahead``: ``up`` runs the same coordinated staging over its SSH
+    hosts before any engine starts, and every worker starts from its host's copy."""
+    source = model_dir(tmp_path / "shared" / "m", 16 * MIB)
+    local = tmp_path / "local-disk"
+    (tmp_path / "hosts").mkdir()
+    env = {**os.environ, "DYNAMOCTL_HOME": str(tmp_path / "home")}
+    run_dir = tmp_path / "home" / "runs" / "ahead"
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "dynamoctl", *args]
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+
+    with ssh_hosts(3, tmp_path / "hosts", node_local=local) as hosts:
+        recipe = tmp_path / "ahead.yaml"
+        recipe.write_text(f"""\
+schema: 1
+name: ahead
+discovery: {{backend: etcd, managed: true, lease_ttl: 3}}
+{hosts.target_yaml(tmp_path, tree_python(tmp_path))}
+model:
+  name: mock-llama
+  path: mock-llama
+  block_size: 16
+  cache: {{dir: {local / "cache"}, verify: checksums, stage_ahead: true}}
+security: {{open_endpoint: true}}  # a test cluster: nothing else on its network
+frontend: {{host: 0.0.0.0, port: {free_port()}}}
+workers:
+  agg: {{engine: mocker, replicas: 3, gpus_per_replica: 0,
+         engine_args: {{num-gpu-blocks: 256, speedup-ratio: 10, weights-model: {source}}}}}
+supervision: {{probe_interval: 0.3}}
+""")
+        try:
+            up = cli("up", str(recipe), "--detach")
+            log = (run_dir / "supervisor.log").read_text()
+            assert up.returncode == 0, up.stdout + up.stderr + log[-3000:]
+            rows = json.loads(cli("status", "ahead", "--json").stdout)["instances"]
+            workers = {r["name"]: (r["host"], r["state"]) for r in rows if r["pool"] == "agg"}
+            assert sorted(workers.values()) == [(h, "READY") for h in sorted(hosts.names)]
+            [line] = [ln for ln in log.splitlines() if "staged ahead on 3 hosts" in ln]
+            assert line.count("'shared'") == 1 and line.count("'peer http://") == 2, line
+            for worker in workers:  # each engine started from its host's copy
+                text = (run_dir / "logs" / f"{worker}.log").read_text()
+                assert "from the node cache (hit" in text, text[-2000:]
+        finally:
+            cli("down", "ahead", "--now")
+    want = hashlib.sha256((source / "model-00001-of-00004.safetensors").read_bytes()).hexdigest()
+    for i, name in enumerate(hosts.names):
+        [manifest_file] = (tmp_path / "hosts" / f"node-local-{i}" / "cache").glob("*/manifest.json")
+        manifest = json.loads(manifest_file.read_bytes())
+        assert manifest["node"] == name
+        sums = {f["path"]: f["sha256"] for f in manifest["files"]}
+        assert sums["model-00001-of-00004.safetensors"] == want

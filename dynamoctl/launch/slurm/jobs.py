@@ -48,8 +48,10 @@ def step_env(environ: Mapping[str, str]) -> dict[str, str]:
     return {key: value for key, value in environ.items() if key not in STRIPPED_ENV}
 
 
-async def run_client(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, str, str]:
-    """Run a Slurm client command; (returncode, stdout, stderr). Bounded."""
+async def run_client(
+    argv: Sequence[str], env: Mapping[str, str], timeout: float = CLIENT_TIMEOUT_S
+) -> tuple[int, str, str]:
+    """Run a Slurm client command; (returncode, stdout, stderr). Bounded by ``timeout``."""
     try:
         proc = await asyncio.create_subprocess_exec(
             *argv,
@@ -61,11 +63,11 @@ async def run_client(argv: Sequence[str], env: Mapping[str, str]) -> tuple[int, 
     except OSError as exc:
         raise LaunchError(f"cannot run {argv[0]!r}: {exc}") from exc
     try:
-        out, err = await asyncio.wait_for(proc.communicate(), CLIENT_TIMEOUT_S)
+        out, err = await asyncio.wait_for(proc.communicate(), timeout)
     except asyncio.TimeoutError:
         proc.kill()
         await proc.wait()
-        raise LaunchError(f"{' '.join(argv)}: no answer in {CLIENT_TIMEOUT_S:.0f} s") from None
+        raise LaunchError(f"{' '.join(argv)}: no answer in {timeout:.0f} s") from None
     return proc.returncode or 0, out.decode(errors="replace"), err.decode(errors="replace")
 
 

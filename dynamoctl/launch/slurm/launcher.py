@@ -49,6 +49,8 @@ from dynamoctl.launch.slurm.jobs import (
     run_client,
     step_env,
 )
+from dynamoctl.launch.slurm.sbcast import stage_allocation
+from dynamoctl.launch.weights import Ahead, ahead
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import SlurmContainer, SlurmTarget
 
@@ -172,8 +174,12 @@ class SlurmLauncher:
         env: Mapping[str, str] | None = None,
         step_timeout: float = 60.0,
         mpi: str = "pmix",
+        stage_ahead: Ahead | None = None,
     ) -> None:
         self.mpi = mpi
+        self.stage_ahead = stage_ahead
+        """Model directories sbcast to every node's cache before anything starts, and the
+        cache (recipe ``model.cache.stage_ahead``; :mod:`~dynamoctl.launch.slurm.sbcast`)."""
         self._env = step_env(os.environ if env is None else env)
         self.job_id = job_id or (os.environ if env is None else env).get("SLURM_JOB_ID")
         self.python = python or ("python3" if container else sys.executable)
@@ -231,6 +237,17 @@ class SlurmLauncher:
                 error = path_unusable(spec, result.get("paths", {}))
                 if error is not None:
                     raise error
+        if self.stage_ahead is not None and self.stage_ahead.sources and instances:
+            step_args = [*self._container_args(), self.python]
+            report = await stage_allocation(
+                self._job(),
+                nodes,
+                self.stage_ahead.sources,
+                self.stage_ahead.settings,
+                env=self._env,
+                step_args=step_args,
+            )
+            log.info("model staged ahead on every node: %s", json.dumps(report))
 
     async def _check_nodes(
         self, nodes: list[str], instances: list[InstanceSpec]
@@ -422,4 +439,6 @@ def _step_shape(spec: InstanceSpec, mpi: str) -> list[str]:
 def from_recipe(recipe: Recipe) -> SlurmLauncher:
     """The launcher for a Slurm recipe, inside its allocation (``$SLURM_JOB_ID``)."""
     assert isinstance(recipe.target, SlurmTarget)
-    return SlurmLauncher(container=recipe.target.container, mpi=recipe.target.mpi)
+    return SlurmLauncher(
+        container=recipe.target.container, mpi=recipe.target.mpi, stage_ahead=ahead(recipe)
+    )
