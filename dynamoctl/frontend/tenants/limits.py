@@ -58,6 +58,26 @@ class Bucket:
 
 
 @dataclass
+class GrantedBucket(Bucket):
+    """One frontend process's part of a key's bucket shared by the deployment
+    (:mod:`dynamoctl.frontend.tenants.shared`): filled by grants taken from the shared
+    bucket, never by time."""
+
+    empty_until: float = 0.0
+    """Monotonic time until which the shared bucket is known to be empty: refusals until
+    then cost no round trip to discovery."""
+
+    def refill(self) -> float:
+        return self.level
+
+    def resize(self, limit: int) -> None:
+        self.limit = limit  # what was granted stays granted; the shared bucket resizes
+
+    def seconds_until(self, level: float) -> float:
+        return max(self.empty_until - time.monotonic(), (level - self.level) / self.rate, 0.0)
+
+
+@dataclass
 class KeyLimiter:
     """The run-time state of one key, kept across reloads of the key file by name."""
 
@@ -69,26 +89,42 @@ class KeyLimiter:
     generation: int = 0
     """Raised when the key is revoked or its secret replaced: a ticket admitted under an
     earlier generation is no longer valid (its queued request is refused)."""
+    granted: bool = False
+    """The buckets are this process's grants of the deployment's shared ones."""
 
     def __post_init__(self) -> None:
         self.update(self.entry)
 
     def update(self, entry: KeyEntry) -> None:
         self.entry = entry
-        self.requests = _rebucket(self.requests, entry.limits.requests_per_minute, self.clock)
-        self.tokens = _rebucket(self.tokens, entry.limits.tokens_per_minute, self.clock)
+        limits = entry.limits
+        self.requests = _rebucket(
+            self.requests, limits.requests_per_minute, self.clock, self.granted
+        )
+        self.tokens = _rebucket(self.tokens, limits.tokens_per_minute, self.clock, self.granted)
 
     def admit(self) -> tuple[str, OpenAIError] | None:
         """Take one request if every limit allows it; else the limit that refused it
         (``concurrency``, ``requests`` or ``tokens``) and the 429 to answer."""
+        refused = self.refusal()
+        if refused is None:
+            self.take()
+        return refused
+
+    def too_many(self) -> tuple[str, OpenAIError]:
+        """The 429 of a key at its ``concurrent_requests``."""
+        return "concurrency", self._refused(
+            "requests",
+            f"Too many concurrent requests for key '{self.entry.name}': "
+            f"limit {self.entry.limits.concurrent_requests}; wait for one to finish.",
+            1.0,
+        )
+
+    def refusal(self) -> tuple[str, OpenAIError] | None:
+        """What :meth:`admit` would refuse, taking nothing."""
         limits = self.entry.limits
         if limits.concurrent_requests is not None and self.in_flight >= limits.concurrent_requests:
-            return "concurrency", self._refused(
-                "requests",
-                f"Too many concurrent requests for key '{self.entry.name}': "
-                f"limit {limits.concurrent_requests}; wait for one to finish.",
-                1.0,
-            )
+            return self.too_many()
         if self.requests is not None and self.requests.refill() < 1:
             wait = self.requests.seconds_until(1)
             return "requests", self._refused(
@@ -106,10 +142,13 @@ class KeyLimiter:
                 f"Please try again in {_duration(wait)}.",
                 wait,
             )
+        return None
+
+    def take(self) -> None:
+        """Count one request admitted."""
         if self.requests is not None:
             self.requests.level -= 1
         self.in_flight += 1
-        return None
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -160,12 +199,14 @@ def context_exceeded(entry: KeyEntry, prompt: int, max_tokens: int) -> OpenAIErr
 
 
 def _rebucket(
-    bucket: Bucket | None, limit: int | None, clock: Callable[[], float]
+    bucket: Bucket | None, limit: int | None, clock: Callable[[], float], granted: bool
 ) -> Bucket | None:
     if limit is None:
         return None
     if bucket is None:
-        return Bucket(limit, clock=clock)
+        return (
+            GrantedBucket(limit, level=0.0, clock=clock) if granted else Bucket(limit, clock=clock)
+        )
     bucket.resize(limit)
     return bucket
 
