@@ -82,6 +82,8 @@ async def run_frontend(opts: FrontendOptions) -> None:
         reuse_port=opts.reuse_port,
         timeout_graceful_shutdown=opts.drain_grace,  # open streams finish on the way out
     )
+    if tenants is not None and tenants.shared is not None:
+        runtime.on_close(tenants.shared.close)  # slots and overruns handed back first
     for closer in (client.close, routing.close, registry.close):
         runtime.on_close(closer)  # closed after HTTP, in reverse: registry first
     async with runtime:

@@ -110,7 +110,7 @@ class SharedLimits:
         """One request of ``limiter``'s key ended (after :meth:`KeyLimiter.release`): its
         slot goes back and its tokens' overrun is handed to the shared bucket."""
         name = limiter.entry.name
-        if limiter.entry.limits.concurrent_requests is not None and self.slots.get(name):
+        if self.slots.get(name):  # held: given back even if a reload dropped the limit
             self._later(self._slot(name, -1))
         if limiter.tokens is not None and limiter.tokens.level < 0:
             self._later(self._top_up(name, "tokens", limiter.tokens, 0.0))
