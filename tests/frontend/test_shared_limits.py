@@ -78,3 +78,15 @@ async def test_concurrent_requests_hold_across_processes(sides: list[SharedLimit
     await side.close()  # its slot is back
     waiting = next(i for i, r in enumerate(results) if r is not None)
     assert await sides[waiting].admit(limiters[waiting]) is None
+
+
+async def test_remaining_header_counts_the_shared_bucket(sides: list[SharedLimits]) -> None:
+    one, two = sides[0], sides[1]
+    first, second = (KeyLimiter(entry(requests_per_minute=300), granted=True) for _ in (1, 2))
+    for _ in range(10):
+        assert await one.admit(first) is None
+    assert await two.admit(second) is None
+    remaining = dict(second.headers())[b"x-ratelimit-remaining-requests"]
+    # 300 less the 11 admitted (and a refill of 5/s while this ran), not the process's
+    # own part of its grant (2).
+    assert 285 <= int(remaining) <= 295, remaining

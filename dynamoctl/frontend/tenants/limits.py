@@ -56,6 +56,10 @@ class Bucket:
     def seconds_until(self, level: float) -> float:
         return max(0.0, (level - self.refill()) / self.rate)
 
+    def remaining(self) -> float:
+        """What the key may still use now (``x-ratelimit-remaining-*``)."""
+        return self.refill()
+
 
 @dataclass
 class GrantedBucket(Bucket):
@@ -66,6 +70,8 @@ class GrantedBucket(Bucket):
     empty_until: float = 0.0
     """Monotonic time until which the shared bucket is known to be empty: refusals until
     then cost no round trip to discovery."""
+    shared_left: float = 0.0
+    """What the shared bucket held after this process's last grant (at ``stamp``)."""
 
     def refill(self) -> float:
         return self.level
@@ -75,6 +81,11 @@ class GrantedBucket(Bucket):
 
     def seconds_until(self, level: float) -> float:
         return max(self.empty_until - time.monotonic(), (level - self.level) / self.rate, 0.0)
+
+    def remaining(self) -> float:
+        """This process's part plus the shared bucket as last read, refilled since."""
+        shared = self.shared_left + (self.clock() - self.stamp) * self.rate
+        return min(float(self.limit), max(0.0, self.level) + max(0.0, shared))
 
 
 @dataclass
@@ -164,7 +175,7 @@ class KeyLimiter:
         for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
             if bucket is None:
                 continue
-            level = bucket.refill()
+            level = bucket.remaining()
             reset = (bucket.limit - level) / bucket.rate
             found += [
                 (f"x-ratelimit-limit-{kind}".encode(), str(bucket.limit).encode()),

@@ -150,7 +150,7 @@ class SharedLimits:
             bucket.level += overrun + taken
             if want and not taken:
                 bucket.empty_until = now + max(0.0, want - left) / bucket.rate
-            bucket.stamp = now
+            bucket.stamp, bucket.shared_left = now, left
 
     async def _take(
         self, name: str, kind: str, limit: int, overrun: float, grant: float
