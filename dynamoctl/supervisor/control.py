@@ -154,7 +154,11 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
             body = msgspec.json.decode(await request.body() or b"{}", type=KeysReloadRequest)
         except msgspec.DecodeError as exc:
             return _json(ControlReply(ok=False, message=str(exc)), 400)
-        plan = get_supervisor().plan
+        supervisor = get_supervisor()
+        if supervisor.recipe.frontend.api_keys_file is None:
+            message = "this deployment's frontends read no key file (recipe frontend.api_keys_file)"
+            return _json(ControlReply(ok=False, message=message), 409)
+        plan = supervisor.plan
         return _json(await reload_keys(plan.discovery_url, plan.namespace, body.timeout))
 
     async def down(body: DownRequest) -> ControlReply:

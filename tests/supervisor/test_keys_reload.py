@@ -171,3 +171,15 @@ def test_limits_hold_for_the_deployment_not_per_process(cli: Cli) -> None:
                 client.close()
     finally:
         assert cli("down", "shared").returncode == 0
+
+
+def test_keys_reload_without_a_key_file_says_so(cli: Cli) -> None:
+    port = free_port()
+    up = cli("up", str(cli.recipe(mocker_recipe("open", port, replicas=1))), "--detach")
+    assert up.returncode == 0, up.stderr
+    try:
+        done = cli("keys", "reload", "--name", "open")
+        assert done.returncode == 1
+        assert "read no key file (recipe frontend.api_keys_file)" in done.stderr
+    finally:
+        assert cli("down", "open").returncode == 0
