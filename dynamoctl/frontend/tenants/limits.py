@@ -102,6 +102,9 @@ class KeyLimiter:
     earlier generation is no longer valid (its queued request is refused)."""
     granted: bool = False
     """The buckets are this process's grants of the deployment's shared ones."""
+    shared: bool = False
+    """Granted and with a limit the deployment shares (rates or concurrency): admitting
+    it may ask discovery; a key without one never does."""
 
     def __post_init__(self) -> None:
         self.update(self.entry)
@@ -113,6 +116,8 @@ class KeyLimiter:
             self.requests, limits.requests_per_minute, self.clock, self.granted
         )
         self.tokens = _rebucket(self.tokens, limits.tokens_per_minute, self.clock, self.granted)
+        rates = self.requests is not None or self.tokens is not None
+        self.shared = self.granted and (rates or limits.concurrent_requests is not None)
 
     def admit(self) -> tuple[str, OpenAIError] | None:
         """Take one request if every limit allows it; else the limit that refused it

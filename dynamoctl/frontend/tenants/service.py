@@ -204,7 +204,7 @@ class Tenants:
         if isinstance(class_name, OpenAIError):
             return await refuse(scope, receive, send, class_name)
         shared = self.shared
-        refused = limiter.admit() if shared is None else await shared.admit(limiter)
+        refused = await shared.admit(limiter) if shared and limiter.shared else limiter.admit()
         if refused is not None:
             limit, error = refused
             self.metrics.limited.labels(found.name, limit).inc()
