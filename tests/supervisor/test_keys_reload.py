@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.supervisor.conftest import Cli, free_port, mocker_recipe
 
@@ -42,9 +43,9 @@ keys:
 BODY = {"model": "mock-llama", "prompt": "hello", "max_tokens": 2}
 
 
-def _up(cli: Cli, name: str, keys: Path) -> int:
+def _up(cli: Cli, name: str, keys: Path, extra: str = "") -> int:
     port = free_port()
-    text = mocker_recipe(name, port, replicas=1).replace(
+    text = mocker_recipe(name, port, replicas=1, extra=extra).replace(
         f"frontend: {{port: {port}}}",
         f"frontend: {{port: {port}, processes: 2, api_keys_file: '{keys}'}}",
     )
@@ -123,10 +124,15 @@ def test_keys_reload_reaches_every_frontend_and_reports_its_changes(cli: Cli) ->
         assert cli("down", "rekey").returncode == 0
 
 
-def test_limits_hold_for_the_deployment_not_per_process(cli: Cli) -> None:
+@pytest.mark.parametrize("discovery", ["embedded", "etcd"])
+def test_limits_hold_for_the_deployment_not_per_process(cli: Cli, discovery: str) -> None:
+    """With the embedded store (one host) and a managed etcd (what several hosts use)."""
     keys = cli.tmp / "keys.yaml"
     keys.write_text(LIMITED)
-    port = _up(cli, "shared", keys)
+    extra = "discovery: {backend: etcd, managed: true}\n" if discovery == "etcd" else ""
+    port = _up(cli, "shared", keys, extra)
+    location = cli.status("shared")["discovery"]["location"]
+    assert location.startswith("http") if discovery == "etcd" else location.endswith("sqlite3")
     try:
         # 10 requests per minute for the deployment: 20 would pass with one bucket per
         # process. Refilled meanwhile: 1 per 6 s, so at most one more.
