@@ -30,6 +30,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "deploy": ("up", "adopt", "down", "lb-config"),
     "operate": ("status", "drain", "scale", "logs"),
     "lora": ("lora",),
+    "keys": ("keys",),
     "bench": ("bench",),
     "profile": ("profile",),
     "configure": ("configure",),

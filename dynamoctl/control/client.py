@@ -21,6 +21,7 @@ from dynamoctl.wire.control import (
     ScaleRequest,
     StatusReport,
 )
+from dynamoctl.wire.tenants import KeysReloadReport, KeysReloadRequest
 
 T = TypeVar("T")
 
@@ -80,6 +81,10 @@ class ControlClient:
 
     def lora(self) -> LoraReport:
         return self._call("GET", "/lora", None, LoraReport)
+
+    def keys_reload(self, timeout: float) -> KeysReloadReport:
+        body = KeysReloadRequest(timeout=timeout)
+        return self._call("POST", "/keys/reload", body, KeysReloadReport)
 
     def down(self, now: bool) -> ControlReply:
         return self._call("POST", "/down", DownRequest(now=now), ControlReply)

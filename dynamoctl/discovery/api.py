@@ -1,6 +1,7 @@
 """The store interface every discovery backend implements, and the types it speaks.
 
-A :class:`Store` is deliberately small (leases, put/get/list/delete, watch-from-revision):
+A :class:`Store` is deliberately small (leases, put/get/list/delete, one compare-and-set,
+watch-from-revision):
 everything a process needs on top of it — a lease kept alive, keys re-registered after
 lease loss, watches that survive an outage — lives once in :mod:`dynamoctl.discovery.client`,
 so both backends behave the same by construction and one conformance suite covers them.
@@ -83,6 +84,12 @@ class Store(ABC):
     @abstractmethod
     async def put(self, key: str, value: bytes, lease: int | None = None) -> None:
         """Set ``key``; attached to ``lease`` when given."""
+
+    @abstractmethod
+    async def replace(self, key: str, old: bytes | None, new: bytes) -> bool:
+        """Set ``key`` (no lease) to ``new`` if its value is ``old`` now (None: the key is
+        absent), atomically; False, changing nothing, if it is not (another writer was
+        first: the caller reads again and retries)."""
 
     @abstractmethod
     async def delete(self, key: str) -> bool:

@@ -227,6 +227,19 @@ class EmbeddedStore(Store):
 
         await self._run(put)
 
+    async def replace(self, key: str, old: bytes | None, new: bytes) -> bool:
+        def replace(conn: sqlite3.Connection) -> bool:
+            row = conn.execute("SELECT value FROM kv WHERE key = ?", (key,)).fetchone()
+            if (bytes(row[0]) if row else None) != old:
+                return False
+            conn.execute(
+                "INSERT OR REPLACE INTO kv (key, value, lease) VALUES (?, ?, NULL)", (key, new)
+            )
+            self._log(conn, key, new)
+            return True
+
+        return await self._run(replace)
+
     async def delete(self, key: str) -> bool:
         def delete(conn: sqlite3.Connection) -> bool:
             if conn.execute("DELETE FROM kv WHERE key = ?", (key,)).rowcount == 0:

@@ -206,6 +206,17 @@ class EtcdStore(Store):
     async def put(self, key: str, value: bytes, lease: int | None = None) -> None:
         await self._call(lambda c: c.put(key.encode(), value, lease=lease))
 
+    async def replace(self, key: str, old: bytes | None, new: bytes) -> bool:
+        name = key.encode()
+
+        async def txn(c: aetcd.Client) -> bool:
+            check = c.transactions
+            compare = [check.version(name) == 0 if old is None else check.value(name) == old]
+            succeeded, _ = await c.transaction(compare, [check.put(name, new)], [])
+            return bool(succeeded)
+
+        return await self._call(txn)
+
     async def delete(self, key: str) -> bool:
         reply = await self._call(lambda c: c.delete(key.encode()))
         return reply is not None  # aetcd answers None for a key that was not there

@@ -86,3 +86,25 @@ def split_instance_key(key: str) -> tuple[str, str, str, str]:
     if len(parts) != 5 or parts[1] != "instances":
         raise ValueError(f"not an instance key: {key!r}")
     return parts[0], parts[2], parts[3], parts[4]
+
+
+def key_reload_ask_key(ns: str) -> str:
+    """The latest ``dynamoctl keys reload`` asked of the frontends
+    (:class:`~dynamoctl.wire.tenants.KeyReloadAsk`, no lease)."""
+    return f"{namespace_prefix(ns)}keys/ask"
+
+
+def key_reload_answers_prefix(ns: str) -> str:
+    """Every frontend's answer to the latest key reload."""
+    return f"{namespace_prefix(ns)}keys/answers/"
+
+
+def key_reload_answer_key(ns: str, instance_id: str) -> str:
+    """One frontend's :class:`~dynamoctl.wire.tenants.KeyReloadAnswer`, under its lease."""
+    return f"{key_reload_answers_prefix(ns)}{_check(instance_id, 'instance_id')}"
+
+
+def key_limit_key(ns: str, key_name: str, kind: str) -> str:
+    """The deployment's shared budget of one API key (by its name, never the key) for one
+    limit, ``requests``, ``tokens`` or ``concurrency`` (frontend/tenants/shared.py)."""
+    return f"{namespace_prefix(ns)}limits/{_check(key_name, 'key name')}/{_check(kind, 'limit')}"

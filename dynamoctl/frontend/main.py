@@ -31,7 +31,9 @@ from dynamoctl.frontend.longtext import limit_malloc_arenas
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
 from dynamoctl.frontend.routing import EmbeddedRouting, create_routing
+from dynamoctl.frontend.tenants.reload import background
 from dynamoctl.frontend.tenants.service import Tenants
+from dynamoctl.frontend.tenants.shared import SharedLimits
 from dynamoctl.planes.request import RequestClient
 from dynamoctl.settings import FrontendOptions
 from dynamoctl.wire.records import Component, Endpoint
@@ -43,7 +45,7 @@ async def run_frontend(opts: FrontendOptions) -> None:
     limit_malloc_arenas()  # before any thread: memory goes back after bursts
     runtime = ComponentRuntime(Component.FRONTEND, opts)
     metrics = FrontendMetrics()
-    tenants = Tenants(opts.api_keys, metrics.registry) if opts.api_keys.has_keys() else None
+    tenants = _tenants(opts, runtime, metrics)
     silence = opts.streams.stream_silence_timeout
     client = RequestClient(heartbeat_interval=silence / 4, heartbeat_timeout=silence)
     routing = create_routing(
@@ -80,14 +82,18 @@ async def run_frontend(opts: FrontendOptions) -> None:
         reuse_port=opts.reuse_port,
         timeout_graceful_shutdown=opts.drain_grace,  # open streams finish on the way out
     )
+    if tenants is not None and tenants.shared is not None:
+        runtime.on_close(tenants.shared.close)  # slots and overruns handed back first
     for closer in (client.close, routing.close, registry.close):
         runtime.on_close(closer)  # closed after HTTP, in reverse: registry first
     async with runtime:
         await routing.start()
         await registry.start()
         if tenants is not None:
-            watch = asyncio.create_task(tenants.watch(), name="key-file")
-            runtime.on_close(_cancelling(watch))
+            label = opts.label or runtime.instance_id
+            ns, instance = opts.namespace, runtime.instance_id
+            for work in background(tenants, runtime.discovery, ns, instance, label):
+                runtime.on_close(_cancelling(asyncio.create_task(work, name="keys")))
         base = f"http://{opts.host}:{http.port}"
         key = keys.instance_key(
             opts.namespace, Component.FRONTEND, Endpoint.HTTP, runtime.instance_id
@@ -103,6 +109,21 @@ async def run_frontend(opts: FrontendOptions) -> None:
         await runtime.stop.wait()
         log.info("stopping: leaving discovery, finishing open streams")
         await runtime.leave()
+
+
+def _tenants(
+    opts: FrontendOptions, runtime: ComponentRuntime, metrics: FrontendMetrics
+) -> Tenants | None:
+    """The keys, with limits shared with the deployment's other frontends when it runs
+    several (``--shared-limits N``)."""
+    if not opts.api_keys.has_keys():
+        return None
+    shared = None
+    if opts.shared_limits > 1:
+        shared = SharedLimits(
+            runtime.discovery.store, opts.namespace, runtime.instance_id, opts.shared_limits
+        )
+    return Tenants(opts.api_keys, metrics.registry, shared)
 
 
 def _reachable(host: str) -> str:

@@ -168,8 +168,9 @@ def _frontend_specs(ctx: PlanContext) -> list[InstanceSpec]:
         listen = listen or host.address
         name = InstanceName("frontend", index)
         argv = frontend_argv(
-            recipe, str(name), listen, ctx.discovery_url, share=total > 1, reuse=processes > 1
-        )
+            recipe, str(name), listen, ctx.discovery_url,
+            share=total > 1, reuse=processes > 1, frontends=total,
+        )  # fmt: skip
         address = host.address if listen in WILDCARDS else listen
         ports = {"http": front.port}
         specs.append(

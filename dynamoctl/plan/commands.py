@@ -97,14 +97,24 @@ def router_argv(recipe: Recipe, label: str, address: str, url: str) -> list[str]
 
 
 def frontend_argv(
-    recipe: Recipe, label: str, listen: str, url: str, *, share: bool = False, reuse: bool = False
+    recipe: Recipe,
+    label: str,
+    listen: str,
+    url: str,
+    *,
+    share: bool = False,
+    reuse: bool = False,
+    frontends: int = 1,
 ) -> list[str]:
     """``share``: other frontends run (their embedded routers share bookings); ``reuse``:
-    other frontends of this host serve the same port."""
+    other frontends of this host serve the same port; ``frontends``: how many the
+    deployment runs (they share the API keys' limits)."""
     router, workers = recipe.frontend.router, recipe.workers
     extra: dict[str, Any] = {}
     if share and not router.replicas:  # standalone router replicas share their own
         extra["share_bookings"] = True
+    if frontends > 1 and (recipe.frontend.api_keys_file or recipe.frontend.api_keys_env):
+        extra["shared_limits"] = frontends
     if reuse:
         extra["reuse_port"] = True
     if workers.prefill is not None or workers.decode is not None:

@@ -147,6 +147,10 @@ class FrontendOptions(ComponentSettings):
     """Share the embedded router's bookings with the namespace's other frontends (and
     apply theirs), so that several frontend processes route as one router would; set by
     the plan when a deployment runs more than one frontend."""
+    shared_limits: int = Field(default=0, ge=0, le=4096)
+    """The deployment's frontend processes, when more than one: the API keys' limits then
+    hold for all of them together, each taking grants from shared budgets in discovery
+    (docs/security.md, "Limits"); set by the plan. 0 or 1: each process counts alone."""
     reuse_port: bool = False
     """Bind the HTTP port with ``SO_REUSEPORT`` (Linux): the frontend processes of one
     host listen on one port and the kernel spreads connections over them."""

@@ -27,6 +27,7 @@ from starlette.routing import Route
 from dynamoctl.plan.build import PlanError
 from dynamoctl.recipe.models import Recipe
 from dynamoctl.recipe.targets import LocalTarget
+from dynamoctl.supervisor.keys import reload_keys
 from dynamoctl.supervisor.metrics import SupervisorCollector
 from dynamoctl.supervisor.supervisor import Supervisor
 from dynamoctl.util.net import resolve, source_address
@@ -38,6 +39,7 @@ from dynamoctl.wire.control import (
     ScaleReply,
     ScaleRequest,
 )
+from dynamoctl.wire.tenants import KeysReloadRequest
 
 T = TypeVar("T")
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -145,6 +147,20 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
             return _json(ControlReply(ok=False, message="bad or missing token"), 401)
         return _json(await get_supervisor().adapters.report())
 
+    async def keys_reload(request: Request) -> Response:
+        if not allowed(request):
+            return _json(ControlReply(ok=False, message="bad or missing token"), 401)
+        try:
+            body = msgspec.json.decode(await request.body() or b"{}", type=KeysReloadRequest)
+        except msgspec.DecodeError as exc:
+            return _json(ControlReply(ok=False, message=str(exc)), 400)
+        supervisor = get_supervisor()
+        if supervisor.recipe.frontend.api_keys_file is None:
+            message = "this deployment's frontends read no key file (recipe frontend.api_keys_file)"
+            return _json(ControlReply(ok=False, message=message), 409)
+        plan = supervisor.plan
+        return _json(await reload_keys(plan.discovery_url, plan.namespace, body.timeout))
+
     async def down(body: DownRequest) -> ControlReply:
         get_supervisor().request_down(now=body.now)
         return ControlReply(ok=True, message="stopping")
@@ -157,6 +173,7 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
             Route("/scale", command(ScaleRequest, scale), methods=["POST"]),
             Route("/down", command(DownRequest, down), methods=["POST"]),
             Route("/lora", lora_report),
+            Route("/keys/reload", keys_reload, methods=["POST"]),
             Route("/lora/load", command(LoraLoadRequest, lora_load), methods=["POST"]),
             Route("/lora/unload", command(LoraUnloadRequest, lora_unload), methods=["POST"]),
         ]

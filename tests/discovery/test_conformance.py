@@ -105,6 +105,21 @@ async def test_delete_says_whether_the_key_was_there(disc: Discovery, prefix: st
     assert await disc.delete(f"{prefix}never-written") is False
 
 
+async def test_replace_is_a_compare_and_set(disc: Discovery, prefix: str) -> None:
+    """Shared limits (frontend/tenants/shared.py) count on it: of writers racing from the
+    same value, exactly one wins."""
+    key = f"{prefix}limits/alice/tokens"
+    assert await disc.store.replace(key, b"x", b"y") is False  # absent is not b"x"
+    assert await disc.store.get(key) is None
+    assert await disc.store.replace(key, None, b"1") is True  # created
+    assert await disc.store.replace(key, None, b"2") is False  # exists now
+    assert await disc.store.replace(key, b"0", b"2") is False
+    assert await disc.store.get(key) == b"1"
+    racing = await asyncio.gather(*(disc.store.replace(key, b"1", b"%d" % n) for n in range(8)))
+    assert sum(racing) == 1
+    assert await disc.store.get(key) == b"%d" % racing.index(True)
+
+
 async def test_list_by_prefix(disc: Discovery, prefix: str) -> None:
     await disc.register(f"{prefix}models/m/1", b"a")
     await disc.register(f"{prefix}models/m/2", b"b")

@@ -56,6 +56,37 @@ class Bucket:
     def seconds_until(self, level: float) -> float:
         return max(0.0, (level - self.refill()) / self.rate)
 
+    def remaining(self) -> float:
+        """What the key may still use now (``x-ratelimit-remaining-*``)."""
+        return self.refill()
+
+
+@dataclass
+class GrantedBucket(Bucket):
+    """One frontend process's part of a key's bucket shared by the deployment
+    (:mod:`dynamoctl.frontend.tenants.shared`): filled by grants taken from the shared
+    bucket, never by time."""
+
+    empty_until: float = 0.0
+    """Monotonic time until which the shared bucket is known to be empty: refusals until
+    then cost no round trip to discovery."""
+    shared_left: float = 0.0
+    """What the shared bucket held after this process's last grant (at ``stamp``)."""
+
+    def refill(self) -> float:
+        return self.level
+
+    def resize(self, limit: int) -> None:
+        self.limit = limit  # what was granted stays granted; the shared bucket resizes
+
+    def seconds_until(self, level: float) -> float:
+        return max(self.empty_until - time.monotonic(), (level - self.level) / self.rate, 0.0)
+
+    def remaining(self) -> float:
+        """This process's part plus the shared bucket as last read, refilled since."""
+        shared = self.shared_left + (self.clock() - self.stamp) * self.rate
+        return min(float(self.limit), max(0.0, self.level) + max(0.0, shared))
+
 
 @dataclass
 class KeyLimiter:
@@ -69,26 +100,47 @@ class KeyLimiter:
     generation: int = 0
     """Raised when the key is revoked or its secret replaced: a ticket admitted under an
     earlier generation is no longer valid (its queued request is refused)."""
+    granted: bool = False
+    """The buckets are this process's grants of the deployment's shared ones."""
+    shared: bool = False
+    """Granted and with a limit the deployment shares (rates or concurrency): admitting
+    it may ask discovery; a key without one never does."""
 
     def __post_init__(self) -> None:
         self.update(self.entry)
 
     def update(self, entry: KeyEntry) -> None:
         self.entry = entry
-        self.requests = _rebucket(self.requests, entry.limits.requests_per_minute, self.clock)
-        self.tokens = _rebucket(self.tokens, entry.limits.tokens_per_minute, self.clock)
+        limits = entry.limits
+        self.requests = _rebucket(
+            self.requests, limits.requests_per_minute, self.clock, self.granted
+        )
+        self.tokens = _rebucket(self.tokens, limits.tokens_per_minute, self.clock, self.granted)
+        rates = self.requests is not None or self.tokens is not None
+        self.shared = self.granted and (rates or limits.concurrent_requests is not None)
 
     def admit(self) -> tuple[str, OpenAIError] | None:
         """Take one request if every limit allows it; else the limit that refused it
         (``concurrency``, ``requests`` or ``tokens``) and the 429 to answer."""
+        refused = self.refusal()
+        if refused is None:
+            self.take()
+        return refused
+
+    def too_many(self) -> tuple[str, OpenAIError]:
+        """The 429 of a key at its ``concurrent_requests``."""
+        return "concurrency", self._refused(
+            "requests",
+            f"Too many concurrent requests for key '{self.entry.name}': "
+            f"limit {self.entry.limits.concurrent_requests}; wait for one to finish.",
+            1.0,
+        )
+
+    def refusal(self) -> tuple[str, OpenAIError] | None:
+        """What :meth:`admit` would refuse, taking nothing."""
         limits = self.entry.limits
         if limits.concurrent_requests is not None and self.in_flight >= limits.concurrent_requests:
-            return "concurrency", self._refused(
-                "requests",
-                f"Too many concurrent requests for key '{self.entry.name}': "
-                f"limit {limits.concurrent_requests}; wait for one to finish.",
-                1.0,
-            )
+            return self.too_many()
         if self.requests is not None and self.requests.refill() < 1:
             wait = self.requests.seconds_until(1)
             return "requests", self._refused(
@@ -106,10 +158,13 @@ class KeyLimiter:
                 f"Please try again in {_duration(wait)}.",
                 wait,
             )
+        return None
+
+    def take(self) -> None:
+        """Count one request admitted."""
         if self.requests is not None:
             self.requests.level -= 1
         self.in_flight += 1
-        return None
 
     def release(self) -> None:
         self.in_flight -= 1
@@ -125,7 +180,7 @@ class KeyLimiter:
         for kind, bucket in (("requests", self.requests), ("tokens", self.tokens)):
             if bucket is None:
                 continue
-            level = bucket.refill()
+            level = bucket.remaining()
             reset = (bucket.limit - level) / bucket.rate
             found += [
                 (f"x-ratelimit-limit-{kind}".encode(), str(bucket.limit).encode()),
@@ -160,12 +215,14 @@ def context_exceeded(entry: KeyEntry, prompt: int, max_tokens: int) -> OpenAIErr
 
 
 def _rebucket(
-    bucket: Bucket | None, limit: int | None, clock: Callable[[], float]
+    bucket: Bucket | None, limit: int | None, clock: Callable[[], float], granted: bool
 ) -> Bucket | None:
     if limit is None:
         return None
     if bucket is None:
-        return Bucket(limit, clock=clock)
+        return (
+            GrantedBucket(limit, level=0.0, clock=clock) if granted else Bucket(limit, clock=clock)
+        )
     bucket.resize(limit)
     return bucket
 

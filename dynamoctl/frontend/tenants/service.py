@@ -24,8 +24,10 @@ from dynamoctl.frontend.auth import OPEN_PATHS, ApiKeys
 from dynamoctl.frontend.errors import OpenAIError, bad_request, invalid_api_key
 from dynamoctl.frontend.tenants.limits import KeyLimiter, context_exceeded
 from dynamoctl.frontend.tenants.metrics import KeyMetrics
+from dynamoctl.frontend.tenants.shared import SharedLimits
 from dynamoctl.settings.frontend import ApiKeySettings
 from dynamoctl.settings.keyfile import DEFAULT_CLASS, KeyEntry
+from dynamoctl.wire.tenants import KeyChanges
 
 log = logging.getLogger(__name__)
 
@@ -96,56 +98,72 @@ def current_headroom() -> float:
 class Tenants:
     """The keys of the key file (and variable), their limits, and the reloads."""
 
-    def __init__(self, settings: ApiKeySettings, registry: CollectorRegistry) -> None:
+    def __init__(
+        self,
+        settings: ApiKeySettings,
+        registry: CollectorRegistry,
+        shared: SharedLimits | None = None,
+    ) -> None:
         self.settings = settings
         self.metrics = KeyMetrics(registry)
+        self.shared = shared
+        """Limits held for the deployment, with the other frontends; None: per process."""
         self.limiters: dict[str, KeyLimiter] = {}
         self.weights: dict[str, float] = {}
         self.headrooms: dict[str, float] = {}
         self.on_reload: Callable[[], None] | None = None
         """Called after each reload that changed the keys (the admission queue wakes its
         waiters, so that those of a revoked key leave)."""
-        self.keys = self._read()
+        self.keys, _ = self._read()
         self._seen = self._stamp()
 
-    def _read(self) -> ApiKeys:
+    def _read(self) -> tuple[ApiKeys, KeyChanges]:
         """Read the keys; a limiter is kept across readings by the key's name."""
         keyfile = self.settings.load_key_file()
         keys = ApiKeys(keyfile.keys)
         self.weights = keyfile.class_weights()
         self.headrooms = keyfile.class_headrooms()
         limiters: dict[str, KeyLimiter] = {}
+        added = changed = 0
         for entry in keyfile.keys:
             if (limiter := self.limiters.get(entry.name)) is not None:
                 if limiter.entry.digest() != entry.digest():  # a new secret: the old is revoked
                     limiter.generation += 1
+                changed += limiter.entry != entry
                 limiter.update(entry)
             else:
-                limiter = KeyLimiter(entry)
+                limiter = KeyLimiter(entry, granted=self.shared is not None)
+                added += 1
             limiters[entry.name] = limiter
         for name, gone in self.limiters.items():
             if name not in limiters:
                 gone.generation += 1
+        revoked = sum(name not in limiters for name in self.limiters)
         self.limiters = limiters
-        return keys
+        return keys, KeyChanges(keys=len(limiters), added=added, changed=changed, revoked=revoked)
 
     def queued(self, class_name: str, change: int) -> None:
         """A class's waiting requests changed by ``change`` (the admission queue's hook)."""
         self.metrics.queued.labels(class_name).inc(change)
 
-    def reload(self) -> bool:
-        """Read the key file again; on an error, log it and keep the keys as they were."""
+    def reload(self) -> KeyChanges | str:
+        """Read the key file again: what changed, or why the file was refused (logged; the
+        keys stay as they were)."""
+        self._seen = self._stamp()
         try:
-            self.keys = self._read()
+            self.keys, changes = self._read()
         except ValueError as exc:
             self.metrics.reloads.labels("error").inc()
             log.error("API key file not reloaded, the previous keys stay: %s", exc)
-            return False
+            return str(exc)
         self.metrics.reloads.labels("ok").inc()
-        log.info("API key file reloaded: %d keys", len(self.limiters))
+        log.info(
+            "API key file reloaded: %d keys (%d added, %d changed, %d revoked)",
+            changes.keys, changes.added, changes.changed, changes.revoked,
+        )  # fmt: skip
         if self.on_reload is not None:
             self.on_reload()
-        return True
+        return changes
 
     def _stamp(self) -> tuple[int, int, int] | None:
         if self.settings.api_keys_file is None:
@@ -163,7 +181,6 @@ class Tenants:
             await asyncio.sleep(RELOAD_POLL)
             stamp = self._stamp()
             if stamp != self._seen and stamp is not None:
-                self._seen = stamp
                 self.reload()
 
     async def serve(
@@ -186,7 +203,9 @@ class Tenants:
         class_name = _class_of(found, scope["headers"])
         if isinstance(class_name, OpenAIError):
             return await refuse(scope, receive, send, class_name)
-        if (refused := limiter.admit()) is not None:
+        shared = self.shared
+        refused = await shared.admit(limiter) if shared and limiter.shared else limiter.admit()
+        if refused is not None:
             limit, error = refused
             self.metrics.limited.labels(found.name, limit).inc()
             return await refuse(scope, receive, send, error)
@@ -202,6 +221,8 @@ class Tenants:
         finally:
             CURRENT.reset(token)
             limiter.release()
+            if shared is not None:
+                shared.finished(limiter)
             self.metrics.in_flight.labels(found.name).dec()
 
 
