@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from dynamoctl.engines.api import FinishReason, GenerateRequest, LoadMetrics, RequestRejected
+from dynamoctl.engines.mocker import priority
 from dynamoctl.engines.mocker.block_pool import BlockPool
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.sampling import MockSampler, mock_token, request_seed
@@ -68,6 +69,7 @@ class SeqState:
 
     __slots__ = (
         "adapter",
+        "arrival",
         "blocks",
         "cached_tokens",
         "hashes",
@@ -75,6 +77,7 @@ class SeqState:
         "num_computed",
         "num_stored",
         "pin",
+        "priority",
         "prompt_len",
         "ready_at",
         "remote_kv",
@@ -113,6 +116,9 @@ class SeqState:
         """Keep the blocks held when finished (a prefill for a remote decode)."""
         self.remote_kv = remote_kv
         """The prompt's KV was pulled: admit it computed (until a preemption)."""
+        self.priority = request.priority
+        self.arrival = 0
+        """Its place in arrival order (:mod:`.priority`)."""
 
     @property
     def num_output(self) -> int:
@@ -163,6 +169,8 @@ class Scheduler:
         self.num_preemptions = 0
         """Preemptions since start (a counter for metrics)."""
         self._pinned: dict[str, SeqState] = {}  # finished pinned requests, not taken yet
+        self._by_priority = config.scheduling_policy == "priority"
+        self._arrivals = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -183,7 +191,12 @@ class Scheduler:
         sampler = MockSampler(request, cfg.vocab_size, cfg.eos_distribution, cfg.eos_mean_tokens)
         seq = SeqState(request, hashes, pin, remote_kv, sampler)
         self._seqs[seq.request_id] = seq
-        self.waiting.append(seq)
+        self._arrivals += 1
+        seq.arrival = self._arrivals
+        if self._by_priority:
+            priority.queue_in_order(self.waiting, seq)
+        else:
+            self.waiting.append(seq)
         return seq
 
     def check(self, request: GenerateRequest) -> None:
@@ -303,7 +316,9 @@ class Scheduler:
             if end > len(seq.blocks) * bs:  # crosses into blocks it does not hold yet
                 need = -(-end // bs) - len(seq.blocks)
                 while need > pool.num_free:
-                    victim = running.pop()
+                    victim = (
+                        priority.take_victim(running, i) if self._by_priority else running.pop()
+                    )
                     self._preempt(victim)
                     plan.num_preempted += 1
                     if victim is seq:
@@ -479,7 +494,10 @@ class Scheduler:
         seq.num_computed = 0
         seq.num_stored = 0
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        if self._by_priority:
+            priority.queue_in_order(self.waiting, seq)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     def check_invariants(self) -> None:
