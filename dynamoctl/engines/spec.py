@@ -255,6 +255,11 @@ class EngineSpec:
     """A pool's ``lora`` section (most adapters at once, largest rank) as engine
     arguments (vLLM's ``--enable-lora --max-loras --max-lora-rank``); None: the engine
     serves no LoRA adapters through dynamoctl (the recipe refuses the section by name)."""
+    priority_args: Mapping[str, Any] | None = None
+    """The engine arguments that make it schedule by each request's
+    :attr:`~dynamoctl.wire.engine.GenerateRequest.priority` (a pool's
+    ``priority_scheduling``: vLLM's ``--scheduling-policy priority``); None: it has no
+    priority scheduling (the recipe refuses the field by name)."""
     tracing: Callable[[str, str], tuple[dict[str, Any], dict[str, str]]] | None = None
     """(the recipe's ``tracing.endpoint``, its OTLP protocol) → the engine arguments and
     environment that make the engine export spans of its own there, under the worker's

@@ -251,6 +251,8 @@ class Generator:
         ticket = CURRENT.get()
         if ticket is not None:  # the key's context limit, and its prompt counted
             ticket.start(len(job.prompt_ids), job.max_tokens)
+            if ticket.priority:  # its class's priority, for engines that schedule by it
+                job.engine = msgspec.structs.replace(job.engine, priority=ticket.priority)
         tokens = _TokenStream(job, tokenizer, picker, self.metrics, outcome)
         exclude: set[str] = set()
         attempt = 0

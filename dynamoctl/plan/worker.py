@@ -36,10 +36,11 @@ def engine_arguments(role: str, pool: WorkerPool, model: ModelSpec) -> dict[str,
     loader = spec.load_format_args(pool.load_format) if pool.load_format else {}
     lora = pool.lora
     adapters = spec.lora_args(lora.max_loras, lora.max_rank) if lora and spec.lora_args else {}
-    merged = {**derived, **loader, **adapters}
+    ordered = dict(spec.priority_args or {}) if pool.priority_scheduling else {}
+    merged = {**derived, **loader, **adapters, **ordered}
     sections = (
         ("the model section", derived), ("kv_offload", offload), ("load_format", loader),
-        ("lora", adapters),
+        ("lora", adapters), ("priority_scheduling", ordered),
     )  # fmt: skip
     for key, value in pool.engine_args.items():
         name = key.replace("-", "_")

@@ -197,6 +197,9 @@ def _signals(
     """(what calls for one more replica, what forbids one fewer) from a pool's metrics."""
     up: list[str] = []
     keep: list[str] = []
+    if metrics.frontend_queued:  # every worker busy for them: no replica to spare
+        waiting = ", ".join(f"{k} {n}" for k, n in sorted(metrics.frontend_queued.items()))
+        keep.append(f"requests queued at the frontends ({waiting})")
     if role in PREFILL_ROLES:
         if model is not None:  # queued tokens in seconds of work, as a share of the target
             per_replica = metrics.queued_prefill_tokens / max(metrics.ready, 1)

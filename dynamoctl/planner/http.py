@@ -46,6 +46,13 @@ class PlannerCollector(Collector):
         )
         kv = _gauge("observed_kv_usage", "Mean KV usage of the pool's replicas.", pool)
         queued = _gauge("observed_prefill_queue_tokens", "Prompt tokens queued in the pool.", pool)
+        waiting = _gauge(
+            "observed_frontend_queued_requests",
+            "Requests waiting in the frontends' admission queues, by priority class.",
+            ["class"],
+        )
+        for klass, count in (planner.window.queued if planner.window else {}).items():
+            waiting.add_metric([klass], count)
         for row in status.pools:
             desired.add_metric([row.role], row.desired)
             ready.add_metric([row.role], row.ready)
@@ -54,7 +61,7 @@ class PlannerCollector(Collector):
         for role, metrics in planner.metrics.items():
             kv.add_metric([role], metrics.kv_usage)
             queued.add_metric([role], metrics.queued_prefill_tokens)
-        yield from (desired, ready, floor, bound, kv, queued)
+        yield from (desired, ready, floor, bound, kv, queued, waiting)
         yield _value("gpus", "Budget units the desired replicas hold.", status.gpus)
         yield _value("gpu_budget", "The GPU budget.", status.budget)
         ttft = _gauge("observed_ttft_seconds", "Mean TTFT over the last load interval.", [])

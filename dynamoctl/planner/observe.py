@@ -17,7 +17,7 @@ import contextlib
 import itertools
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import httpx
 import msgspec
@@ -159,6 +159,9 @@ class FrontendTotals:
     ttft_count: float
     itl_sum: float
     itl_count: float
+    queued: dict[str, float] = field(default_factory=dict)
+    """Requests waiting in the frontends' admission queues now, by priority class (a
+    gauge: every worker busy for them), summed over the frontends."""
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,8 @@ class Window:
     ttft: float | None
     """Mean time to first token; None when no request got one."""
     itl: float | None
+    queued: dict[str, float] = field(default_factory=dict)
+    """The frontends' admission queues at the window's end, by class."""
 
 
 def window(before: FrontendTotals, after: FrontendTotals) -> Window | None:
@@ -192,13 +197,20 @@ def window(before: FrontendTotals, after: FrontendTotals) -> Window | None:
         mean_osl=d["output_tokens"] / ended if ended else 0.0,
         ttft=d["ttft_sum"] / d["ttft_count"] if d["ttft_count"] else None,
         itl=d["itl_sum"] / d["itl_count"] if d["itl_count"] else None,
+        queued=after.queued,
     )
 
 
 def parse_totals(text: str, at: float, model: str = "") -> FrontendTotals:
     """The counters the planner reads from one frontend's ``/metrics`` text."""
     values = dict.fromkeys(COUNTERS, 0.0)
+    queued: dict[str, float] = {}
     for family in text_string_to_metric_families(text):
+        if family.name == names.CLASS_QUEUED:  # the frontend's, over its models
+            for sample in family.samples:
+                klass = sample.labels.get("class", "")
+                queued[klass] = queued.get(klass, 0.0) + sample.value
+            continue
         wanted = _FAMILIES.get(family.name)
         if wanted is None:
             continue
@@ -208,7 +220,7 @@ def parse_totals(text: str, at: float, model: str = "") -> FrontendTotals:
                 continue
             if sample.labels.get("status", "200") in SERVED:  # not the refused
                 values[field] += sample.value
-    return FrontendTotals(at=at, **values)
+    return FrontendTotals(at=at, **values, queued=queued)
 
 
 class FrontendScrape:
@@ -241,9 +253,14 @@ class FrontendScrape:
                 log.warning("frontend metrics at %s: %s", url, exc)
                 return None
             parts.append(parse_totals(reply.text, at, self.model))
+        queued: dict[str, float] = {}
+        for part in parts:
+            for klass, count in part.queued.items():
+                queued[klass] = queued.get(klass, 0.0) + count
         return FrontendTotals(
             at=at,
             **{name: sum(getattr(part, name) for part in parts) for name in COUNTERS},
+            queued=queued,
         )
 
     async def close(self) -> None:

@@ -68,6 +68,9 @@ class PoolMetrics(msgspec.Struct, frozen=True, kw_only=True):
     """Recent mean inter-token latency of requests decoded by this pool."""
     inflight: int = 0
     """Requests waiting or running on the ready replicas (the backlog a step is sized to)."""
+    frontend_queued: dict[str, int] = {}
+    """Requests waiting in the frontends' admission queues for a busy worker, by priority
+    class (docs/security.md, "Priority classes"): demand the workers do not see yet."""
     arrival_rate: float | None = None
     """Requests per second the frontends received in the window; None: unknown."""
     mean_isl: float = 0.0

@@ -98,6 +98,7 @@ def pool_metrics(
             ttft=span.ttft if role in PREFILL_ROLES else None,
             itl=span.itl if role in DECODE_ROLES else None,
             inflight=sum(w.metrics.num_waiting + w.metrics.num_running for w in samples),
+            frontend_queued={k: round(v) for k, v in span.queued.items() if v > 0},
             arrival_rate=span.requests / span.seconds,
             mean_isl=span.mean_isl,
             mean_osl=span.mean_osl,

@@ -63,6 +63,13 @@ class WorkerPool(RecipeModel):
     """LoRA adapters served beside the base model, each a model name of its own
     (docs/api.md, "LoRA adapters"); refused by name for an engine dynamoctl cannot give
     adapters. Default: none."""
+    priority_scheduling: bool = False
+    """Start the engine scheduling by priority (vLLM ``--scheduling-policy priority``,
+    SGLang ``--enable-priority-scheduling``, the mocker's ``scheduling_policy:
+    priority``): each request carries its key's class ``priority`` (docs/security.md,
+    "Priority classes") and the engine admits higher ones first, so that an interactive
+    request does not wait behind batch prefills inside the worker. Refused by name for
+    an engine without it (trtllm)."""
     env: dict[str, EnvValue] = Field(default_factory=dict)
     """Extra environment variables for each replica. A secret (a token, a password) is
     referenced rather than written: ``HF_TOKEN: {from_env: HF_TOKEN}`` or ``{from_file:
@@ -87,6 +94,16 @@ class WorkerPool(RecipeModel):
                 "lora",
                 f"{self.engine} adapters are not served through dynamoctl yet (vllm and "
                 "the mocker are); serve the merged model instead",
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _engine_schedules_by_priority(self) -> WorkerPool:
+        if self.priority_scheduling and registry.engine_spec(self.engine).priority_args is None:
+            raise rule_error(
+                "priority_scheduling",
+                f"{self.engine} has no priority scheduling dynamoctl can turn on (vllm, "
+                "sglang and the mocker have)",
             )
         return self
 

@@ -223,7 +223,11 @@ class KvRouter:
             raise NoWorkers(f"no worker available ({len(self._metrics)} known, all excluded)")
         if self.busy_kv_usage is not None or self.busy_waiting is not None:
             considered = len(names)
-            names = [w for w in names if not self.is_busy(w, headroom)]
+            # A class keeping headroom may not cross into it with its own prompt's blocks
+            # (a long batch prompt admitted just under its threshold would fill the room
+            # kept for the others); requests without headroom pay nothing for it.
+            own = len(token_ids) // bs + 1 if headroom else 0
+            names = [w for w in names if not self.is_busy(w, headroom, own)]
             if not names:
                 raise AllWorkersBusy(considered)
         hashes = self.hashes.sequence_hashes(token_ids)
@@ -278,9 +282,10 @@ class KvRouter:
         Idempotent; unknown ids are ignored."""
         self.load.finish(request_id)
 
-    def is_busy(self, worker_id: str, headroom: float = 0.0) -> bool:
+    def is_busy(self, worker_id: str, headroom: float = 0.0, blocks: int = 0) -> bool:
         """Whether ``worker_id`` is over a busy threshold (see the class doc), each
-        lowered by the fraction ``headroom``."""
+        lowered by the fraction ``headroom``; ``blocks``: a request's own, counted on top
+        of a worker's usage unless it holds nothing (an idle worker takes any request)."""
         m = self._metrics.get(worker_id)
         if m is None:
             return False  # nothing reported yet: give it the benefit of the doubt
@@ -289,6 +294,8 @@ class KvRouter:
             return True
         if self.busy_kv_usage is not None and m.total_blocks > 0:
             usage = max(m.kv_usage, self.load.active_blocks(worker_id) / m.total_blocks)
+            if usage > 0:
+                usage += blocks / m.total_blocks
             return usage > self.busy_kv_usage * keep
         return False
 

@@ -72,6 +72,12 @@ class PriorityClass(_Model):
     with less: with ``batch: {headroom: 0.1}`` and ``busy_kv_usage: 0.8``, a batch
     request finds a worker busy from 72 % KV usage on, so an interactive request (headroom
     0) still finds room at once while the batch key saturates the deployment."""
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    """Carried to the worker with each request of the class: an engine started with
+    priority scheduling (a pool's ``priority_scheduling``) admits the waiting requests
+    of a higher value first (vLLM's and SGLang's priority schedulers, the mocker's), so
+    that an interactive request reaching a worker does not queue behind batch prefills
+    there."""
 
 
 class KeyEntry(_Model):
@@ -117,6 +123,9 @@ class KeyFile(_Model):
 
     def class_headrooms(self) -> dict[str, float]:
         return {DEFAULT_CLASS: 0.0} | {name: c.headroom for name, c in self.classes.items()}
+
+    def class_priorities(self) -> dict[str, int]:
+        return {DEFAULT_CLASS: 0} | {name: c.priority for name, c in self.classes.items()}
 
 
 def load_key_file(path: str | Path) -> KeyFile:

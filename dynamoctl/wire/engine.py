@@ -76,6 +76,10 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
     """The W3C ``traceparent`` of the frontend's span for this attempt, so the worker's
     spans (and the engine's own, vLLM's) join the request's trace; None: not traced
     (docs/operations.md, "Traces")."""
+    priority: int = 0
+    """The request's priority class's ``priority`` (docs/security.md, "Priority
+    classes"): an engine started with priority scheduling (a pool's
+    ``priority_scheduling``) admits higher values first; others ignore it."""
 
 
 class ImageInput(msgspec.Struct, array_like=True, gc=False):

@@ -265,6 +265,21 @@ def test_headroom_lowers_the_busy_thresholds_for_one_pick() -> None:
     assert r.is_busy("a", 0.2) and not r.is_busy("a")
 
 
+def test_headroom_counts_the_requests_own_blocks() -> None:
+    """A class with headroom may not cross into it with its own prompt: 50 % used plus
+    its 5 blocks (16 tokens in blocks of 4, and a private one) of 20 pass 0.8 x 0.9; a
+    request without headroom is measured as before, and an idle worker takes any."""
+    r = router("kv", "a", busy_kv_usage=0.8)
+    r.update_load("a", load(active=10, total=20))
+    assert not r.is_busy("a", 0.1)  # 50 % alone is under 72 %
+    with pytest.raises(AllWorkersBusy):
+        r.pick(PROMPT, "batch", headroom=0.1)  # 75 % with its own blocks
+    assert r.pick(PROMPT, "chat").worker_id == "a"
+    r.on_finished("chat")
+    r.update_load("a", load(active=0, total=20))
+    assert r.pick(list(range(100, 164)), "long", headroom=0.1).worker_id == "a"  # 17 of 20
+
+
 def test_booked_blocks_make_a_worker_busy_before_it_reports() -> None:
     r = router("round-robin", "a", busy_kv_usage=0.5)
     r.update_load("a", load(total=10))

@@ -70,6 +70,11 @@ class MockerConfig(PerfModelOptions, frozen=True, kw_only=True, forbid_unknown_f
     enable_prefix_caching: bool = True
     """Reuse cached blocks of a shared prefix and publish KV events; off: every prompt is
     computed in full and no events are published (as vLLM)."""
+    scheduling_policy: Literal["fcfs", "priority"] = "fcfs"
+    """The waiting queue's order (vLLM's ``--scheduling-policy``): ``fcfs`` by arrival;
+    ``priority`` by each request's ``priority``, higher first (dynamoctl's sense: vLLM's
+    own values run the other way), then by arrival, and a request short of blocks
+    preempts the running request of the lowest priority, latest arrived."""
     enable_chunked_prefill: bool = True
     """Split a prompt over several steps when it exceeds the remaining token budget; off:
     a request's whole (re)computation must fit one step's budget."""

@@ -40,6 +40,7 @@ from __future__ import annotations
 from collections import Counter, deque
 
 from dynamoctl.engines.api import FinishReason, GenerateRequest, LoadMetrics, RequestRejected
+from dynamoctl.engines.mocker import priority
 from dynamoctl.engines.mocker.block_pool import BlockPool
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.engines.mocker.sampling import MockSampler
@@ -69,6 +70,8 @@ class Scheduler:
         self.num_preemptions = 0
         """Preemptions since start (a counter for metrics)."""
         self._pinned: dict[str, SeqState] = {}  # finished pinned requests, not taken yet
+        self._by_priority = config.scheduling_policy == "priority"
+        self._arrivals = 0
 
     # ------------------------------------------------------------------ requests
 
@@ -89,7 +92,12 @@ class Scheduler:
         sampler = MockSampler(request, cfg.vocab_size, cfg.eos_distribution, cfg.eos_mean_tokens)
         seq = SeqState(request, hashes, pin, remote_kv, sampler)
         self._seqs[seq.request_id] = seq
-        self.waiting.append(seq)
+        self._arrivals += 1
+        seq.arrival = self._arrivals
+        if self._by_priority:
+            priority.queue_in_order(self.waiting, seq)
+        else:
+            self.waiting.append(seq)
         return seq
 
     def check(self, request: GenerateRequest) -> None:
@@ -209,7 +217,9 @@ class Scheduler:
             if end > len(seq.blocks) * bs:  # crosses into blocks it does not hold yet
                 need = -(-end // bs) - len(seq.blocks)
                 while need > pool.num_free:
-                    victim = running.pop()
+                    victim = (
+                        priority.take_victim(running, i) if self._by_priority else running.pop()
+                    )
                     self._preempt(victim)
                     plan.num_preempted += 1
                     if victim is seq:
@@ -385,7 +395,10 @@ class Scheduler:
         seq.num_computed = 0
         seq.num_stored = 0
         seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        if self._by_priority:
+            priority.queue_in_order(self.waiting, seq)
+        else:
+            self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
     def check_invariants(self) -> None:

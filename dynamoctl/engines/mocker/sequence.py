@@ -28,6 +28,7 @@ class SeqState:
 
     __slots__ = (
         "adapter",
+        "arrival",
         "blocks",
         "cached_tokens",
         "hashes",
@@ -35,6 +36,7 @@ class SeqState:
         "num_computed",
         "num_stored",
         "pin",
+        "priority",
         "prompt_len",
         "ready_at",
         "remote_kv",
@@ -73,6 +75,9 @@ class SeqState:
         """Keep the blocks held when finished (a prefill for a remote decode)."""
         self.remote_kv = remote_kv
         """The prompt's KV was pulled: admit it computed (until a preemption)."""
+        self.priority = request.priority
+        self.arrival = 0
+        """Its place in arrival order (:mod:`.priority`)."""
 
     @property
     def num_output(self) -> int:

@@ -74,4 +74,5 @@ SPEC = EngineSpec(
     weights_arg="weights_model",
     cached_weights_args={"weights_source": "local-disk"},
     lora_args=lambda max_loras, max_rank: {"max_loras": max_loras},
+    priority_args={"scheduling_policy": "priority"},
 )

@@ -146,6 +146,17 @@ def sampling_params(request: GenerateRequest) -> dict[str, Any]:
     return params
 
 
+def priority_kwargs(request: GenerateRequest, args: Mapping[str, Any]) -> dict[str, Any]:
+    """The request's priority for an engine started with ``enable_priority_scheduling``
+    (SGLang admits higher values first, as dynamoctl, unless told
+    ``schedule_low_priority_values_first``); nothing otherwise (SGLang refuses a priority
+    it does not schedule by when told ``abort_on_priority_when_disabled``)."""
+    if not args.get("enable_priority_scheduling"):
+        return {}
+    low_first = bool(args.get("schedule_low_priority_values_first"))
+    return {"priority": -request.priority if low_first else request.priority}
+
+
 def logprob_kwargs(request: GenerateRequest) -> dict[str, Any]:
     """``async_generate`` keywords asking for output log-probabilities."""
     if request.logprobs is None:

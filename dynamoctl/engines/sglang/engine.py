@@ -164,6 +164,7 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
             outputs = await engine.async_generate(
                 input_ids=request.token_ids, sampling_params=params, stream=True, rid=rid,
                 **sargs.logprob_kwargs(request), **bootstrap,
+                **sargs.priority_kwargs(request, self._args),
             )  # fmt: skip
             async for out in outputs:
                 meta = out.get("meta_info", {})

@@ -116,6 +116,8 @@ SPEC = EngineSpec(
     # SGLang's --load-format choices that read a checkpoint from a path (its documented
     # list; the wheel is not installed here to check against)
     load_formats=("auto", "pt", "safetensors", "npcache", "dummy", "sharded_state", "layered"),
+    # higher values first, as dynamoctl's (unless schedule_low_priority_values_first)
+    priority_args={"enable_priority_scheduling": True},
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,

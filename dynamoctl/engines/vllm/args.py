@@ -137,6 +137,13 @@ SAMPLING_FIELDS: Final = (
 and meaning (None: the model's default)."""
 
 
+def vllm_priority(priority: int) -> int:
+    """A request's priority as vLLM takes it: vLLM admits *lower* values first, dynamoctl
+    higher (:attr:`GenerateRequest.priority`). Under vLLM's default ``fcfs`` policy the
+    value is not used."""
+    return -priority
+
+
 def token_logprobs(
     token_ids: Sequence[int], positions: Sequence[Mapping[int, Any] | None], top: int
 ) -> list[TokenLogprobs]:

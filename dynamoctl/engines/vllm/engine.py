@@ -326,7 +326,10 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath, ServesAdapters):
         first = True
         scored = 0  # prompt tokens whose log-probabilities were sent (prompt_logprobs)
         try:
-            stream = engine.generate(prompt, params, rid, lora_request=lora, trace_headers=traced)
+            stream = engine.generate(
+                prompt, params, rid, lora_request=lora, trace_headers=traced,
+                priority=vargs.vllm_priority(request.priority),
+            )  # fmt: skip
             async with contextlib.aclosing(stream) as outputs:
                 async for out in outputs:
                     completion = out.outputs[0]

@@ -169,6 +169,7 @@ SPEC = EngineSpec(
         "max_loras": max_loras,
         "max_lora_rank": max_rank,
     },
+    priority_args={"scheduling_policy": "priority"},  # the adapter negates the priority
     kv_offload=kv_offload,
     kv_channel=kv_channel,
     rank_flags=rank_flags,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from dynamoctl.wire.frontend_metrics import CLASS_QUEUED
+
 
 class KeyMetrics:
     def __init__(self, registry: CollectorRegistry) -> None:
@@ -29,7 +31,7 @@ class KeyMetrics:
             ["key"], registry=registry,
         )  # fmt: skip
         self.queued = Gauge(
-            "dynamoctl_frontend_class_queued_requests",
+            CLASS_QUEUED,
             "Requests waiting for a busy worker, by priority class.",
             ["class"], registry=registry,
         )  # fmt: skip

@@ -56,6 +56,8 @@ class Ticket:
     """The last fraction of the busy thresholds its class may not fill (router)."""
     generation: int = 0
     """Its limiter's generation when admitted (:meth:`check`)."""
+    priority: int = 0
+    """Its class's engine priority (:attr:`GenerateRequest.priority`)."""
 
     @property
     def key_name(self) -> str:
@@ -111,6 +113,7 @@ class Tenants:
         self.limiters: dict[str, KeyLimiter] = {}
         self.weights: dict[str, float] = {}
         self.headrooms: dict[str, float] = {}
+        self.priorities: dict[str, int] = {}
         self.on_reload: Callable[[], None] | None = None
         """Called after each reload that changed the keys (the admission queue wakes its
         waiters, so that those of a revoked key leave)."""
@@ -123,6 +126,7 @@ class Tenants:
         keys = ApiKeys(keyfile.keys)
         self.weights = keyfile.class_weights()
         self.headrooms = keyfile.class_headrooms()
+        self.priorities = keyfile.class_priorities()
         limiters: dict[str, KeyLimiter] = {}
         added = changed = 0
         for entry in keyfile.keys:
@@ -211,7 +215,7 @@ class Tenants:
             return await refuse(scope, receive, send, error)
         ticket = Ticket(
             limiter, class_name, self.weights[class_name], self.metrics,
-            self.headrooms[class_name], limiter.generation,
+            self.headrooms[class_name], limiter.generation, self.priorities[class_name],
         )  # fmt: skip
         self.metrics.requests.labels(found.name, class_name).inc()
         self.metrics.in_flight.labels(found.name).inc()

@@ -1,0 +1,75 @@
+"""A key's class priority reaches the engine (docs/security.md, "Priority classes"): a
+mocker worker started with ``--scheduling-policy priority`` and room for one running
+request admits an interactive key's request (class priority 10) ahead of the batch key's
+requests that reached it before; with first come first served it is served last."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.frontend.conftest import MODEL, Deployment
+from tests.frontend.test_key_limits import auth, wait_listed
+
+KEYS = """\
+classes:
+  interactive: {weight: 8, priority: 10}
+  batch: {weight: 1}
+keys:
+  - {name: chat, key: sk-chat-5e1a, class: interactive}
+  - {name: nightly, key: sk-nightly-93fb, class: batch}
+"""
+BATCH = 4
+
+
+@pytest.mark.parametrize(("policy", "chat_place"), [("priority", 0), ("fcfs", BATCH)])
+async def test_class_priority_orders_the_engines_waiting_queue(
+    tmp_path: Path, policy: str, chat_place: int
+) -> None:
+    (tmp_path / "keys.yaml").write_text(KEYS)
+    dep = Deployment(tmp_path)
+    try:
+        # One request runs at a time: the others wait in the engine's own queue (the
+        # frontend never finds the worker busy: no admission queue in play).
+        dep.worker("--num-gpu-blocks", "256", "--speedup-ratio", "1", "--max-num-seqs", "1",
+                   "--scheduling-policy", policy)  # fmt: skip
+        await dep.wait_for("worker", 1)
+        dep.spawn("frontend", "frontend", "--port", "0", "--busy-kv-usage", "1",
+                  "--api-keys-file", str(tmp_path / "keys.yaml"))  # fmt: skip
+        await dep.wait_for("frontend", 1)
+        url = dep.frontend_url = (await dep.records("frontend"))[0].address
+        await wait_listed(url, "sk-chat-5e1a")
+        finished: list[str] = []
+
+        async def send(http: httpx.AsyncClient, who: str, key: str, prompt: str) -> None:
+            body = {"model": MODEL, "prompt": prompt, "max_tokens": 5, "ignore_eos": True}
+            resp = await http.post(f"{url}/v1/completions", json=body, headers=auth(key))
+            assert resp.status_code == 200, resp.text
+            finished.append(who)
+
+        blocker = {"model": MODEL, "prompt": "word " * 50, "max_tokens": 200,
+                   "ignore_eos": True, "stream": True}  # fmt: skip
+        async with httpx.AsyncClient(timeout=120) as http:
+            async with http.stream("POST", f"{url}/v1/completions", json=blocker,
+                                   headers=auth("sk-nightly-93fb")) as r:  # fmt: skip
+                chunks = r.aiter_bytes()
+                await anext(chunks)  # the blocker runs: the rest queue in the engine
+                tasks = [
+                    asyncio.create_task(
+                        send(http, f"batch{i}", "sk-nightly-93fb", f"{i} word" * 20)
+                    )
+                    for i in range(BATCH)
+                ]
+                await asyncio.sleep(0.5)
+                tasks.append(asyncio.create_task(send(http, "chat", "sk-chat-5e1a", "hi")))
+                await asyncio.sleep(0.5)
+                assert not finished, "every request waits for the blocker"
+                async for _ in chunks:
+                    pass
+            await asyncio.gather(*tasks)
+        assert finished.index("chat") == chat_place, finished
+    finally:
+        dep.stop()
