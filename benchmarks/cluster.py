@@ -95,6 +95,7 @@ async def cluster(
     frontend_args: list[str] | None = None,
     process_args: list[list[str]] | None = None,
     frontends: int = 1,
+    share_bookings: bool = True,
 ) -> AsyncIterator[Cluster]:
     """``processes`` worker processes of ``per_process`` mocker instances, one frontend
     (``frontends`` > 1: that many on one port, sharing bookings, as ``frontend.processes``
@@ -123,7 +124,7 @@ async def cluster(
             fargs = ["--port", "0", "--router-mode", router_mode, *(frontend_args or [])]
             if frontends > 1:
                 fargs[1] = str(_free_port())
-                fargs += ["--reuse-port", "--share-bookings"]
+                fargs += ["--reuse-port", *(["--share-bookings"] if share_bookings else [])]
             for i in range(frontends):
                 procs.append(await asyncio.create_subprocess_exec(
                     sys.executable, "-m", "dynamoctl", "frontend", *fargs, *common,

@@ -8,7 +8,8 @@ tokens never do: the frontend streams them from the worker the router named.
   :class:`RouteRequest` is answered with one chunk, a :data:`RouteAnswer`; a
   :class:`RouteNotify` is answered with no chunk (only End).
 * Bookings stream (event plane, one publisher per replica): each payload is a
-  :data:`BookingMessage`; a snapshot answer's payload is a :class:`BookingState`.
+  :data:`BookingMessage` (a :class:`BookingChanges` carries the net changes of a few
+  milliseconds in one message); a snapshot answer's payload is a :class:`BookingState`.
 
 Tagged msgpack arrays, compatibility as in :mod:`dynamoctl.wire.planes`: append fields
 at the end, with a default.
@@ -136,7 +137,15 @@ class BookingState(_Tagged, tag=34):
     bookings: list[Booked]
 
 
-BookingMessage: TypeAlias = Booked | Released | BookingState
+class BookingChanges(_Tagged, tag=35):
+    """Several bookings' changes in one message, applied in order: what a replica booked
+    and released since its last message (one per request at most, net of what it
+    booked and released in between)."""
+
+    changes: list[Booked | Released]
+
+
+BookingMessage: TypeAlias = Booked | Released | BookingState | BookingChanges
 
 _encoder: Final = msgspec.msgpack.Encoder()
 _call_decoder: Final[msgspec.msgpack.Decoder[RouteCall]] = msgspec.msgpack.Decoder(RouteCall)

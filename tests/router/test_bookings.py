@@ -1,6 +1,6 @@
 """BookingSync in one process: replicas converge on one booked load (live events, a late
-joiner's snapshot, a worker met late), forget a replica that leaves, and expire bookings
-nobody released."""
+joiner's snapshot, a worker met late), forget a replica that leaves, expire bookings
+nobody released, and publish an interval's changes as one message."""
 
 from __future__ import annotations
 
@@ -8,14 +8,22 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from unittest.mock import ANY
 
 import pytest
 
 from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.router import KvRouter
-from dynamoctl.router.standalone.bookings import BookingSync
+from dynamoctl.router.standalone.bookings import BookingSync, mirror_key
 from dynamoctl.wire import router as wire_router
-from dynamoctl.wire.router import Booked, BookingState, Released, RouteNotify, RouteRequest
+from dynamoctl.wire.router import (
+    Booked,
+    BookingChanges,
+    BookingState,
+    Released,
+    RouteNotify,
+    RouteRequest,
+)
 
 NS = "bk"
 MODEL = "m"
@@ -128,7 +136,8 @@ async def test_prefill_pool_bookings_reach_the_peers_prefill_router(
 async def test_late_joiner_gets_a_snapshot_and_a_leaver_is_forgotten(
     replicas: Callable[..., Replica],
 ) -> None:
-    one = await replicas("one", buffer_size=2)  # a late subscriber needs the snapshot
+    # Each change a message (no interval), so that a late subscriber needs the snapshot.
+    one = await replicas("one", buffer_size=2, flush_interval=0)
     for i in range(6):
         one.pick(f"r{i}", [i, *PROMPT])
     one.sync.released(MODEL, "r0", "finished")
@@ -166,6 +175,41 @@ async def test_unreleased_bookings_expire(replicas: Callable[..., Replica]) -> N
     assert one.sync.expired == 1
 
 
+async def test_changes_of_an_interval_are_one_message(replicas: Callable[..., Replica]) -> None:
+    one, two = await replicas("one", flush_interval=0.3), await replicas("two")
+    await until(lambda: two.sync.peers() == ["one"] and two.sync.synced())
+    published = one.sync.publisher.next_seq
+    workers = [one.pick(f"r{i}", [i, *PROMPT]) for i in range(5)]
+    one.sync.released(MODEL, "r0", "first_token")  # folds into r0's booking
+    one.sync.released(MODEL, "r1", "finished")  # booked and finished: never published
+    await until(lambda: len(two.router.load) == 4)
+    assert one.sync.publisher.next_seq == published + 1
+    r0 = two.router.load.booking(mirror_key("one", "r0"))
+    assert r0 is not None and r0.worker_id == workers[0] and r0.prefill_tokens == 0
+    # Released later, in a message of their own interval.
+    for i in (0, 2, 3, 4):
+        one.sync.released(MODEL, f"r{i}", "finished")
+    await converge(one, two)
+    assert two.view() == ([0, 0, 0], [0, 0, 0], 0)
+    assert one.sync.publisher.next_seq == published + 2
+
+
+async def test_a_booking_in_a_snapshot_is_released_there(
+    replicas: Callable[..., Replica],
+) -> None:
+    """A snapshot taken before the interval's message holds the booking already: its
+    release must be published, though the booking itself never was."""
+    one = await replicas("one", flush_interval=60)
+    worker = one.pick("r")
+    seq, state = one.sync._snapshot()
+    assert wire_router.decode_booking(state) == BookingState(
+        [Booked(MODEL, "r", worker, len(PROMPT), ANY)]
+    )
+    one.sync.released(MODEL, "r", "finished")
+    one.sync._flush()
+    assert one.sync.publisher.next_seq == seq + 2  # the release, after the snapshot
+
+
 def test_wire_round_trips() -> None:
     messages = [
         RouteRequest(MODEL, "r", [1, 2, 3], ["w"]),
@@ -176,6 +220,7 @@ def test_wire_round_trips() -> None:
         Released(MODEL, "r", "first_token"),
         Released(MODEL, "r", "finished", "prefill"),
         BookingState([Booked(MODEL, "r", "w", 0, [])]),
+        BookingChanges([Booked(MODEL, "r", "w", 7, [1]), Released(MODEL, "q", "finished")]),
     ]
     for message in messages:
         decode = (

@@ -16,6 +16,14 @@ worker). A peer's bookings are dropped when its record leaves discovery (stop, o
 expiry after a crash) and replaced on a snapshot. Own bookings whose release never came (a
 frontend killed mid-request) expire after ``ttl`` seconds, and the expiry is published.
 
+Changes are published together every ``flush_interval`` (a :class:`BookingChanges`), net
+of what happened in between: a request booked and finished within one interval is never
+published, and its first token folds into its booking. One message per request per
+interval rather than three (booked, first token, finished) is what keeps N processes'
+CPU per request near one's: each message costs a PUB send, a wake-up of ZeroMQ's I/O
+threads on both sides and a wake-up of every peer's subscriber (docs/operations.md,
+"Several frontend processes"). Peers see a booking at most that much later.
+
 A model has two routers (:mod:`dynamoctl.router.pools`): every message names the
 ``pool`` it books in, so a prefill worker's bookings land in every replica's prefill
 router.
@@ -42,6 +50,7 @@ from dynamoctl.wire import router as wire_router
 from dynamoctl.wire.records import BookingsRecord, Component, decode_json, encode_json
 from dynamoctl.wire.router import (
     Booked,
+    BookingChanges,
     BookingMessage,
     BookingPool,
     BookingState,
@@ -94,6 +103,7 @@ class BookingSync(AsyncService):
         reapply_interval: float = 0.25,
         buffer_size: int = 1024,
         component: str = COMPONENT,
+        flush_interval: float = 0.01,
     ) -> None:
         self.discovery = discovery
         self.component = component
@@ -107,6 +117,8 @@ class BookingSync(AsyncService):
         self.resync_interval = resync_interval
         self.reapply_interval = reapply_interval
         """Seconds between retries of peer bookings not in our load."""
+        self.flush_interval = flush_interval
+        """Seconds between publications of our changes (0: each at once)."""
         # A small buffer is enough: a subscriber that falls behind gets a snapshot.
         self.publisher = EventPublisher(
             f"tcp://{host}:0",
@@ -119,6 +131,11 @@ class BookingSync(AsyncService):
         """Own bookings released by the TTL."""
         self._subscriber = EventSubscriber(idle_poll=idle_poll)
         self._own: dict[Key, float] = {}  # -> booked at
+        self._unsent: dict[Key, Booked | Released] = {}
+        """Each booking's net change since the last publication, in order of its first."""
+        self._shown: set[Key] = set()
+        """Own bookings the peers may hold (published, or in a snapshot they got)."""
+        self._flush_at: asyncio.TimerHandle | None = None
         self._peers: dict[str, _Peer] = {}
         self._gen = itertools.count()
         self._lock = asyncio.Lock()
@@ -174,6 +191,8 @@ class BookingSync(AsyncService):
         await self.discovery.register(self.key, encode_json(record))
 
     async def close(self) -> None:
+        if self._flush_at is not None:
+            self._flush_at.cancel()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -190,8 +209,10 @@ class BookingSync(AsyncService):
         booking = router.load.booking(request_id) if router is not None else None
         if booking is None:
             return
-        self._own[(model, pool, request_id)] = time.monotonic()
-        self._publish(_booked(model, pool, request_id, booking))
+        key = (model, pool, request_id)
+        self._own[key] = time.monotonic()
+        self._unsent.pop(key, None)  # a re-booking replaces what it had, at the peers too
+        self._send(key, _booked(model, pool, request_id, booking))
 
     def released(
         self, model: str, request_id: str, kind: RouteEventKind, pool: BookingPool = "default"
@@ -201,14 +222,42 @@ class BookingSync(AsyncService):
         if key not in self._own:
             return  # never ours, or expired
         router = self.routers(model, pool)
+        unsent = self._unsent.get(key)
         if kind == "first_token":
             if router is not None:
                 router.on_first_token(request_id)
+            if isinstance(unsent, Booked):  # not published yet: published without prefill
+                unsent.prefill_tokens = 0
+                return
         else:
             del self._own[key]
             if router is not None:
                 router.on_finished(request_id)
-        self._publish(Released(model, request_id, kind, pool))
+            if key not in self._shown:  # the peers never heard of it: nothing to tell
+                self._unsent.pop(key, None)
+                return
+        self._send(key, Released(model, request_id, kind, pool))
+
+    def _send(self, key: Key, change: Booked | Released) -> None:
+        """Publish ``change`` with the others of this interval (at once when 0)."""
+        self._unsent[key] = change
+        if self.flush_interval <= 0:
+            self._flush()
+        elif self._flush_at is None:
+            loop = asyncio.get_running_loop()
+            self._flush_at = loop.call_later(self.flush_interval, self._flush)
+
+    def _flush(self) -> None:
+        self._flush_at = None
+        changes = list(self._unsent.values())
+        for key, change in self._unsent.items():
+            if isinstance(change, Booked):
+                self._shown.add(key)
+            elif change.kind == "finished":
+                self._shown.discard(key)
+        self._unsent.clear()
+        if changes:
+            self._publish(changes[0] if len(changes) == 1 else BookingChanges(changes))
 
     def _publish(self, message: BookingMessage) -> None:
         self.publisher.publish(wire_router.encode(message))
@@ -220,6 +269,8 @@ class BookingSync(AsyncService):
             booking = router.load.booking(rid) if router is not None else None
             if booking is not None:
                 state.append(_booked(model, pool, rid, booking))
+                # Its subscriber holds it now: its release must reach it, unsent or not.
+                self._shown.add((model, pool, rid))
         return self.publisher.next_seq - 1, wire_router.encode(BookingState(state))
 
     async def _sweep(self) -> None:
@@ -309,7 +360,10 @@ class BookingSync(AsyncService):
                     )
 
     def _apply(self, iid: str, peer: _Peer, message: BookingMessage) -> None:
-        if isinstance(message, Booked):
+        if isinstance(message, BookingChanges):
+            for change in message.changes:
+                self._apply(iid, peer, change)
+        elif isinstance(message, Booked):
             peer.bookings[_key(message)] = message
             self._book(iid, peer, message)
         elif isinstance(message, BookingState):  # the whole state: replaces what we had
