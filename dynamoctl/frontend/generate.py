@@ -340,24 +340,24 @@ class Generator:
         if (trace := TRACE.get()) is not None:
             span, request = trace.attempt("generate", choice.name, request)
         body = wire_engine.encode(request)
-        stream = self.client.stream(choice.address, Endpoint.GENERATE, body, probe=outcome.probe)
+        runs = self.client.stream_runs(choice.address, Endpoint.GENERATE, body, probe=outcome.probe)
         if trace is not None:
-            stream = trace.streamed(stream, span)
-        async with contextlib.aclosing(stream):
-            async for raw in stream:
-                chunk = wire_engine.decode_chunk(raw)
-                if chunk.cached_tokens is not None and not (remote or tokens.generated):
-                    # The attempt that computes the prompt: not a re-issue with tokens
-                    # already generated, nor a remote prefill's decode.
-                    outcome.cached_tokens = chunk.cached_tokens
-                if chunk.finish_reason == "abort":
-                    yield ""  # writers flush what they hold before the re-pick
-                    raise _Migrate("worker aborted the stream")
-                text = tokens.push(chunk)
-                if text or not outcome.probe.buffered():
-                    yield text  # "" too when about to wait: writers may flush
-                if outcome.finish_reason is not None:
-                    break  # aclosing cancels the worker's stream on a stop string
+            runs = trace.streamed(runs, span)
+        async with contextlib.aclosing(runs):
+            async for run in runs:
+                for chunk in tokens.joined(run):
+                    if chunk.cached_tokens is not None and not (remote or tokens.generated):
+                        # The attempt that computes the prompt: not a re-issue with tokens
+                        # already generated, nor a remote prefill's decode.
+                        outcome.cached_tokens = chunk.cached_tokens
+                    if chunk.finish_reason == "abort":
+                        yield ""  # writers flush what they hold before the re-pick
+                        raise _Migrate("worker aborted the stream")
+                    text = tokens.push(chunk)
+                    if text or not outcome.probe.buffered():
+                        yield text  # "" too when about to wait: writers may flush
+                    if outcome.finish_reason is not None:
+                        return  # aclosing cancels the worker's stream on a stop string
 
     def _migrating(
         self, job: Job, choice: WorkerChoice, exc: Exception, outcome: Outcome, tokens: int
@@ -405,6 +405,8 @@ class _TokenStream:
         self.generated = outcome.generated
         self.detok = IncrementalDetokenizer(tokenizer)
         self.stops = StopStringMatcher(job.stop)
+        self.joins = not any(job.stop)
+        """Whether chunks that arrive together may be joined (:meth:`joined`)."""
         self.user_stops = frozenset(job.engine.user_stop_token_ids)
         self.ttft = metrics.ttft.labels(job.model)
         self.itl = metrics.itl.labels(job.model)
@@ -423,6 +425,20 @@ class _TokenStream:
             min_tokens=max(0, job.engine.min_tokens - done),
             kv_transfer_params=handoff.params if handoff is not None else None,
         )
+
+    def joined(self, run: list[bytes]) -> list[GenerateChunk]:
+        """A run of raw chunks that arrived together, decoded; plain token chunks (no
+        log-probabilities, embedding or hand-off) joined into one, so that a stream that
+        fell behind is detokenised and written once per run, not once per token
+        (docs/api.md, "Streaming"). A request with stop strings keeps its chunks apart:
+        tokens past a stop string must not count as generated."""
+        chunks = [wire_engine.decode_chunk(raw) for raw in run]
+        if len(chunks) == 1 or not self.joins or not all(map(_plain, chunks)):
+            return chunks
+        last = chunks[-1]
+        if last.finish_reason == "abort":  # its tokens are dropped, as when alone
+            return [_joined(chunks[:-1]), last] if len(chunks) > 2 else chunks
+        return [_joined(chunks)]
 
     def push(self, chunk: GenerateChunk) -> str:
         """The text ``chunk`` adds; sets the outcome's finish reason when it ends."""
@@ -455,3 +471,26 @@ class _TokenStream:
             self.outcome.finish_reason = "stop" if self.stops.stopped else chunk.finish_reason
             self.outcome.stop_string = self.stops.matched
         return text
+
+
+def _plain(chunk: GenerateChunk) -> bool:
+    """Nothing but tokens, a finish reason and the first chunk's counts."""
+    return (
+        chunk.logprobs is None
+        and chunk.prompt_logprobs is None
+        and chunk.embedding is None
+        and chunk.kv_transfer_params is None
+    )
+
+
+def _joined(chunks: list[GenerateChunk]) -> GenerateChunk:
+    """Plain chunks as one: their tokens in order, the last's finish reason, the first's
+    counts."""
+    first = chunks[0]
+    tokens = [t for chunk in chunks for t in chunk.token_ids]
+    return GenerateChunk(
+        tokens,
+        chunks[-1].finish_reason,
+        cached_tokens=first.cached_tokens,
+        prompt_tokens=first.prompt_tokens,
+    )

@@ -202,9 +202,7 @@ class RequestTrace:
         finally:
             span.end()
 
-    async def streamed(
-        self, chunks: AsyncIterator[bytes], span: Span
-    ) -> AsyncGenerator[bytes, None]:
+    async def streamed(self, chunks: AsyncIterator[T], span: Span) -> AsyncGenerator[T, None]:
         """``chunks`` passed through, ``span`` ended with them (first one an event)."""
         first = True
         try:

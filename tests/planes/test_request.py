@@ -315,3 +315,37 @@ async def test_a_long_client_silence_bound_keeps_pinging_within_the_servers() ->
 
 async def _collect(stream: AsyncIterator[bytes]) -> list[bytes]:
     return [chunk async for chunk in stream]
+
+
+async def test_runs_hold_every_chunk_that_arrived_in_order_within_the_window(
+    server: RequestServer, client: RequestClient
+) -> None:
+    server.register("numbers", numbers)
+    window, runs = 16, []
+    async for run in client.stream_runs(server.address, "numbers", b"3000", window=window):
+        runs.append(run)
+        assert 1 <= len(run) <= window
+        if len(runs) % 10 == 1:
+            await asyncio.sleep(0.01)  # fall behind: the next run holds what arrived meanwhile
+    assert [c for run in runs for c in run] == [b"%d" % i for i in range(3000)]
+    assert max(map(len, runs)) > 1  # a consumer behind gets several chunks in one step
+    assert len(runs) < 3000
+
+
+async def test_cancelling_the_task_iterating_runs_cancels_the_handler(
+    server: RequestServer, client: RequestClient
+) -> None:
+    producer = Producer(0.001)
+    server.register("endless", producer)
+
+    async def consume() -> None:
+        async for _ in client.stream_runs(server.address, "endless", b"", window=16):
+            await asyncio.Event().wait()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(producer.started.wait(), 5)
+    await asyncio.sleep(0.05)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    await asyncio.wait_for(producer.cancelled.wait(), 5)
+    assert server.inflight == 0
