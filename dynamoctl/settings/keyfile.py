@@ -70,8 +70,9 @@ class PriorityClass(_Model):
     """The last fraction of each worker's busy threshold (the router's ``busy_kv_usage``
     and ``busy_waiting``) that this class's requests may not fill, kept for the classes
     with less: with ``batch: {headroom: 0.1}`` and ``busy_kv_usage: 0.8``, a batch
-    request finds a worker busy from 72 % KV usage on, so an interactive request (headroom
-    0) still finds room at once while the batch key saturates the deployment."""
+    request finds a worker busy when its prompt's blocks would take its KV usage past
+    72 %, so an interactive request (headroom 0) still finds room at once while the batch
+    key saturates the deployment."""
     priority: int = Field(default=0, ge=-1000, le=1000)
     """Carried to the worker with each request of the class: an engine started with
     priority scheduling (a pool's ``priority_scheduling``) admits the waiting requests
