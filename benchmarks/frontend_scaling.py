@@ -2,7 +2,7 @@
 item 2: the goal is >= 0.8 N times one's).
 
     python benchmarks/frontend_scaling.py [--frontends 2] [--concurrency 64] [--seconds 10]
-        [--rounds 3] [--loaders 2] [--out benchmarks/results/frontend_scaling.json]
+        [--rounds 3] [--loaders 2] [--unshared] [--out benchmarks/results/frontend_scaling.json]
 
 Each arm is a fresh deployment (benchmarks/cluster.py): one worker process of 4 mocker
 instances at speedup 1000 and 1 or N frontends (``--reuse-port --share-bookings``, as
@@ -15,7 +15,10 @@ the CPU of all frontends together (per request and in cores). On a machine with 
 cores as frontends plus load, the req/s ratio is the scaling; on the 2-core development
 machine the load generator and the workers share the frontends' cores, so the ratio is
 bounded by the machine, and the frontends' CPU per request (one against N sharing
-bookings) says what N processes cost beyond one.
+bookings) says what N processes cost beyond one. ``--unshared`` adds an arm of N frontends
+that do not share bookings (``--reuse-port`` only): N against N unshared is what the
+sharing costs, N unshared against one what each process repeats of the other's work
+(every worker's KV events and load indexed by every router).
 """
 
 from __future__ import annotations
@@ -66,8 +69,11 @@ def run_load(port: int, concurrency: int, seconds: float, loaders: int) -> dict[
     }
 
 
-async def one_arm(frontends: int, concurrency: int, seconds: float, loaders: int) -> dict[str, Any]:
-    async with cluster(processes=1, per_process=4, frontends=frontends) as deployment:
+async def one_arm(arm: str, concurrency: int, seconds: float, loaders: int) -> dict[str, Any]:
+    frontends, _, unshared = arm.partition("-")
+    async with cluster(
+        processes=1, per_process=4, frontends=int(frontends), share_bookings=not unshared
+    ) as deployment:
         port = urlparse(deployment.url).port or 80
         procs = deployment.frontends or [deployment.frontend]
         loop = asyncio.get_running_loop()
@@ -79,7 +85,7 @@ async def one_arm(frontends: int, concurrency: int, seconds: float, loaders: int
         before = cpu()
         row = await loop.run_in_executor(None, run_load, port, concurrency, seconds, loaders)
         used = cpu() - before  # the loaders' start-up adds ~1 s of idle frontends to this
-    row["frontends"] = frontends
+    row["frontends"] = arm
     row["frontends_cpu_cores"] = round(used / seconds, 2)
     row["frontends_cpu_ms_per_req"] = round(used * 1e3 / max(1, row["requests"]), 3)
     return row
@@ -92,14 +98,17 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--loaders", type=int, default=2)
+    parser.add_argument("--unshared", action="store_true")
     parser.add_argument("--out", default="benchmarks/results/frontend_scaling.json")
     args = parser.parse_args()
     arms: dict[str, list[dict[str, Any]]] = {"1": [], str(args.frontends): []}
+    if args.unshared:
+        arms[f"{args.frontends}-unshared"] = []
     load_before = machine()["loadavg"]
     for round_ in range(args.rounds):
         order = list(arms) if round_ % 2 == 0 else list(reversed(arms))
         for arm in order:
-            row = asyncio.run(one_arm(int(arm), args.concurrency, args.seconds, args.loaders))
+            row = asyncio.run(one_arm(arm, args.concurrency, args.seconds, args.loaders))
             arms[arm].append(row)
             print(f"round {round_} {arm} frontend(s): {row}", flush=True)
     n = str(args.frontends)
@@ -110,7 +119,8 @@ def main() -> None:
         "machine": machine(),
         "load_average_before": load_before,
         "deployment": "1 worker process x 4 mocker instances (speedup 1000, block 16), "
-        "kv routing; N frontends with --reuse-port --share-bookings",
+        "kv routing; N frontends with --reuse-port --share-bookings (N-unshared: "
+        "--reuse-port only)",
         "workload": "dynamo_compare.py's short workload: streamed 16-token completions, "
         f"closed loop, concurrency {args.concurrency} from {args.loaders} load processes, "
         f"{args.seconds} s a run",
@@ -118,12 +128,19 @@ def main() -> None:
         "median": median,
         "req_per_s_ratio": round(median[n]["req_per_s"] / max(median["1"]["req_per_s"], 1e-9), 2),
         "goal_req_per_s_ratio": round(0.8 * args.frontends, 2),
+        "load_average_after": machine()["loadavg"],
         "cpu_per_req_ratio": round(
             median[n]["frontends_cpu_ms_per_req"]
             / max(median["1"]["frontends_cpu_ms_per_req"], 1e-9),
             2,
         ),
     }
+    if args.unshared:
+        result["cpu_per_req_ratio_unshared"] = round(
+            median[f"{n}-unshared"]["frontends_cpu_ms_per_req"]
+            / max(median["1"]["frontends_cpu_ms_per_req"], 1e-9),
+            2,
+        )
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({k: result[k] for k in ("median", "req_per_s_ratio", "cpu_per_req_ratio")}))
 
