@@ -113,7 +113,6 @@ _SLOW_FIRST = (
     "tests/engines/test_vllm_cpu_vision.py",  # 75: vLLM start
     "tests/engines/test_vllm_cpu_lora.py",  # 67: vLLM start
     "tests/planner/test_planner_both.py",  # 59
-    "tests/engines/test_vllm_cpu_args.py",  # 60: vLLM's import (alone, load 5)
     "tests/engines/test_vllm_cpu_embed.py",  # 58: vLLM start
     "tests/supervisor/test_wedge.py",  # 57
     "tests/supervisor/test_adoption.py",  # 50
