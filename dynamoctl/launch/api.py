@@ -43,6 +43,7 @@ PORT_FIELDS = {
     "http": "frontend.port",
     "client": "etcd's client port (2379)",
     "peer": "etcd's peer port (2380)",
+    "rendezvous": "workers.rendezvous_port",
 }
 """Where each declared port comes from, for the error that says what to change."""
 

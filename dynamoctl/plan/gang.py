@@ -50,9 +50,6 @@ from dynamoctl.plan.worker import engine_arguments, split_env, worker_spec
 from dynamoctl.recipe.models import Role
 from dynamoctl.supervisor.instance import InstanceName
 
-RENDEZVOUS_PORT = 29501
-"""The leader's rendezvous port (vLLM's ``--master-port``, SGLang's ``--dist-init-addr``
-port, the mocker's step channel)."""
 RENDEZVOUS_TIMEOUT_CAP = 120.0
 """Longest a follower waits for its leader's rendezvous (``start_timeout`` if shorter)."""
 
@@ -60,10 +57,11 @@ Members = list[tuple[Host, list[int]]]
 """A gang's nodes and their GPUs, leader first."""
 
 
-def rendezvous_port(role: Role, index: int, shared_host: bool) -> int:
+def rendezvous_port(first: int, role: Role, index: int, shared_host: bool) -> int:
+    """The leader's rendezvous port (``first``: the recipe's ``workers.rendezvous_port``)."""
     if not shared_host:
-        return RENDEZVOUS_PORT
-    return RENDEZVOUS_PORT + POOL_BLOCK[role] + index  # one host shared by every gang
+        return first
+    return first + POOL_BLOCK[role] + index  # one host shared by every gang
 
 
 def gang_specs(ctx: PlanContext, role: Role, index: int, members: Members) -> list[InstanceSpec]:
@@ -78,7 +76,9 @@ def gang_specs(ctx: PlanContext, role: Role, index: int, members: Members) -> li
     shared = len({host.name for host, _ in members}) == 1
     args = engine_arguments(role, pool, ctx.recipe.model)
     # A data-parallel vLLM gang meets at the leader's DP RPC port, any other at its store.
-    port = spec.gang_port(args) or rendezvous_port(role, index, shared)
+    port = spec.gang_port(args) or rendezvous_port(
+        ctx.recipe.workers.rendezvous_port, role, index, shared
+    )
     ports = {"rendezvous": port}
     gang = str(InstanceName(role, index))
     leader = worker_spec(

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, Field, model_validator
 
 from dynamoctl.engines import registry
-from dynamoctl.recipe.fields import NonEmptyStr, OneOf, RecipeModel, rule_error
+from dynamoctl.recipe.fields import NonEmptyStr, OneOf, Port, RecipeModel, rule_error
 from dynamoctl.recipe.gang_rules import GANG_FLAGS
 from dynamoctl.recipe.kv_offload import KvOffload
 from dynamoctl.recipe.lora import Lora
@@ -141,6 +141,13 @@ class Workers(RecipeModel):
     """Prefill pool of a disaggregated deployment; needs ``decode``."""
     decode: WorkerPool | None = None
     """Decode pool of a disaggregated deployment."""
+    rendezvous_port: Port = 29501
+    """Where a multi-node replica's members meet: the leader's port (vLLM's
+    ``--master-port``, SGLang's ``--dist-init-addr`` port, the mocker's step channel).
+    Gangs whose members all share one host take ports above it, one per replica
+    (``rendezvous_port`` + 0, 100 or 200 for a prefill, decode or agg pool + the replica
+    index). Change it when two deployments' gangs share a host; preflight names a busy
+    one."""
 
     def pools(self) -> dict[Role, WorkerPool]:
         """The declared pools by role, in the order agg, prefill, decode."""

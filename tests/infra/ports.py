@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import random
 import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 LOWEST = 10_000
@@ -82,3 +83,17 @@ def free_port(host: str = "127.0.0.1") -> int:
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
     """``count`` different free ports (:func:`free_port`)."""
     return [free_port(host) for _ in range(count)]
+
+
+def free_port_base(offsets: Sequence[int], host: str = "127.0.0.1") -> int:
+    """A port ``P`` of this worker's slice with ``P + offset`` free now and in the slice
+    for each of ``offsets``: a base for servers that take ports at fixed distances from
+    it (the rendezvous ports of gangs sharing one host)."""
+    global _next
+    span = max(offsets)
+    for _ in range(len(_POOL)):
+        port = _POOL[_next % len(_POOL)]
+        _next += 1
+        if port + span < _POOL.stop and all(is_free(port + o, host) for o in offsets):
+            return port
+    raise RuntimeError(f"no base for offsets {list(offsets)} in {_POOL.start}-{_POOL.stop - 1}")

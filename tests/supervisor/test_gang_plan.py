@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dynamoctl.launch.api import InstanceSpec
+from dynamoctl.launch.api import InstanceSpec, port_in_use
 from dynamoctl.plan.build import PlanError, build_plan
 from dynamoctl.recipe.loader import RecipeError, load_recipe_text
 from dynamoctl.supervisor.instance import InstanceName
@@ -133,6 +133,25 @@ workers:
     specs = plan.by_pool("agg")
     assert [s.name for s in specs] == ["agg-0", "agg-0.1", "agg-1", "agg-1.1"]
     assert [_engine_args(s)["master_port"] for s in specs] == [29701, 29701, 29702, 29702]
+
+
+def test_two_deployments_sharing_a_host_set_their_own_rendezvous_ports() -> None:
+    # Two local gang deployments at once (CI's serial lanes) collided on 29701: the
+    # recipe moves a deployment's rendezvous ports, and a busy one names that field.
+    text = """\
+schema: 1
+name: g
+model: {name: m, path: m}
+workers:
+  rendezvous_port: 31000
+  agg: {engine: mocker, replicas: 2, nodes_per_replica: 2, gpus_per_replica: 0}
+"""
+    plan, _ = build_plan(load_recipe_text(text, "r.yaml"), Path("/run"))
+    specs = plan.by_pool("agg")
+    assert [_engine_args(s)["master_port"] for s in specs] == [31200, 31200, 31201, 31201]
+    assert specs[0].ports["rendezvous"] == 31200
+    error = port_in_use(specs[0], "rendezvous", 31200, "Address already in use")
+    assert "port 31200 (rendezvous)" in str(error) and "workers.rendezvous_port" in str(error)
 
 
 def test_follower_names_parse_and_order_after_their_leader() -> None:

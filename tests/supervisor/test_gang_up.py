@@ -15,6 +15,8 @@ from typing import Any
 import psutil
 import pytest
 
+from dynamoctl.engines.spec import POOL_BLOCK
+from tests.infra.ports import free_port_base
 from tests.supervisor.conftest import (
     Cli,
     completions_until,
@@ -27,11 +29,19 @@ from tests.supervisor.conftest import (
 pytestmark = pytest.mark.gang
 
 
-def gang_recipe(name: str, port: int, replicas: int = 2) -> str:
+def gang_rendezvous(replicas: int) -> int:
+    """A ``workers.rendezvous_port`` whose one-host gangs' ports are free now, so that
+    gang tests running side by side (CI's serial lanes) never share one."""
+    return free_port_base([POOL_BLOCK["agg"] + index for index in range(replicas)])
+
+
+def gang_recipe(name: str, port: int, replicas: int = 2, rendezvous: int | None = None) -> str:
     """:func:`mocker_recipe`'s deployment with each replica a gang of two members, which
     answer every simulated step within the collective timeout."""
     text = mocker_recipe(name, port, replicas)
+    first = gang_rendezvous(replicas) if rendezvous is None else rendezvous
     for old, new in (
+        ("workers:\n", f"workers:\n  rendezvous_port: {first}\n"),
         ("    gpus_per_replica: 0\n", "    nodes_per_replica: 2\n    gpus_per_replica: 0\n"),
         ("speedup-ratio: 10}", "speedup-ratio: 10, collective-timeout: 60}"),
     ):
@@ -51,13 +61,16 @@ def _ready_after(log: str, name: str) -> list[float]:
 
 
 def test_a_killed_follower_restarts_its_gang_once_and_no_request_fails(cli: Cli) -> None:
-    port = free_port()
-    recipe = cli.recipe(gang_recipe("gang", port))
+    port, rendezvous = free_port(), gang_rendezvous(2)
+    recipe = cli.recipe(gang_recipe("gang", port, rendezvous=rendezvous))
     dry = cli("up", str(recipe), "--dry-run")
     assert "[agg-0.1] follower on localhost, gpus -, gang agg-0 rank 1/2" in dry.stdout
     follower_cmd = dry.stdout.split("[agg-0.1]")[1].split("[agg-1]")[0]
     assert "dynamoctl follower --engine mocker --label agg-0.1" in follower_cmd
-    assert "--master-port 29701" in follower_cmd and "--nnodes 2 --node-rank 1" in follower_cmd
+    assert (
+        f"--master-port {rendezvous + POOL_BLOCK['agg']}" in follower_cmd
+        and "--nnodes 2 --node-rank 1" in follower_cmd
+    )
 
     began = time.monotonic()
     up = cli("up", str(recipe), "--detach", timeout=120)
