@@ -239,7 +239,9 @@ class BoundServer(uvicorn.Server):
     drain, and HTTP keeps answering meanwhile). Requests are bounded by ``limits``
     (defaults: :class:`HttpLimitSettings`). ``reuse_port``: share the port with the other
     processes of this user that ask the same (``SO_REUSEPORT``: the kernel spreads new
-    connections over them), e.g. the frontend's ``frontend.processes``."""
+    connections over them), e.g. the frontend's ``frontend.processes``; each process then
+    also listens on a port of its own (:attr:`own_port`), where probes and metric scrapes
+    reach that process and no other."""
 
     def __init__(
         self,
@@ -273,9 +275,16 @@ class BoundServer(uvicorn.Server):
         self.sock = sock
         self.host = host
         self.port = int(sock.getsockname()[1])
+        self.sockets = [sock]
+        if reuse_port:
+            own = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            own.bind((host, 0))
+            self.sockets.append(own)
+        self.own_port = int(self.sockets[-1].getsockname()[1])
+        """This process's own port: :attr:`port` unless the port is shared."""
 
     async def run_bound(self) -> None:
-        await self.serve(sockets=[self.sock])
+        await self.serve(sockets=self.sockets)
 
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:

@@ -72,7 +72,11 @@ class ComponentRuntime(AsyncService):
         return self._url("/health")
 
     def _url(self, path: str) -> str | None:
-        return None if self.http is None else f"http://{self.options.host}:{self.http.port}{path}"
+        # The process's own port: with a shared port (SO_REUSEPORT) a scrape or probe
+        # there would reach any of the processes sharing it.
+        if self.http is None:
+            return None
+        return f"http://{self.options.host}:{self.http.own_port}{path}"
 
     def on_close(self, closer: Callable[[], Awaitable[Any]]) -> None:
         """Run ``closer`` on the way out (closers run in reverse order, after HTTP stops)."""

@@ -57,6 +57,9 @@ class Probes:
         self.http = httpx.AsyncClient(timeout=timeout, trust_env=False)
         self.records: dict[str, InstanceRecord] = {}
         """The latest instance records, by supervisor label."""
+        self.every_record: dict[str, list[InstanceRecord]] = {}
+        """Each label's records: a killed process's stays beside its successor's until
+        its lease expires."""
         self._listed_at = -math.inf
         self._last_known: dict[str, InstanceRecord] = {}
         """Every label's last record, kept after it vanished (see :meth:`record_of`)."""
@@ -78,6 +81,7 @@ class Probes:
             return
         self._came_back()
         records: dict[str, InstanceRecord] = {}
+        every: dict[str, list[InstanceRecord]] = {}
         for value in listing.items.values():
             try:
                 record = msgspec.json.decode(value, type=InstanceRecord)
@@ -85,7 +89,9 @@ class Probes:
                 continue
             if record.label:
                 records[record.label] = record
+                every.setdefault(record.label, []).append(record)
         self.records = records
+        self.every_record = every
         self._last_known.update(records)
 
     def record_of(self, label: str) -> InstanceRecord | None:

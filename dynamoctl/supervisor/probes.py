@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import msgspec
@@ -20,6 +21,7 @@ from dynamoctl.util.registry import Registry
 from dynamoctl.wire.control import DiscoveryStatus
 from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.planner import PlannerStatus
+from dynamoctl.wire.records import InstanceRecord
 
 
 @dataclass(frozen=True)
@@ -105,15 +107,34 @@ class EtcdProbe(ComponentProbe, component="etcd"):
 
 
 class FrontendProbe(ComponentProbe, component="frontend"):
+    """Probed through its process's own port, which its record names: the frontends of one
+    host share ``frontend.port`` (``SO_REUSEPORT``), where the kernel hands a connection
+    to any of them, so a probe there could find a sibling ready and not this process."""
+
     async def ready(self, spec: InstanceSpec) -> bool:
-        """It lists the model and completes a one-token request: it can reach workers."""
-        return await self.probes.frontend_ready(base_url(spec, "http") + "/v1", self.model)
+        """Registered, and through its own port it lists the model and completes a
+        one-token request: it can reach workers."""
+        await self.probes.refresh_records()
+        for record in self.probes.every_record.get(spec.name, []):  # a killed one's lingers
+            if await self.probes.frontend_ready(_own_base(spec, record) + "/v1", self.model):
+                return True
+        return False
 
     async def health(self, spec: InstanceSpec) -> Health:
         # Liveness, not readiness: /health is 503 while no worker serves a model (a pool
         # scaled to 0, a long gang restart), which is the load balancer's business; a
         # restart would not bring a worker back. /live answers while the loop turns.
-        return _answer(await self.probes.reply(f"{base_url(spec, 'http')}/live"))
+        await self.probes.refresh_records()
+        record = self.probes.record_of(spec.name)
+        base = _own_base(spec, record) if record is not None else base_url(spec, "http")
+        return _answer(await self.probes.reply(f"{base}/live"))
+
+
+def _own_base(spec: InstanceSpec, record: InstanceRecord) -> str:
+    """The frontend's own port (from its record) at the address the supervisor reaches
+    it by (the record holds the address it listens on, maybe a wildcard)."""
+    port = urlsplit(record.health_url or "").port
+    return f"http://{spec.address}:{port}" if port else base_url(spec, "http")
 
 
 class RouterProbe(ComponentProbe, component="router"):
