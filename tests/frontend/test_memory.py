@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import psutil
 
+from dynamoctl.frontend.app import MAX_BODY_BYTES
 from tests.frontend.conftest import MODEL, Deployment
 from tests.frontend.rawhttp import exchange, request
 from tests.frontend.test_hardening import nested, words
@@ -38,7 +39,9 @@ async def _burst(url: str, text: str) -> list[int]:
             try:
                 return (await http.post(f"{url}{path}", content=body)).status_code
             except httpx.TransportError:
-                return 600  # a cut stream: as bad as a 5xx
+                # A body past the limit is refused (413) and its connection closed while
+                # the client may still be sending it: then the client sees only the close.
+                return 0 if len(body) > MAX_BODY_BYTES else 600  # else a cut stream: a 5xx
 
     posts = [
         one(b, "/v1/chat/completions" if b'"messages"' in b else "/v1/completions")
