@@ -223,7 +223,11 @@ async def test_usage_in_every_chunk_as_vllm_sends_it(deployment: Deployment, pat
     assert all(
         c["usage"]["total_tokens"] == prompt + n for c, n in zip(per_choice, seen, strict=True)
     )
-    assert seen == sorted(seen) and seen[-1] == 6 and len(set(seen)) > 1
+    assert seen == sorted(seen) and seen[-1] == 6
+    # Tokens that reach a loaded frontend together go out as one event (docs/api.md,
+    # "Streaming"); when several events carry text, their counts grow.
+    counted = [n for c, n in zip(per_choice, seen, strict=True) if _text_of(c["choices"][0])]
+    assert len(counted) < 2 or counted[0] < counted[-1], seen
     assert without.status_code == 200
     quiet = [json.loads(line[6:]) for line in without.text.splitlines()
              if line.startswith("data: {")]  # fmt: skip
@@ -295,3 +299,8 @@ async def test_engine_requests_carry_sampling_over_the_wire() -> None:
     )
     sent = engine_request(body, [1, 2], 4, [9], 0)
     assert wire_engine.decode_request(wire_engine.encode(sent)) == sent
+
+
+def _text_of(choice: dict[str, Any]) -> str:
+    """A chunk's text: completions' ``text``, chat's ``delta.content``."""
+    return str(choice.get("text") or (choice.get("delta") or {}).get("content") or "")
