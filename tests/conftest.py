@@ -31,25 +31,23 @@ def etcd_server() -> Iterator[ManagedEtcd]:
 # asserts on wall-clock behaviour under a load it creates itself (etcd freezes against
 # lease TTLs, planner load steps, throughput against a timing model).
 #
-# Serial tests run in three lanes, one pytest-xdist worker each (``--dist loadgroup``):
-# within a lane one test at a time, the lanes side by side. A lane owns its session
-# clusters (each kind is started in one process only) and what must not overlap: every
-# vLLM test is in ``engines`` (never two vLLMs' memory at once). ``multinode`` has the
-# multi-node Slurm cluster and the tests on it (mocker workers and Slurm jobs, which wait
-# more than they compute), and a few wall-clock tests that need no cluster. ``hosts`` has
-# the rest: the single-node Slurm, sshd hosts and gangs, and wall-clock tests (etcd
-# freezes, planner load steps), whose deadlines leave room for the vLLM beside them.
-# The multi-node Slurm tests were in ``engines``: in a 3-lane run (load 6-15) they took
-# 499 s in their own lane, ``engines`` 709 s without them. Lanes build their namespaces,
-# bridges, /etc/hosts names and Slurm clusters apart (tests/infra/netns.py, by pid).
+# Serial tests run in two lanes, one pytest-xdist worker each (``--dist loadgroup``): within
+# a lane one test at a time, the lanes side by side. A lane owns its session clusters
+# (each kind is started in one process only) and what must not overlap: every vLLM test
+# is in ``engines`` (never two vLLMs' memory at once), and so is the multi-node Slurm
+# cluster one of them runs on. The rest is in ``hosts``: the single-node Slurm, sshd hosts
+# and gangs, and the wall-clock tests (etcd freezes, planner load steps, ``vllm bench
+# serve``), which wait more than they compute; their deadlines leave room for the vLLM
+# beside them. With the wall-clock tests in ``engines`` that lane ended ~9 min after
+# ``hosts`` (serial part 15 min); now they end within a minute of each other (44 s in a
+# serial run at load 4-17). The serial run took ~18 min in one lane (most of it waiting).
 _ENGINES = "engines"
 _HOSTS = "hosts"
-_MULTINODE_LANE = "multinode"
 _SERIAL_FIXTURES = {
     "slurm": _HOSTS,
     "allocation": _HOSTS,
     "ssh_hosts2": _HOSTS,
-    "slurm_multinode": _MULTINODE_LANE,
+    "slurm_multinode": _ENGINES,  # vLLM runs on it (test_vllm_nixl_multinode)
 }
 _SERIAL_PATHS = {
     "tests/slurm/": _HOSTS,
@@ -65,12 +63,10 @@ _SERIAL_PATHS = {
     "tests/engines/test_vllm_lmcache_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_cpu.py": _ENGINES,
     "tests/engines/test_vllm_nixl_multinode.py": _ENGINES,
-    # No cluster of their own: in the shortest lane (~8 min against ~15 and ~16 for the
-    # other two in a 3-lane run at load 6-15, before these three files moved; 259 s).
-    "tests/frontend/test_openai_clients.py": _MULTINODE_LANE,  # vllm bench serve, no engine
-    "tests/discovery/test_stale_serving.py": _MULTINODE_LANE,
-    "tests/supervisor/test_discovery_outage.py": _MULTINODE_LANE,
+    "tests/frontend/test_openai_clients.py": _HOSTS,  # vllm bench serve: a client, no engine
     "tests/discovery/test_etcd_outage.py": _HOSTS,
+    "tests/discovery/test_stale_serving.py": _HOSTS,
+    "tests/supervisor/test_discovery_outage.py": _HOSTS,
     "tests/planner/test_planner_up.py": _HOSTS,
     "tests/planner/test_profile_mocker.py": _HOSTS,
 }
@@ -82,75 +78,25 @@ _GANG = "gang"
 
 def _serial_lane(item: pytest.Item) -> str | None:
     """The serial lane ``item`` runs in, or None when it runs with the parallel part. A
-    session cluster's lane comes first (it lives in one process only), then vLLM (a
-    multi-node vLLM test too), then multi-node clusters, then the path, then gangs."""
+    session cluster's lane comes first (it lives in one process only), then multi-node
+    clusters, then the path, then gangs (a vLLM gang is a vLLM test)."""
     fixtures = set(getattr(item, "fixturenames", ()))
     for fixture, lane in _SERIAL_FIXTURES.items():
         if fixture in fixtures:
             return lane
-    path = item.nodeid.split("::", 1)[0]
-    by_path = next(
-        (lane for prefix, lane in _SERIAL_PATHS.items() if path.startswith(prefix)), None
-    )
-    if by_path == _ENGINES:
-        return _ENGINES
     if any(item.iter_markers(_MULTINODE)):
-        return _MULTINODE_LANE
-    if by_path is not None:
-        return by_path
+        return _ENGINES
+    path = item.nodeid.split("::", 1)[0]
+    for prefix, lane in _SERIAL_PATHS.items():
+        if path.startswith(prefix):
+            return lane
     return _HOSTS if any(item.iter_markers(_GANG)) else None
-
-
-# --- The order the parallel part starts its files in (``--no-loadscope-reorder``) ---------
-# pytest-xdist hands out whole files, by default those with the most tests first: the
-# slowest files, a vLLM start or minutes of wall clock in one or three tests, came last
-# and left one worker running alone at the end. These go first, slowest first (seconds
-# in the last CI run, on 2 loaded cores); the rest follow, most tests first as before.
-_SLOW_FIRST = (
-    "tests/frontend/test_real_clients.py",  # 131: guidellm sweeps, lm-eval
-    "tests/engines/test_vllm_platform.py",  # 100: vLLM in three entry points
-    "tests/supervisor/test_local_up.py",  # 99 in its four slowest
-    "tests/engines/test_vllm_cpu_vision.py",  # 75: vLLM start
-    "tests/engines/test_vllm_cpu_lora.py",  # 67: vLLM start
-    "tests/planner/test_planner_both.py",  # 59
-    "tests/engines/test_vllm_cpu_args.py",  # 60: vLLM's import (alone, load 5)
-    "tests/engines/test_vllm_cpu_embed.py",  # 58: vLLM start
-    "tests/supervisor/test_wedge.py",  # 57
-    "tests/supervisor/test_adoption.py",  # 50
-    "tests/supervisor/test_lora_up.py",  # 45
-    "tests/supervisor/test_spares.py",  # 42
-    "tests/supervisor/test_wedge_components.py",  # 37
-    "tests/frontend/test_memory.py",  # 36
-    "tests/supervisor/test_frontend_liveness.py",  # 34
-    "tests/observability/test_traces.py",  # 30: Phoenix start
-    "tests/recipe/test_kv_offload_engines.py",  # 29
-)
-
-
-def _parallel_order(items: list[pytest.Item], lanes: list[str | None]) -> list[pytest.Item]:
-    """``items`` with the parallel part's files in the order they should start (listed
-    slow files, then most tests first), each file's tests in their own order; the serial
-    tests after them, in collection order."""
-    rank = {path: i for i, path in enumerate(_SLOW_FIRST)}
-    files = [item.nodeid.split("::", 1)[0] for item in items]
-    count: dict[str, int] = {}
-    for path, lane in zip(files, lanes, strict=True):
-        if lane is None:
-            count[path] = count.get(path, 0) + 1
-
-    def key(i: int) -> tuple[int, int, int]:
-        if lanes[i] is not None:
-            return (len(rank) + 1, 0, i)
-        return (rank.get(files[i], len(rank)), -count[files[i]], i)  # files stay whole
-
-    return [items[i] for i in sorted(range(len(items)), key=key)]
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    lanes = [_serial_lane(item) for item in items]
-    for item, lane in zip(items, lanes, strict=True):
+    for item in items:
+        lane = _serial_lane(item)
         if lane is not None:
             item.add_marker(pytest.mark.serial)
             item.add_marker(pytest.mark.xdist_group(lane))
-    items[:] = _parallel_order(items, lanes)
