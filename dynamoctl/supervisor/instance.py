@@ -79,7 +79,7 @@ class Instance:
 
     spec: InstanceSpec
     backoff: Backoff
-    """Restart delays; reset after ``budget_window`` READY (see ``Supervisor._after_failure``)."""
+    """Restart delays; reset after ``budget_window`` READY (see ``Restarts.after_failure``)."""
     state: State = State.PENDING
     proc: Launched | None = None
     adopted: Launched | None = None

@@ -12,40 +12,36 @@ because a typo in engine arguments would otherwise crash-loop.
 Every change of state goes through :meth:`Supervisor.transition` (the phase's through
 :meth:`Supervisor._set_phase`), checked against the tables in
 :mod:`dynamoctl.wire.states`. The mechanics live beside this module: probes per
-component (``probes.py``), names and per-instance records (``instance.py``), what is
-reported (``report.py``), placement (``plan.py``). Gangs, scaling and the metrics see
-the supervisor through narrow ports (``view.py``); room beyond the deployment's hosts is
-the launcher's extra capacity (:mod:`dynamoctl.launch.capacity`).
+component (``probes.py``), a process watched until it ends or must go (``watch.py``),
+the restart policy (``restarts.py``), stopping on purpose (``stopping.py``), the bounds on
+every await (``deadlines.py``), names and per-instance records (``instance.py``), what
+is reported (``report.py``), placement (``plan/``). Those helpers, gangs, scaling and the
+metrics see the supervisor through narrow ports (``view.py``); room beyond the
+deployment's hosts is the launcher's extra capacity (:mod:`dynamoctl.launch.capacity`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 
 from dynamoctl.discovery import Discovery
-from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError, kill, stop
+from dynamoctl.launch.api import InstanceSpec, Launched, Launcher, LaunchError
 from dynamoctl.launch.capacity import extra_capacity
 from dynamoctl.plan.build import GpuMap, Plan
 from dynamoctl.recipe.models import Recipe, Supervision
 from dynamoctl.supervisor.adapters import AdapterControl
 from dynamoctl.supervisor.deadlines import (
     CLOSE_DEADLINE_S,
-    LIFE_END_S,
-    PROBE_DEADLINE_S,
-    Outcome,
     abandon,
-    race,
     within,
 )
 from dynamoctl.supervisor.gang import Gangs
 from dynamoctl.supervisor.instance import Failure, Instance
-from dynamoctl.supervisor.probes import DeploymentProber, Health, Prober
+from dynamoctl.supervisor.probes import DeploymentProber, Prober
 from dynamoctl.supervisor.report import (
     ControlAccess,
     last_log_line,
@@ -54,12 +50,15 @@ from dynamoctl.supervisor.report import (
     startup_failure,
     status_report,
 )
+from dynamoctl.supervisor.restarts import Restarts
 from dynamoctl.supervisor.rundir import RunDir
 from dynamoctl.supervisor.scaling import Scaling
 from dynamoctl.supervisor.spares import Spares
-from dynamoctl.supervisor.startups import StartHistory, Starts, staged_seconds
+from dynamoctl.supervisor.startups import StartHistory, Starts
+from dynamoctl.supervisor.stopping import NOW_TIMEOUT, Stops
 from dynamoctl.supervisor.view import RestartKey, TransitionKey
-from dynamoctl.supervisor.wedge import PUT_DOWN, SilenceKey, WedgeWatch, put_down
+from dynamoctl.supervisor.watch import Watch
+from dynamoctl.supervisor.wedge import SilenceKey
 from dynamoctl.supervisor.withdraw import RecordWithdrawal
 from dynamoctl.util.aio import BackgroundTasks
 from dynamoctl.util.backoff import Backoff
@@ -78,19 +77,6 @@ from dynamoctl.wire.states import (
 log = logging.getLogger(__name__)
 
 START_ORDER = ("etcd", "router", "worker", "frontend", "planner")
-NOW_TIMEOUT = 3.0
-"""Seconds ``down --now`` gives each instance between SIGTERM and SIGKILL."""
-HUNG_GRACE = 5.0
-"""Seconds a hung instance gets between SIGTERM and SIGKILL."""
-
-
-@dataclass
-class HealthTrack:
-    """What one process's watch carries from one health probe to the next."""
-
-    wedge: WedgeWatch
-    unhealthy_since: float | None = None
-    last_tokens: float | None = None
 
 
 class StartupFailed(Exception):
@@ -131,6 +117,12 @@ class Supervisor:
             health_timeout=self.settings.probe_timeout,
         )
         self.instances = {spec.name: self.new_instance(spec) for spec in plan.instances}
+        self.stops = Stops(self)
+        """Stopping on purpose: drains, scale-downs, ``down``."""
+        self.watch = Watch(self)
+        """Each process probed until it ends or must go."""
+        self.restarts = Restarts(self)
+        """The restart policy: FAILED, BACKOFF, started again within the budget."""
         self.gangs = Gangs(self)
         """Multi-node replicas: followers live, fail and stop with their leader."""
         self.scaling = Scaling(self)
@@ -163,6 +155,11 @@ class Supervisor:
         self.silence_counts: Counter[SilenceKey] = Counter()
         """READY instances' probe silences, survived or wedged, for ``/metrics``."""
         self._discovery: Discovery | None = None
+
+    @property
+    def starting(self) -> bool:
+        """``up`` is still starting the deployment (a failure rolls it back)."""
+        return self._starting
 
     def new_instance(self, spec: InstanceSpec) -> Instance:
         return Instance(spec, Backoff(self.settings.backoff_base, self.settings.backoff_cap))
@@ -268,70 +265,10 @@ class Supervisor:
         why = "rollback" if self.phase is Phase.FAILED else "down"
         for component in reversed(START_ORDER):
             group = [i for i in self.instances.values() if i.spec.component == component]
-            await asyncio.gather(*(self._stop_instance(i, now, why) for i in group))
+            await asyncio.gather(*(self.stops.stop_instance(i, now, why) for i in group))
         for inst in self.instances.values():
             if inst.task is not None and not inst.task.done():
                 abandon(inst.task)
-
-    async def _stop_instance(self, inst: Instance, now: bool, why: str) -> None:
-        """Stop ``inst`` on purpose: it ends STOPPED (FAILED if it had failed for good),
-        spends no budget, and its GPUs go back to the map."""
-        inst.stop_why = inst.stop_why or why
-        inst.stop_asked.set()
-        task = inst.task
-        if task is None or task.done():  # never started, or its life is over
-            if inst.adopted is not None:  # taken back, never watched: stopped all the same
-                await stop(inst.adopted, NOW_TIMEOUT if now else self.settings.drain_timeout)
-                inst.adopted = None
-            if inst.state is State.PENDING:
-                self._stopped(inst, f"{why}: never started")
-        else:
-            if inst.proc is not None and inst.running:
-                await self._drain(inst, inst.proc, NOW_TIMEOUT if now else None, why)
-            # Its life task records STOPPED (and its followers'), within a bound: a life
-            # stuck in an await must not hold up ``down``.
-            if not (await asyncio.wait({task}, timeout=LIFE_END_S))[0]:
-                await self._give_up(inst, task, why)
-        self._release(inst)  # also when it had failed for good
-
-    async def _give_up(self, inst: Instance, task: asyncio.Task[None], why: str) -> None:
-        """A life task that did not end once its instance was asked to stop: cancelled,
-        its process group killed, the instance recorded STOPPED (a supervisor bug, logged)."""
-        log.error(
-            "%s: its supervision did not end %g s after it was asked to stop (%s); "
-            "killing its process group",
-            inst.spec.name, LIFE_END_S, inst.state,
-        )  # fmt: skip
-        abandon(task)
-        if inst.proc is not None and inst.running:
-            inst.last_exit = await kill(inst.proc)
-        await self.gangs.stop(inst, 0.0)
-        if inst.state not in (State.STOPPED, State.FAILED):
-            self._stopped(inst, f"{why}: given up")
-        inst.ended.set()
-
-    async def _drain(self, inst: Instance, proc: Launched, grace: float | None, why: str) -> None:
-        """SIGTERM, ``grace`` (default ``drain_timeout``), SIGKILL. Asking again (``down
-        --now`` during a drain) shortens the grace."""
-        if inst.state is not State.DRAINING:
-            self.transition(inst, State.DRAINING, why)
-        await stop(proc, self.settings.drain_timeout if grace is None else grace)
-
-    def _stopped(self, inst: Instance, why: str) -> None:
-        """STOPPED, and its GPUs back to the map at once: a scale-up may follow as soon as
-        ``status`` shows it."""
-        self.transition(inst, State.STOPPED, why)
-        self._release(inst)
-
-    def _release(self, inst: Instance) -> None:
-        """Give a stopped instance's GPUs back for ``scale`` (once: the map may have handed
-        them to another instance since)."""
-        if inst.spec.gang and not inst.released:
-            self.gangs.release(inst, self.gpu_map.release_node)  # whole nodes
-        if inst.spec.gpus and not inst.released:
-            self.gpu_map.release(inst.spec.host, inst.spec.gpus)
-            inst.released = True
-        self.capacity.check_release()  # an extra job none of whose nodes is used goes back
 
     # -- one instance ---------------------------------------------------------------------
 
@@ -343,9 +280,9 @@ class Supervisor:
                 inst.ended.set()
                 if inst.wanted:  # a spare takes a failed replica's place at once
                     self.spares.replace(inst)
-                if inst.wanted and not await self._after_failure(inst, failure):
+                if inst.wanted and not await self.restarts.after_failure(inst, failure):
                     return  # stays FAILED
-            self._stopped(inst, inst.stop_why)
+            self.stops.stopped(inst, inst.stop_why)
         finally:
             inst.ended.set()
 
@@ -371,10 +308,12 @@ class Supervisor:
         failure = await self.gangs.launch(inst)  # a gang's followers start with it
         self.save()
         if not inst.wanted:  # asked to stop while it was being launched
-            await self._drain(inst, proc, NOW_TIMEOUT if self._down_now else None, inst.stop_why)
-        failure = failure or await self.gangs.watch(inst, self._watch(inst, proc))
+            await self.stops.drain(
+                inst, proc, NOW_TIMEOUT if self._down_now else None, inst.stop_why
+            )
+        failure = failure or await self.gangs.watch(inst, self.watch.watch(inst, proc))
         if failure is not None:
-            await self._kill(inst, proc, failure)
+            await self.watch.kill(inst, proc, failure)
         inst.last_exit = await proc.wait()
         wedged = inst.state is State.WEDGED  # its followers get no grace either
         await self.gangs.stop(inst, 0.0 if wedged else NOW_TIMEOUT)  # after their leader
@@ -396,127 +335,6 @@ class Supervisor:
         if not task.done():
             raise LaunchError(f"{spec.name}: its launch on {spec.host} took over {limit:g} s")
         return task.result()
-
-    async def _kill(self, inst: Instance, proc: Launched, failure: Failure) -> None:
-        """Put down a process that must go: a wedged or hung one is WEDGED and SIGKILLed
-        at once (:mod:`dynamoctl.supervisor.wedge`), any other gets SIGTERM and a grace."""
-        if failure[0] in PUT_DOWN and inst.state is State.READY and inst.wanted:
-            self.transition(inst, State.WEDGED, failure[1])
-            log.warning("%s %s: SIGKILL to its process group", inst.spec.name, failure[1])
-            await put_down(proc)
-        else:
-            log.warning("%s %s: killing it", inst.spec.name, failure[1])
-            await stop(proc, HUNG_GRACE)
-
-    async def _watch(self, inst: Instance, proc: Launched) -> Failure | None:
-        """Probe ``proc`` every ``probe_interval`` until it exits (None), or must be killed
-        (why). Every probe is raced against the process's end, so an exit is seen at once
-        whatever the probe is doing, and bounded (:data:`PROBE_DEADLINE_S`)."""
-        ended = asyncio.ensure_future(proc.wait())
-        wedge = WedgeWatch(inst.spec, self.settings.wedge_timeout, self.silence_counts)
-        health = HealthTrack(wedge)
-        try:
-            while not (await asyncio.wait({ended}, timeout=self.settings.probe_interval))[0]:
-                if not inst.wanted:
-                    continue  # being stopped: only wait for the exit
-                if inst.state is State.STARTING:
-                    failure = await self._probe_start(inst, ended, health.wedge)
-                else:
-                    failure = await self._probe_health(inst, ended, health)
-                if failure is not None:
-                    return failure
-            return None
-        finally:
-            ended.cancel()
-
-    async def _probe_start(
-        self, inst: Instance, ended: asyncio.Future[int], wedge: WedgeWatch
-    ) -> Failure | None:
-        """One readiness probe of a STARTING instance: READY (or STANDBY) when it passes,
-        a failure when its start timeout is over."""
-        ready = await race(self.prober.ready(inst.spec), ended, PROBE_DEADLINE_S)
-        if not inst.wanted or ready is Outcome.ENDED:
-            return None  # stopped or ended while probing: that decides
-        took = time.monotonic() - (inst.started_at or 0.0)
-        if ready is True:
-            inst.ready_since = time.monotonic()
-            wedge.ready(inst.ready_since)
-            self.starts.ready(
-                inst.spec.component, inst.spec.pool, inst.clock, staged_seconds(inst.sample)
-            )
-            new = State.STANDBY if inst.standby else State.READY
-            self.transition(inst, new, f"{new.lower()} after {took:.1f} s")
-            inst.ready.set()
-        elif took > (limit := self.starts.timeout(inst.spec.component, inst.spec.pool)):
-            return RestartReason.START_TIMEOUT, f"not ready after {limit:g} s"
-        return None
-
-    async def _probe_health(
-        self, inst: Instance, ended: asyncio.Future[int], track: HealthTrack
-    ) -> Failure | None:
-        """One health probe of a READY (or STANDBY) instance. Health is *alive + answering
-        + progress*: a worker with requests in flight whose token counter stops is hung
-        even though it answers."""
-        s = self.settings
-        health = await race(self.prober.health(inst.spec), ended, PROBE_DEADLINE_S)
-        if not inst.wanted or health is Outcome.ENDED:
-            return None
-        if health is Outcome.LATE:
-            silence = f"no probe answer in {PROBE_DEADLINE_S:g} s"
-            health = Health(False, silent=True, silence=silence)
-        inst.sample = health.sample
-        progressing = health.tokens is None or health.tokens != track.last_tokens
-        track.last_tokens = health.tokens if health.tokens is not None else track.last_tokens
-        now = time.monotonic()
-        if (wedged := track.wedge.observe(health.silent, now, health.silence)) is not None:
-            return wedged
-        if health.silent:
-            return None  # no answer at all: wedge_timeout judges it, not hang_timeout
-        if health.answering and progressing:
-            track.unhealthy_since = None
-        elif track.unhealthy_since is None:
-            track.unhealthy_since = now
-        elif now - track.unhealthy_since > s.hang_timeout:
-            what = "no token generated" if health.answering else "answering probes unhealthy"
-            reason = RestartReason.HANG if health.answering else RestartReason.PROBE
-            return reason, f"hung: {what} for {s.hang_timeout:g} s"
-        return None
-
-    async def _after_failure(self, inst: Instance, failure: Failure) -> bool:
-        """Record the failure (FAILED), then wait out the backoff (BACKOFF): True to start
-        again (or to stop, if asked meanwhile), False when it stays FAILED."""
-        s = self.settings
-        now = time.monotonic()
-        if inst.ready_since is not None and now - inst.ready_since >= s.budget_window:
-            # READY for a whole budget window: not a crash loop, so the delays start over,
-            # as the budget does (failures older than the window no longer count).
-            inst.backoff.reset()
-        inst.failures.append(now)
-        while inst.failures and inst.failures[0] < now - s.budget_window:
-            inst.failures.popleft()
-        inst.reason, inst.message = failure
-        if not self._starting:  # on a node of an extra job that ended: stopped, not restarted
-            await self.capacity.check_host(inst.spec.host)
-        asked = inst.stop_asked.is_set()  # stopped meanwhile: no budget to spend
-        spent = not self._starting and not asked and len(inst.failures) > s.restart_budget
-        if spent:
-            inst.message += (
-                f"; restart budget spent ({s.restart_budget} restarts in "
-                f"{s.budget_window:g} s): not restarting"
-            )
-        log.warning("%s failed: %s", inst.spec.name, inst.message)
-        self.transition(inst, State.FAILED, inst.message)
-        if self._starting or spent:
-            return False  # while starting, up rolls back instead of crash-looping
-        delay = inst.backoff.next()
-        self.transition(inst, State.BACKOFF, f"restart in {delay:.2f} s")
-        with contextlib.suppress(asyncio.TimeoutError):
-            await asyncio.wait_for(inst.stop_asked.wait(), delay)
-        if inst.wanted:
-            inst.restarts += 1
-            spec = inst.spec
-            self.restart_counts[(spec.name, spec.component, spec.pool, inst.reason)] += 1
-        return True
 
     # -- state changes --------------------------------------------------------------------
 
@@ -565,7 +383,7 @@ class Supervisor:
         if not chosen:
             raise KeyError(f"no running instance or pool named {target!r}")
         for inst in chosen:
-            self._background.spawn(self._stop_instance(inst, False, why))
+            self._background.spawn(self.stops.stop_instance(inst, False, why))
         await asyncio.sleep(0)
         return [i.spec.name for i in chosen]
 

@@ -1,8 +1,10 @@
 """What the supervisor's helpers may see of it and do to it: one narrow port each.
 
-Gangs (``gang.py``), scaling (``scaling.py``) and the metrics collector (``metrics.py``)
-are handed the :class:`~dynamoctl.supervisor.supervisor.Supervisor` as one of these
-protocols, never as itself: they read what the protocol names (mutable things only through
+Gangs (``gang.py``), scaling (``scaling.py``), spares (``spares.py``), the metrics
+collector (``metrics.py``), a process's watch (``watch.py``), the restart policy
+(``restarts.py``) and stopping (``stopping.py``) are handed the
+:class:`~dynamoctl.supervisor.supervisor.Supervisor` as one of these protocols, never as
+itself: they read what the protocol names (mutable things only through
 the methods it names) and change an instance's state only through
 :meth:`GangView.transition`, the public door to the supervisor's state table. So they do
 not import the supervisor, and the supervisor's members are its own.
@@ -11,7 +13,7 @@ not import the supervisor, and the supervisor's members are its own.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from dynamoctl.launch.api import InstanceSpec, Launched
@@ -24,6 +26,7 @@ if TYPE_CHECKING:
     from dynamoctl.plan.build import Plan
     from dynamoctl.plan.gpu_map import GpuMap
     from dynamoctl.recipe.models import Recipe, Supervision
+    from dynamoctl.supervisor.probes import Prober
     from dynamoctl.supervisor.rundir import RunDir
     from dynamoctl.supervisor.startups import Starts
 
@@ -162,3 +165,67 @@ class MetricsView(Protocol):
 
     @property
     def starts(self) -> Starts: ...
+
+
+class WatchView(Protocol):
+    """What one process's watch (``watch.py``) reads: how to probe, how long a start may
+    take, and the silences it counts; it changes an instance only through ``transition``."""
+
+    @property
+    def settings(self) -> Supervision: ...
+
+    @property
+    def prober(self) -> Prober: ...
+
+    @property
+    def starts(self) -> Starts: ...
+
+    @property
+    def silence_counts(self) -> Counter[SilenceKey]: ...
+
+    def transition(self, inst: Instance, new: State, why: str) -> None: ...
+
+
+class RestartView(Protocol):
+    """What the restart policy (``restarts.py``) reads and counts."""
+
+    @property
+    def settings(self) -> Supervision: ...
+
+    @property
+    def starting(self) -> bool:
+        """``up`` is still starting the deployment: a failure rolls back, not restarts."""
+
+    @property
+    def capacity(self) -> ExtraCapacity: ...
+
+    @property
+    def restart_counts(self) -> Counter[RestartKey]: ...
+
+    def transition(self, inst: Instance, new: State, why: str) -> None: ...
+
+
+class GangStops(Protocol):
+    """What stopping an instance asks of its gang (``gang.py``'s :class:`Gangs`)."""
+
+    def release(self, leader: Instance, give_back: Callable[[str], None]) -> None: ...
+
+    async def stop(self, leader: Instance, grace: float) -> None: ...
+
+
+class StopView(Protocol):
+    """What stopping an instance on purpose (``stopping.py``) reads and gives back."""
+
+    @property
+    def settings(self) -> Supervision: ...
+
+    @property
+    def gangs(self) -> GangStops: ...
+
+    @property
+    def gpu_map(self) -> GpuMap: ...
+
+    @property
+    def capacity(self) -> ExtraCapacity: ...
+
+    def transition(self, inst: Instance, new: State, why: str) -> None: ...

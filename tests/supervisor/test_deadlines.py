@@ -29,8 +29,8 @@ from tests.supervisor.fakes import (
 
 @pytest.fixture(autouse=True)
 def short_deadlines(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("dynamoctl.supervisor.supervisor.PROBE_DEADLINE_S", 30.0)
-    monkeypatch.setattr("dynamoctl.supervisor.supervisor.LIFE_END_S", 0.5)
+    monkeypatch.setattr("dynamoctl.supervisor.watch.PROBE_DEADLINE_S", 30.0)
+    monkeypatch.setattr("dynamoctl.supervisor.stopping.LIFE_END_S", 0.5)
     monkeypatch.setattr("dynamoctl.launch.api.KILL_WAIT_S", 0.2)
 
 
