@@ -28,10 +28,9 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from prometheus_client import generate_latest
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException
-from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.responses import Response
 
 from dynamoctl import __version__
 from dynamoctl.frontend.anthropic.handler import AnthropicMessages
@@ -47,6 +46,7 @@ from dynamoctl.frontend.images import ImagePart, ImageReader, image_parts, place
 from dynamoctl.frontend.longtext import LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
+from dynamoctl.frontend.probes import serve_models_and_probes
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.refusals import Refusals
 from dynamoctl.frontend.respond import stream, whole
@@ -91,60 +91,8 @@ def build_app(
     hot = _Completions(registry, generator, metrics, max_body_bytes, refusals, images)
     app = FastAPI(title="dynamoctl", version=__version__, docs_url=None, redoc_url=None)
 
-    def refuse(request: Request, error: OpenAIError) -> Response:
-        refusals.refused(request.method, request.url.path, error)
-        return error.response()
-
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
-        return refuse(request, exc)
-
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> Response:
-        # Starlette logs and re-raises after this response; it only shapes it.
-        return refuse(request, internal_error())
-
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> Response:
-        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        return refuse(request, OpenAIError(exc.status_code, str(exc.detail), type=kind))
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return refuse(request, bad_request(str(exc)))
-
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": m.name,
-                    "object": "model",
-                    "created": m.created,
-                    "owned_by": "dynamoctl",
-                    # vLLM's: a LoRA adapter names its base model
-                    "root": m.card.parent or m.name,
-                    "parent": m.card.parent,
-                }
-                for m in registry.models()
-            ],
-        }
-
-    @app.get("/health")
-    async def health() -> Response:
-        names = [m.name for m in registry.models()]
-        status = 200 if names else 503
-        body = {"status": "healthy" if names else "no models", "models": names}
-        return JSONResponse(body, status_code=status)
-
-    @app.get("/live")
-    async def live() -> Response:
-        return PlainTextResponse("ok")
-
-    @app.get("/metrics")
-    async def prometheus() -> Response:
-        return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+    _answer_errors(app, refusals)
+    serve_models_and_probes(app, registry, metrics)
 
     # vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer).
     tokens = Tokenization(registry, metrics, hot.long_text, max_body_bytes)
@@ -193,6 +141,32 @@ def build_app(
         return responses.delete(response_id)
 
     return FrontendApp(app, hot, anthropic, responses, api_keys, refusals, tenants)
+
+
+def _answer_errors(app: FastAPI, refusals: Refusals) -> None:
+    """Every error FastAPI meets answered as OpenAI's error object, counted and logged."""
+
+    def refuse(request: Request, error: OpenAIError) -> Response:
+        refusals.refused(request.method, request.url.path, error)
+        return error.response()
+
+    @app.exception_handler(OpenAIError)
+    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
+        return refuse(request, exc)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> Response:
+        # Starlette logs and re-raises after this response; it only shapes it.
+        return refuse(request, internal_error())
+
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException) -> Response:
+        kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        return refuse(request, OpenAIError(exc.status_code, str(exc.detail), type=kind))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
+        return refuse(request, bad_request(str(exc)))
 
 
 class FrontendApp:

@@ -74,6 +74,49 @@ def _json(payload: msgspec.Struct, status: int = 200) -> Response:
     return Response(msgspec.json.encode(payload), status, media_type="application/json")
 
 
+def _command(
+    allowed: Callable[[Request], bool],
+    kind: type[T],
+    act: Callable[[T], Awaitable[ControlReply | ScaleReply]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A POST route: check the token, decode ``kind``, run ``act``, map refusals."""
+
+    async def route(request: Request) -> Response:
+        if not allowed(request):
+            return _json(ControlReply(ok=False, message="bad or missing token"), 401)
+        try:
+            body = msgspec.json.decode(await request.body(), type=kind)
+            return _json(await act(body))
+        except PlanError as exc:  # no room for another replica
+            return _json(ControlReply(ok=False, message=str(exc)), 409)
+        except (msgspec.DecodeError, ValueError) as exc:
+            return _json(ControlReply(ok=False, message=str(exc)), 400)
+        except KeyError as exc:  # no such instance or pool
+            return _json(ControlReply(ok=False, message=str(exc.args[0])), 404)
+
+    return route
+
+
+async def _scale(get_supervisor: Callable[[], Supervisor], body: ScaleRequest) -> ScaleReply:
+    """``scale``: refused for a planner-sized pool unless forced or asked by the planner."""
+    if body.replicas < 0:
+        raise ValueError("replicas must be >= 0")
+    scaling = get_supervisor().scaling
+    bounds = None if body.by_planner else scaling.planned(body.pool)
+    if bounds is not None and not body.force:
+        # Accepted, it would be undone at the planner's next decision: silently lost.
+        raise PlanError(
+            f"pool {body.pool!r} is sized by the planner (recipe `planner:`, "
+            f"{bounds[0]} to {bounds[1]} replicas), which would undo this at its next "
+            f"decision: change its bounds in the recipe, or `dynamoctl scale "
+            f"{body.pool}={body.replicas} --force` to scale it now anyway"
+        )
+    reply = await scaling.scale(body.pool, body.replicas)
+    if bounds is not None:
+        reply.note = f"the planner sizes {body.pool} and may change it at its next decision"
+    return reply
+
+
 def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette:
     """The control endpoint's routes; ``get_supervisor`` gives the supervisor they act on
     (the endpoint is bound first, so that the supervisor is made knowing its URL)."""
@@ -81,26 +124,6 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
     def allowed(request: Request) -> bool:
         given = request.headers.get("authorization", "").removeprefix("Bearer ")
         return hmac.compare_digest(given, token)
-
-    def command(
-        kind: type[T], act: Callable[[T], Awaitable[ControlReply | ScaleReply]]
-    ) -> Callable[[Request], Awaitable[Response]]:
-        """A POST route: check the token, decode ``kind``, run ``act``, map refusals."""
-
-        async def route(request: Request) -> Response:
-            if not allowed(request):
-                return _json(ControlReply(ok=False, message="bad or missing token"), 401)
-            try:
-                body = msgspec.json.decode(await request.body(), type=kind)
-                return _json(await act(body))
-            except PlanError as exc:  # no room for another replica
-                return _json(ControlReply(ok=False, message=str(exc)), 409)
-            except (msgspec.DecodeError, ValueError) as exc:
-                return _json(ControlReply(ok=False, message=str(exc)), 400)
-            except KeyError as exc:  # no such instance or pool
-                return _json(ControlReply(ok=False, message=str(exc.args[0])), 404)
-
-        return route
 
     async def status(request: Request) -> Response:
         if not allowed(request):
@@ -117,22 +140,7 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
         return ControlReply(ok=True, instances=await get_supervisor().drain(body.target))
 
     async def scale(body: ScaleRequest) -> ScaleReply:
-        if body.replicas < 0:
-            raise ValueError("replicas must be >= 0")
-        scaling = get_supervisor().scaling
-        bounds = None if body.by_planner else scaling.planned(body.pool)
-        if bounds is not None and not body.force:
-            # Accepted, it would be undone at the planner's next decision: silently lost.
-            raise PlanError(
-                f"pool {body.pool!r} is sized by the planner (recipe `planner:`, "
-                f"{bounds[0]} to {bounds[1]} replicas), which would undo this at its next "
-                f"decision: change its bounds in the recipe, or `dynamoctl scale "
-                f"{body.pool}={body.replicas} --force` to scale it now anyway"
-            )
-        reply = await scaling.scale(body.pool, body.replicas)
-        if bounds is not None:
-            reply.note = f"the planner sizes {body.pool} and may change it at its next decision"
-        return reply
+        return await _scale(get_supervisor, body)
 
     async def lora_load(body: LoraLoadRequest) -> ControlReply:
         spec = await get_supervisor().adapters.load(body)
@@ -169,12 +177,14 @@ def build_app(get_supervisor: Callable[[], Supervisor], token: str) -> Starlette
         routes=[
             Route("/status", status),
             Route("/metrics", metrics),
-            Route("/drain", command(DrainRequest, drain), methods=["POST"]),
-            Route("/scale", command(ScaleRequest, scale), methods=["POST"]),
-            Route("/down", command(DownRequest, down), methods=["POST"]),
+            Route("/drain", _command(allowed, DrainRequest, drain), methods=["POST"]),
+            Route("/scale", _command(allowed, ScaleRequest, scale), methods=["POST"]),
+            Route("/down", _command(allowed, DownRequest, down), methods=["POST"]),
             Route("/lora", lora_report),
             Route("/keys/reload", keys_reload, methods=["POST"]),
-            Route("/lora/load", command(LoraLoadRequest, lora_load), methods=["POST"]),
-            Route("/lora/unload", command(LoraUnloadRequest, lora_unload), methods=["POST"]),
+            Route("/lora/load", _command(allowed, LoraLoadRequest, lora_load), methods=["POST"]),
+            Route(
+                "/lora/unload", _command(allowed, LoraUnloadRequest, lora_unload), methods=["POST"]
+            ),
         ]
     )

@@ -39,9 +39,8 @@ class Restarts:
         while inst.failures and inst.failures[0] < now - s.budget_window:
             inst.failures.popleft()
         inst.reason, inst.message = failure
-        if (
-            not self.deployment.starting
-        ):  # on a node of an extra job that ended: stopped, not restarted
+        # On a node of an extra job that ended: stopped, not restarted.
+        if not self.deployment.starting:
             await self.deployment.capacity.check_host(inst.spec.host)
         asked = inst.stop_asked.is_set()  # stopped meanwhile: no budget to spend
         spent = not self.deployment.starting and not asked and len(inst.failures) > s.restart_budget

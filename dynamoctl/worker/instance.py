@@ -81,6 +81,19 @@ class WorkerDraining(NotAccepting):
     another."""
 
 
+def _prefill_marker(engine: Engine, role: Role) -> Mapping[str, Any] | None:
+    """What a prefill worker adds to each request's KV transfer parameters (None: not a
+    prefill worker); an engine that cannot prefill for a remote decode is refused the role."""
+    if role != "prefill":
+        return None
+    if not isinstance(engine, PrefillsForRemoteDecode):
+        raise ValueError(
+            f"engine {type(engine).__name__} cannot serve role prefill (it does not "
+            "prefill for a remote decode); use role agg or decode"
+        )
+    return engine.remote_prefill_params() or {}
+
+
 class WorkerInstance:
     """An engine served on the request plane, publishing KV events and load."""
 
@@ -127,11 +140,11 @@ class WorkerInstance:
             f"tcp://{host}:0", f"tcp://{host}:0", topic=LOAD_TOPIC, snapshot=self._load_snapshot
         )
         self._kv_relay: KvEventRelay | None = None
+        """Carries an engine's node-local KV stream under CURVE, when it has one."""
         self._kv_source: KvEventSource | None = None
         self._kv_ours = True
         self.standby = False
         """A warm spare not promoted yet: ready, registered as standby, out of routing."""
-        """Carries an engine's node-local KV stream under CURVE, when it has one."""
         self.draining = False
         self.stopping = False
         """Set (synchronously, from the signal handler) when the process is told to stop:
@@ -147,14 +160,7 @@ class WorkerInstance:
         """Of those, tokens the engine did not compute (prefix cache, or pulled KV)."""
         self.remote_prefilled_total = 0
         """Requests that arrived with a prefill worker's hand-off."""
-        self._prefill_marker: Mapping[str, Any] | None = None
-        if role == "prefill":
-            if not isinstance(engine, PrefillsForRemoteDecode):
-                raise ValueError(
-                    f"engine {type(engine).__name__} cannot serve role prefill (it does not "
-                    "prefill for a remote decode); use role agg or decode"
-                )
-            self._prefill_marker = engine.remote_prefill_params() or {}
+        self._prefill_marker = _prefill_marker(engine, role)
         self._idle = asyncio.Event()
         self._idle.set()
         self._last_load: bytes = b""
