@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.frontend.conftest import MODEL, Deployment
-from tests.frontend.test_key_limits import auth, wait_listed
+from tests.frontend.test_key_limits import auth, blocking, keyed_frontend
 
 KEYS = """\
 classes:
@@ -37,11 +37,8 @@ async def test_class_priority_orders_the_engines_waiting_queue(
         dep.worker("--num-gpu-blocks", "256", "--speedup-ratio", "1", "--max-num-seqs", "1",
                    "--scheduling-policy", policy)  # fmt: skip
         await dep.wait_for("worker", 1)
-        dep.spawn("frontend", "frontend", "--port", "0", "--busy-kv-usage", "1",
-                  "--api-keys-file", str(tmp_path / "keys.yaml"))  # fmt: skip
-        await dep.wait_for("frontend", 1)
-        url = dep.frontend_url = (await dep.records("frontend"))[0].address
-        await wait_listed(url, "sk-chat-5e1a")
+        url = await keyed_frontend(dep, tmp_path / "keys.yaml", "sk-chat-5e1a",
+                                   "--busy-kv-usage", "1")  # fmt: skip
         finished: list[str] = []
 
         async def send(http: httpx.AsyncClient, who: str, key: str, prompt: str) -> None:
@@ -50,13 +47,9 @@ async def test_class_priority_orders_the_engines_waiting_queue(
             assert resp.status_code == 200, resp.text
             finished.append(who)
 
-        blocker = {"model": MODEL, "prompt": "word " * 50, "max_tokens": 200,
-                   "ignore_eos": True, "stream": True}  # fmt: skip
         async with httpx.AsyncClient(timeout=120) as http:
-            async with http.stream("POST", f"{url}/v1/completions", json=blocker,
-                                   headers=auth("sk-nightly-93fb")) as r:  # fmt: skip
-                chunks = r.aiter_bytes()
-                await anext(chunks)  # the blocker runs: the rest queue in the engine
+            async with blocking(http, url, "sk-nightly-93fb", 50, 200) as chunks:
+                # The blocker runs: the rest queue in the engine.
                 tasks = [
                     asyncio.create_task(
                         send(http, f"batch{i}", "sk-nightly-93fb", f"{i} word" * 20)

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.frontend.conftest import MODEL, Deployment
-from tests.frontend.test_key_limits import auth, wait_listed
+from tests.frontend.test_key_limits import auth, blocking, keyed_frontend
 
 KEYS = """\
 classes:
@@ -32,12 +32,8 @@ async def test_interactive_class_goes_before_queued_batch(tmp_path: Path) -> Non
         # One small worker: a long request makes it busy (KV usage over 5 %).
         dep.worker("--num-gpu-blocks", "64", "--speedup-ratio", "1")
         await dep.wait_for("worker", 1)
-        keys = str(tmp_path / "keys.yaml")
-        dep.spawn("frontend", "frontend", "--port", "0", "--busy-kv-usage", "0.05",
-                  "--queue-timeout", "60", "--api-keys-file", keys)  # fmt: skip
-        await dep.wait_for("frontend", 1)
-        url = dep.frontend_url = (await dep.records("frontend"))[0].address
-        await wait_listed(url, "sk-chat-1b9d")
+        url = await keyed_frontend(dep, tmp_path / "keys.yaml", "sk-chat-1b9d",
+                                   "--busy-kv-usage", "0.05", "--queue-timeout", "60")  # fmt: skip
         finished: list[str] = []
 
         async def send(http: httpx.AsyncClient, who: str, key: str, prompt: str) -> None:
@@ -46,13 +42,8 @@ async def test_interactive_class_goes_before_queued_batch(tmp_path: Path) -> Non
             assert resp.status_code == 200, resp.text
             finished.append(who)
 
-        blocker = {"model": MODEL, "prompt": "word " * 100, "max_tokens": 300,
-                   "ignore_eos": True, "stream": True}  # fmt: skip
         async with httpx.AsyncClient(timeout=120) as http:
-            async with http.stream("POST", f"{url}/v1/completions", json=blocker,
-                                   headers=auth("sk-nightly-c4e8")) as r:  # fmt: skip
-                chunks = r.aiter_bytes()
-                await anext(chunks)
+            async with blocking(http, url, "sk-nightly-c4e8", 100, 300) as chunks:
                 await asyncio.sleep(0.5)  # the worker's load reaches the router: busy
                 # Prompts unlike each other: no prefix cache makes a batch request small.
                 tasks = [
@@ -109,25 +100,16 @@ async def test_headroom_admits_interactive_while_batch_waits(tmp_path: Path, rou
     try:
         dep.worker("--num-gpu-blocks", "64", "--speedup-ratio", "1")
         await dep.wait_for("worker", 1)
-        keys = str(tmp_path / "keys.yaml")
         busy = ["--busy-kv-usage", "0.6"]
         if routing == "standalone":
             dep.spawn("router", "router", *busy)
             await dep.wait_for("router", 1)
             busy = ["--router", "standalone"]
-        dep.spawn("frontend", "frontend", "--port", "0", *busy,
-                  "--queue-timeout", "60", "--api-keys-file", keys)  # fmt: skip
-        await dep.wait_for("frontend", 1)
-        url = dep.frontend_url = (await dep.records("frontend"))[0].address
-        await wait_listed(url, "sk-chat-1b9d")
+        url = await keyed_frontend(dep, tmp_path / "keys.yaml", "sk-chat-1b9d",
+                                   *busy, "--queue-timeout", "60")  # fmt: skip
         # ~13 blocks of 64 (20 %: over the batch class's 15 %), growing to ~32 (50 %).
-        blocker = {"model": MODEL, "prompt": "word " * 200, "max_tokens": 300,
-                   "ignore_eos": True, "stream": True}  # fmt: skip
         async with httpx.AsyncClient(timeout=120) as http:
-            async with http.stream("POST", f"{url}/v1/completions", json=blocker,
-                                   headers=auth("sk-nightly-c4e8")) as r:  # fmt: skip
-                chunks = r.aiter_bytes()
-                await anext(chunks)
+            async with blocking(http, url, "sk-nightly-c4e8", 200, 300) as chunks:
                 await asyncio.sleep(0.5)  # the worker's load reaches the router
                 batch = [
                     asyncio.create_task(http.post(
@@ -161,18 +143,10 @@ async def test_a_revoked_keys_queued_requests_leave_with_401(tmp_path: Path) -> 
     try:
         dep.worker("--num-gpu-blocks", "64", "--speedup-ratio", "1")
         await dep.wait_for("worker", 1)
-        dep.spawn("frontend", "frontend", "--port", "0", "--busy-kv-usage", "0.05",
-                  "--queue-timeout", "60", "--api-keys-file", str(keyfile))  # fmt: skip
-        await dep.wait_for("frontend", 1)
-        url = dep.frontend_url = (await dep.records("frontend"))[0].address
-        await wait_listed(url, "sk-chat-1b9d")
-        blocker = {"model": MODEL, "prompt": "word " * 100, "max_tokens": 400,
-                   "ignore_eos": True, "stream": True}  # fmt: skip
+        url = await keyed_frontend(dep, keyfile, "sk-chat-1b9d",
+                                   "--busy-kv-usage", "0.05", "--queue-timeout", "60")  # fmt: skip
         async with httpx.AsyncClient(timeout=120) as http:
-            async with http.stream("POST", f"{url}/v1/completions", json=blocker,
-                                   headers=auth("sk-chat-1b9d")) as r:  # fmt: skip
-                chunks = r.aiter_bytes()
-                await anext(chunks)
+            async with blocking(http, url, "sk-chat-1b9d", 100, 400) as chunks:
                 await asyncio.sleep(0.5)  # the worker's load reaches the router: busy
 
                 def post(key: str, i: int) -> asyncio.Task[httpx.Response]:

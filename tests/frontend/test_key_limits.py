@@ -5,6 +5,7 @@ changed while the frontend runs."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,6 +43,30 @@ async def wait_listed(url: str, key: str) -> None:
             await asyncio.sleep(0.1)
 
 
+async def keyed_frontend(dep: Deployment, keys_file: Path, listed_key: str, *args: str) -> str:
+    """A frontend of ``dep`` started with ``args`` and reading ``keys_file``, once it lists
+    the model to ``listed_key``: its URL."""
+    dep.spawn("frontend", "frontend", "--port", "0", *args, "--api-keys-file", str(keys_file))
+    await dep.wait_for("frontend", 1)
+    url = dep.frontend_url = (await dep.records("frontend"))[0].address
+    await wait_listed(url, listed_key)
+    return url
+
+
+@contextlib.asynccontextmanager
+async def blocking(
+    http: httpx.AsyncClient, url: str, key: str, words: int, max_tokens: int
+) -> AsyncIterator[AsyncIterator[bytes]]:
+    """A streamed completion of ``words`` words that holds the worker: the rest of its
+    chunks, once the first came (it runs)."""
+    body = {"model": MODEL, "prompt": "word " * words, "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True}  # fmt: skip
+    async with http.stream("POST", f"{url}/v1/completions", json=body, headers=auth(key)) as r:
+        chunks = r.aiter_bytes()
+        await anext(chunks)
+        yield chunks
+
+
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def keyed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deployment]:
     tmp = Path(tmp_path_factory.mktemp("limits"))
@@ -50,10 +75,7 @@ async def keyed(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[Deplo
     try:
         dep.worker("--num-workers", "1", "--speedup-ratio", "20")
         await dep.wait_for("worker", 1)
-        dep.spawn("frontend", "frontend", "--port", "0", "--api-keys-file", str(tmp / "keys.yaml"))
-        await dep.wait_for("frontend", 1)
-        dep.frontend_url = (await dep.records("frontend"))[0].address
-        await wait_listed(dep.frontend_url, "sk-free-41c7")
+        await keyed_frontend(dep, tmp / "keys.yaml", "sk-free-41c7")
         yield dep
     finally:
         dep.stop()

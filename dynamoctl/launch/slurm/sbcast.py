@@ -23,6 +23,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,33 +58,37 @@ async def stage_allocation(
     for the supervisor's log. ``step_args``: the interpreter and its arguments up to
     ``-m`` as the steps run it (a container's options first)."""
     began = time.monotonic()
+    allocation = _Allocation(job, nodes, settings, env, step_args)
     report: dict[str, Any] = {"nodes": list(nodes), "sources": {}}
     for source in sources:
-        report["sources"][source] = await _stage_source(
-            job, nodes, source, settings, env, step_args
-        )
+        report["sources"][source] = await _stage_source(allocation, source)
     report["seconds"] = round(time.monotonic() - began, 3)
     return report
 
 
-async def _stage_source(
-    job: str,
-    nodes: Sequence[str],
-    source: str,
-    settings: ModelCacheSettings,
-    env: Mapping[str, str],
-    step_args: Sequence[str],
-) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Allocation:
+    """What every step and broadcast of one staging runs with."""
+
+    job: str
+    nodes: Sequence[str]
+    settings: ModelCacheSettings
+    env: Mapping[str, str]
+    step_args: Sequence[str]
+
+
+async def _stage_source(allocation: _Allocation, source: str) -> dict[str, Any]:
+    settings = allocation.settings
     began = time.monotonic()
     try:
         entry = await asyncio.to_thread(NodeCache(settings).stage, source)
     except StagingError as exc:
         raise LaunchError(f"model.cache.stage_ahead: {exc}") from exc
     try:
-        held = await _each_node(job, nodes, source, settings, env, step_args, "--probe")
+        held = await _each_node(allocation, source, "--probe")
         missing = sorted(node for node, out in held.items() if not out["hit"])
         if not missing:
-            log.info("%s: already in the cache on all %d nodes", source, len(nodes))
+            log.info("%s: already in the cache on all %d nodes", source, len(allocation.nodes))
             return {"broadcast": False, "missing": [], "seconds": _since(began)}
         log.info("%s: sbcast to the job's nodes (missing on %s)", source, ", ".join(missing))
         sent = time.monotonic()
@@ -93,12 +98,12 @@ async def _stage_source(
 
         async def send(local: Path, name: str) -> None:
             async with calls:
-                await _sbcast(job, local, root / name, env)
+                await _sbcast(allocation, local, root / name)
 
         await asyncio.gather(*(send(local, name) for local, name in files))
-        await _sbcast(job, manifest[0], root / manifest[1], env)  # last: adopt needs it
+        await _sbcast(allocation, manifest[0], root / manifest[1])  # last: adopt needs it
         sbcast_s = _since(sent)
-        adopted = await _each_node(job, nodes, source, settings, env, step_args, "--adopt")
+        adopted = await _each_node(allocation, source, "--adopt")
     finally:
         entry.release()
     log.info("%s: staged on %s in %.1f s (sbcast %.1f s)", source, missing, _since(began), sbcast_s)
@@ -111,18 +116,11 @@ async def _stage_source(
     }
 
 
-async def _each_node(
-    job: str,
-    nodes: Sequence[str],
-    source: str,
-    settings: ModelCacheSettings,
-    env: Mapping[str, str],
-    step_args: Sequence[str],
-    mode: str,
-) -> dict[str, dict[str, Any]]:
+async def _each_node(allocation: _Allocation, source: str, mode: str) -> dict[str, dict[str, Any]]:
     """``python -m dynamoctl.modelcache SOURCE MODE`` on every node, one step of one task
     each; each node's JSON line. A node that failed or did not answer is a LaunchError
     naming it and its last line."""
+    job, nodes = allocation.job, allocation.nodes
     argv = [
         "srun",
         f"--jobid={job}",
@@ -133,14 +131,14 @@ async def _each_node(
         "--export=ALL",
         "--label",  # "TASK: " before each line: which node said it
         f"--job-name={STEP_NAME}",
-        *step_args,
+        *allocation.step_args,
         "-m",
         "dynamoctl.modelcache",
         source,
-        *to_argv(settings),
+        *to_argv(allocation.settings),
         mode,
     ]
-    code, out, err = await run_client(argv, env, STAGING_TIMEOUT_S)
+    code, out, err = await run_client(argv, allocation.env, STAGING_TIMEOUT_S)
     said: dict[str, dict[str, Any]] = {}
     last: dict[str, str] = {}
     for line in (out + err).splitlines():
@@ -160,9 +158,9 @@ async def _each_node(
     return said
 
 
-async def _sbcast(job: str, local: Path, dest: Path, env: Mapping[str, str]) -> None:
-    argv = ["sbcast", f"--jobid={job}", "--force", "--preserve", str(local), str(dest)]
-    code, _, err = await run_client(argv, env, STAGING_TIMEOUT_S)
+async def _sbcast(allocation: _Allocation, local: Path, dest: Path) -> None:
+    argv = ["sbcast", f"--jobid={allocation.job}", "--force", "--preserve", str(local), str(dest)]
+    code, _, err = await run_client(argv, allocation.env, STAGING_TIMEOUT_S)
     if code != 0:
         raise LaunchError(
             f"model.cache.stage_ahead: sbcast {local} -> {dest} failed (exit {code}): "
