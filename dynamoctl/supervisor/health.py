@@ -80,7 +80,6 @@ class Probes:
             self._went_down(exc)
             return
         self._came_back()
-        records: dict[str, InstanceRecord] = {}
         every: dict[str, list[InstanceRecord]] = {}
         for value in listing.items.values():
             try:
@@ -88,11 +87,10 @@ class Probes:
             except msgspec.DecodeError:
                 continue
             if record.label:
-                records[record.label] = record
                 every.setdefault(record.label, []).append(record)
-        self.records = records
         self.every_record = every
-        self._last_known.update(records)
+        self.records = {label: found[-1] for label, found in every.items()}
+        self._last_known.update(self.records)
 
     def record_of(self, label: str) -> InstanceRecord | None:
         """``label``'s record; while discovery is unreachable or settling, its last known

@@ -71,13 +71,7 @@ def is_free(port: int, host: str = "127.0.0.1") -> bool:
 def free_port(host: str = "127.0.0.1") -> int:
     """A port free on ``host`` now, outside the ephemeral range, from this worker's slice;
     not handed out again by this process until the slice has gone round."""
-    global _next
-    for _ in range(len(_POOL)):
-        port = _POOL[_next % len(_POOL)]
-        _next += 1
-        if is_free(port, host):
-            return port
-    raise RuntimeError(f"no free port in {_POOL.start}-{_POOL.stop - 1} on {host}")
+    return free_port_base([0], host)
 
 
 def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
@@ -86,9 +80,9 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
 
 
 def free_port_base(offsets: Sequence[int], host: str = "127.0.0.1") -> int:
-    """A port ``P`` of this worker's slice with ``P + offset`` free now and in the slice
-    for each of ``offsets``: a base for servers that take ports at fixed distances from
-    it (the rendezvous ports of gangs sharing one host)."""
+    """A port ``P`` of this worker's slice with ``P + offset`` free on ``host`` now and in
+    the slice for each of ``offsets`` (``[0]``: :func:`free_port`): a base for servers that
+    take ports at fixed distances from it (the rendezvous ports of gangs sharing one host)."""
     global _next
     span = max(offsets)
     for _ in range(len(_POOL)):
@@ -96,4 +90,6 @@ def free_port_base(offsets: Sequence[int], host: str = "127.0.0.1") -> int:
         _next += 1
         if port + span < _POOL.stop and all(is_free(port + o, host) for o in offsets):
             return port
-    raise RuntimeError(f"no base for offsets {list(offsets)} in {_POOL.start}-{_POOL.stop - 1}")
+    raise RuntimeError(
+        f"no free port (offsets {list(offsets)}) in {_POOL.start}-{_POOL.stop - 1} on {host}"
+    )

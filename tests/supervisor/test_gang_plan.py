@@ -121,16 +121,24 @@ def test_data_parallel_members_declare_the_nixl_ports_of_their_own_ranks() -> No
         }, spec.name
 
 
-def test_a_local_mocker_gang_shares_the_host_with_a_port_per_gang() -> None:
-    text = """\
+LOCAL_GANGS = """\
 schema: 1
 name: g
 model: {name: m, path: m}
 workers:
-  agg: {engine: mocker, replicas: 2, nodes_per_replica: 2, gpus_per_replica: 0}
+WORKERS  agg: {engine: mocker, replicas: 2, nodes_per_replica: 2, gpus_per_replica: 0}
 """
+"""Two local mocker gangs; ``WORKERS``: more of the workers section."""
+
+
+def _local_gangs(workers: str = "") -> list[InstanceSpec]:
+    text = LOCAL_GANGS.replace("WORKERS", workers)
     plan, _ = build_plan(load_recipe_text(text, "r.yaml"), Path("/run"))
-    specs = plan.by_pool("agg")
+    return plan.by_pool("agg")
+
+
+def test_a_local_mocker_gang_shares_the_host_with_a_port_per_gang() -> None:
+    specs = _local_gangs()
     assert [s.name for s in specs] == ["agg-0", "agg-0.1", "agg-1", "agg-1.1"]
     assert [_engine_args(s)["master_port"] for s in specs] == [29701, 29701, 29702, 29702]
 
@@ -138,16 +146,7 @@ workers:
 def test_two_deployments_sharing_a_host_set_their_own_rendezvous_ports() -> None:
     # Two local gang deployments at once (CI's serial lanes) collided on 29701: the
     # recipe moves a deployment's rendezvous ports, and a busy one names that field.
-    text = """\
-schema: 1
-name: g
-model: {name: m, path: m}
-workers:
-  rendezvous_port: 31000
-  agg: {engine: mocker, replicas: 2, nodes_per_replica: 2, gpus_per_replica: 0}
-"""
-    plan, _ = build_plan(load_recipe_text(text, "r.yaml"), Path("/run"))
-    specs = plan.by_pool("agg")
+    specs = _local_gangs("  rendezvous_port: 31000\n")
     assert [_engine_args(s)["master_port"] for s in specs] == [31200, 31200, 31201, 31201]
     assert specs[0].ports["rendezvous"] == 31200
     error = port_in_use(specs[0], "rendezvous", 31200, "Address already in use")
