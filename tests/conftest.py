@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import sys
 from collections.abc import Iterator
 
 import pytest
 
 from dynamoctl.discovery.etcd_server import ManagedEtcd
 from tests.infra.ports import free_port
+
+# Bytecode caches are written, whatever the shell says: machines of this kind set
+# PYTHONDONTWRITEBYTECODE=1 and uv installs without bytecode, so every process the suite
+# starts (supervisors, frontends, workers, CLI calls, vLLM engines: thousands) compiled each
+# module it imported from source, every time (torch and vLLM alone: ~15 s a start). Set
+# before pytest-xdist starts its workers, so that they and every process they start inherit
+# it; tests/test_bytecode.py checks.
+os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+sys.dont_write_bytecode = False
 
 # The Slurm clusters: one of each kind for the whole session, whichever directory asks.
 pytest_plugins = ["tests.infra.fixtures"]

@@ -63,3 +63,49 @@ def test_a_component_command_imports_no_other_group(command: str) -> None:
     assert imported & others == set()
     assert "dynamoctl.configure.options" not in imported  # AI Configurator's option set
     assert "dynamoctl.bench.options" not in imported
+
+
+_MODULES = """
+import importlib, sys
+for name in sys.argv[1:]:
+    importlib.import_module(name)
+print(" ".join(sys.modules))
+"""
+
+_HEAVY = {"numpy", "aetcd", "grpc"}
+"""Libraries a process imports only when it uses them: numpy (the planner's fits, the
+mocker's embedding table), the etcd client (etcd discovery), ~0.1-0.15 s a start each."""
+
+
+@pytest.mark.parametrize("command", ["status", "down", "drain", "scale", "logs"])
+def test_an_operator_command_starts_without_the_recipe_models_or_the_etcd_client(
+    command: str,
+) -> None:
+    """`status` and `down` of a running deployment read its state file and ask its
+    supervisor: no recipe parsing, no plan building, no etcd."""
+    out = subprocess.run(
+        [sys.executable, "-c", _IMPORTED, command, "--help"],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    imported = set(out.split())
+    assert imported & {"dynamoctl.recipe.models", "dynamoctl.plan.build"} == set()
+    assert "dynamoctl.supervisor.rundir" in imported  # the state file's reader is there
+
+
+@pytest.mark.parametrize(
+    "modules",
+    [
+        ["dynamoctl.frontend.main"],
+        ["dynamoctl.worker.main", "dynamoctl.engines.mocker.engine"],
+        ["dynamoctl.cli.operate", "dynamoctl.supervisor.rundir"],
+    ],
+    ids=["frontend", "mocker-worker", "status"],
+)
+def test_a_process_imports_numpy_and_the_etcd_client_only_when_it_uses_them(
+    modules: list[str],
+) -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _MODULES, *modules],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert set(out.split()) & _HEAVY == set()

@@ -7,16 +7,17 @@ taken on a compute node need not be visible on another host (Lustre's ``localflo
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import typer
 
 from dynamoctl.launch.api import LaunchError
 from dynamoctl.launch.slurm.state import JobState
-from dynamoctl.recipe.loader import RecipeError, load_recipe
-from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import RunDir, RunState, deployments, home
 from dynamoctl.wire.states import Phase
+
+if TYPE_CHECKING:
+    from dynamoctl.recipe.models import Recipe
 
 
 def find_deployment(name: str | None, running_only: bool = True) -> RunDir:
@@ -45,6 +46,8 @@ def find_deployment(name: str | None, running_only: bool = True) -> RunDir:
 
 
 def recipe_of(state: RunState) -> Recipe:
+    from dynamoctl.recipe.loader import RecipeError, load_recipe  # ~0.3 s: its commands only
+
     try:
         return load_recipe(state.recipe)
     except (RecipeError, OSError) as exc:

@@ -12,13 +12,16 @@ from __future__ import annotations
 import signal
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
-from dynamoctl.recipe.models import Recipe
 from dynamoctl.supervisor.rundir import JOB_FILE, RunDir
 from dynamoctl.util import aio
 from dynamoctl.wire.states import Phase
+
+if TYPE_CHECKING:
+    from dynamoctl.recipe.models import Recipe
 
 
 def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeout: float) -> None:

@@ -34,7 +34,8 @@ from dynamoctl.discovery.api import (
     WatchCompacted,
     WatchEvent,
 )
-from dynamoctl.discovery.etcd_tls import EtcdTls, SecureClient
+from dynamoctl.discovery.etcd_secure import SecureClient
+from dynamoctl.discovery.etcd_tls import EtcdTls
 from dynamoctl.util.aio import bounded, raise_if_cancel_requested
 
 log = logging.getLogger(__name__)

@@ -10,12 +10,14 @@ material: a TLS client reads its CA, certificate and key from the environment
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
 from dynamoctl.discovery.api import Store
 from dynamoctl.discovery.embedded import EmbeddedStore
-from dynamoctl.discovery.etcd import EtcdStore
-from dynamoctl.discovery.etcd_tls import EtcdTls
+
+if TYPE_CHECKING:
+    from dynamoctl.discovery.etcd_tls import EtcdTls
 
 
 def _embedded(rest: str, tls: EtcdTls | None) -> Store:
@@ -31,11 +33,19 @@ def _endpoints(rest: str, scheme: str) -> list[str]:
     return [f"{scheme}://{e}" for e in endpoints]
 
 
+# The etcd client (aetcd, gRPC, protobuf: ~0.1 s) is imported by the backends that use it,
+# so that a process on embedded discovery, and every CLI command, starts without it.
+
+
 def _etcd(rest: str, tls: EtcdTls | None) -> Store:
+    from dynamoctl.discovery.etcd import EtcdStore
+
     return EtcdStore(_endpoints(rest, "http"))
 
 
 def _etcd_tls(rest: str, tls: EtcdTls | None) -> Store:
+    from dynamoctl.discovery.etcd import EtcdStore
+
     return EtcdStore(_endpoints(rest, "https"), tls=tls)
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 import asyncio
 import base64
 import logging
+import struct
 import time
 import uuid
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from starlette.responses import JSONResponse
 
@@ -245,7 +245,8 @@ def _reply(name: str, jobs: list[Job], outcomes: list[Outcome], encoding: str) -
         vector = outcome.embedding or []
         value: list[float] | str = vector
         if encoding == "base64":
-            value = base64.b64encode(np.asarray(vector, dtype="<f4").tobytes()).decode("ascii")
+            packed = struct.pack(f"<{len(vector)}f", *vector)  # float32, little-endian
+            value = base64.b64encode(packed).decode("ascii")
         data.append({"object": "embedding", "index": job.index, "embedding": value})
     tokens = sum(len(j.prompt_ids) for j in jobs)
     return {

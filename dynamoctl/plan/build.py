@@ -18,8 +18,6 @@ import shlex
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-import msgspec
-
 from dynamoctl.launch.api import InstanceSpec, SecretRef
 from dynamoctl.plan.commands import frontend_argv, planner_argv, router_argv
 from dynamoctl.plan.context import (
@@ -33,28 +31,13 @@ from dynamoctl.plan.context import PlanError as PlanError  # re-exported: its er
 from dynamoctl.plan.gang import gang_specs
 from dynamoctl.plan.gpu_map import GpuMap as GpuMap  # re-exported: the plan's result
 from dynamoctl.plan.hosts import Host
+from dynamoctl.plan.placed import Plan as Plan  # re-exported: the plan's type
 from dynamoctl.plan.worker import worker_spec
 from dynamoctl.recipe.discovery import EtcdDiscovery
 from dynamoctl.recipe.models import Recipe, Role
 from dynamoctl.supervisor import credentials
 from dynamoctl.supervisor.instance import InstanceName
 from dynamoctl.wire.roles import PLACEMENT_ORDER
-
-
-class Plan(msgspec.Struct, frozen=True, kw_only=True):
-    name: str
-    namespace: str
-    target: str
-    hosts: list[Host]
-    discovery_url: str
-    endpoint: str
-    """The OpenAI base URL clients use."""
-    model: str
-    instances: list[InstanceSpec]
-
-    def by_pool(self, pool: str) -> list[InstanceSpec]:
-        return [spec for spec in self.instances if spec.pool == pool]
-
 
 # -- the plan ---------------------------------------------------------------------------------
 

@@ -29,7 +29,7 @@ from dynamoctl.launch.api import (
     ProcessRecord,
     stop,
 )
-from dynamoctl.plan.build import Plan
+from dynamoctl.plan.placed import Plan
 from dynamoctl.supervisor.rundir import RunDir
 
 log = logging.getLogger(__name__)

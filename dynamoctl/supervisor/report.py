@@ -16,7 +16,7 @@ import msgspec
 from dynamoctl import wire
 from dynamoctl.discovery import Discovery, keys, store_from_url
 from dynamoctl.launch.api import ProcessRecord
-from dynamoctl.plan.build import Plan
+from dynamoctl.plan.placed import Plan
 from dynamoctl.supervisor.instance import Instance
 from dynamoctl.supervisor.rundir import RunState
 from dynamoctl.wire.control import DiscoveryStatus, InstanceStatus, StatusReport

@@ -27,7 +27,7 @@ from typing import IO
 import msgspec
 
 from dynamoctl.launch.api import ProcessRecord
-from dynamoctl.plan.build import Plan
+from dynamoctl.plan.placed import Plan
 from dynamoctl.wire.states import Phase
 
 JOB_FILE = "slurm-job"

@@ -23,8 +23,8 @@ from dynamoctl.supervisor.wedge import SilenceKey
 from dynamoctl.wire.states import Phase, RestartReason, State
 
 if TYPE_CHECKING:
-    from dynamoctl.plan.build import Plan
     from dynamoctl.plan.gpu_map import GpuMap
+    from dynamoctl.plan.placed import Plan
     from dynamoctl.recipe.models import Recipe, Supervision
     from dynamoctl.supervisor.probes import Prober
     from dynamoctl.supervisor.rundir import RunDir

@@ -12,10 +12,14 @@ model's rule).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import msgspec
-import numpy as np
 
 from dynamoctl.engines.api import GenerateRequest, RequestRejected
+
+if TYPE_CHECKING:
+    import numpy as np
 
 TABLE_SEED = 0x5EED
 """Seed of the token table: fixed, so two mockers of one model embed alike."""
@@ -32,6 +36,8 @@ class MockEmbedder:
 
     def embed(self, token_ids: list[int], dimensions: int | None = None) -> list[float]:
         """The unit-norm embedding of ``token_ids``, of ``dimensions`` (default: all)."""
+        import numpy as np  # on first use: a generative mocker never imports it (~0.1 s a start)
+
         if self._table is None:  # drawn on first use: a generative mocker never pays it
             rng = np.random.default_rng(TABLE_SEED)
             self._table = rng.standard_normal((self._vocab, self.size), dtype=np.float32)
