@@ -10,9 +10,12 @@ Memory: a long text's encoding is ~130 bytes a token while it lives (bounded her
 pool's two threads), and glibc keeps what is freed mapped. Three things bring the
 process back near its baseline after a burst of huge prompts: few malloc arenas
 (:func:`limit_malloc_arenas`), a heap trim a moment after big requests
-(:class:`Trimmer`), and a copy of each tokenizer without the BPE word cache for long
-texts: the cache's entries, made amid hundreds of MB of temporaries, would each pin a
-page of them for good.
+(:class:`Trimmer`), and a copy of each tokenizer without the BPE word cache for huge
+texts (over :data:`CACHED_CHARS`): the cache's entries, made amid hundreds of MB of
+temporaries, would each pin a page of them for good. Texts up to that size, an agent's
+100k-token history among them, use the model's own tokenizer and its word cache: ~0.7x
+the CPU of the cache-less copy on a 32k-token prompt (benchmarks/results/
+commit_compare_word_cache.json), and their temporaries are a few MB.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ if TYPE_CHECKING:
 
 INLINE_CHARS = 8192
 """Texts up to this long are tokenised inline (under ~10 ms), longer ones on the pool."""
+CACHED_CHARS = 512 << 10
+"""Texts up to this long are tokenised with the model's tokenizer (its BPE word cache),
+longer ones with a cache-less copy (the memory note above)."""
 _M_ARENA_MAX = -8  # glibc's malloc.h
 
 
@@ -60,8 +66,9 @@ def _malloc_trim() -> None:
 
 
 class LongTextEncoder:
-    """Tokenises long texts on a pool of two threads, each model's with a cache-less copy
-    of its tokenizer (made on first use, on the pool)."""
+    """Tokenises long texts on a pool of two threads: with the model's tokenizer up to
+    :data:`CACHED_CHARS`, beyond with a cache-less copy of it (made on first use, on the
+    pool)."""
 
     def __init__(self) -> None:
         self.pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tokenize")
@@ -76,7 +83,8 @@ class LongTextEncoder:
         return await loop.run_in_executor(self.pool, self._encode, model, text, special, limit)
 
     def _encode(self, model: ServedModel, text: str, special: bool, limit: int) -> list[int] | int:
-        encoding = self._copy(model).encode_batch_fast([text], add_special_tokens=special)[0]
+        tokenizer = model.tokenizer.backend if len(text) <= CACHED_CHARS else self._copy(model)
+        encoding = tokenizer.encode_batch_fast([text], add_special_tokens=special)[0]
         return len(encoding) if len(encoding) >= limit else encoding.ids
 
     def _copy(self, model: ServedModel) -> FastTokenizer:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any, cast
 
-from dynamoctl.frontend.longtext import INLINE_CHARS, LongTextEncoder
+from dynamoctl.frontend.longtext import CACHED_CHARS, INLINE_CHARS, LongTextEncoder
 from dynamoctl.frontend.models import ServedModel
 from dynamoctl.tokenizer.loader import load_tokenizer
 
@@ -48,4 +48,14 @@ async def test_texts_over_the_inline_limit_get_the_same_ids_or_their_count() -> 
     whole = model.tokenizer.encode(text, add_special_tokens=False)
     assert await encoder.encode(model, text, False, len(whole) + 1) == whole
     assert await encoder.encode(model, text, False, len(whole)) == len(whole)  # refused: count
+    encoder.pool.shutdown()
+
+
+async def test_a_text_over_the_cached_size_gets_the_same_ids_from_the_cache_less_copy() -> None:
+    model = _model()
+    encoder = LongTextEncoder()
+    text = _history(CACHED_CHARS + 4096)
+    assert await encoder.encode(model, text, False, 1 << 30) == model.tokenizer.encode(
+        text, add_special_tokens=False
+    )
     encoder.pool.shutdown()

@@ -47,6 +47,7 @@ from dynamoctl.engines.mocker.sampling import MockSampler
 from dynamoctl.engines.mocker.sequence import SeqState, Status, StepOutput, StepPlan
 from dynamoctl.engines.mocker.tiers import KvTiers
 from dynamoctl.kv import hashing
+from dynamoctl.kv.hash_cache import HashCache
 
 
 class Scheduler:
@@ -67,6 +68,9 @@ class Scheduler:
         self._stepping = False
         self._aborted_in_step: list[SeqState] = []
         self._caching = config.enable_prefix_caching
+        # Per adapter (each starts its chains elsewhere): an agent's next turn extends its
+        # last prompt, whose ~2000 block hashes (a 32k-token history) are then reused.
+        self._hash_caches: dict[str | None, HashCache] = {}
         self.num_preemptions = 0
         """Preemptions since start (a counter for metrics)."""
         self._pinned: dict[str, SeqState] = {}  # finished pinned requests, not taken yet
@@ -75,19 +79,22 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
 
+    def _hashes_of(self, request: GenerateRequest) -> list[int]:
+        cache = self._hash_caches.get(request.adapter)
+        if cache is None:
+            parent = hashing.adapter_parent(request.adapter)
+            cache = self._hash_caches[request.adapter] = HashCache(
+                self.config.block_size, parent=parent
+            )
+        return cache.sequence_hashes(request.token_ids)
+
     def add(
         self, request: GenerateRequest, *, pin: bool = False, remote_kv: bool = False
     ) -> SeqState:
         """Queue ``request``; :class:`RequestRejected` if it could never complete.
         ``pin``, ``remote_kv``: see the module docstring."""
         self.check(request)
-        hashes = (
-            hashing.sequence_hashes(
-                request.token_ids, self.config.block_size, hashing.adapter_parent(request.adapter)
-            )
-            if self._caching
-            else []
-        )
+        hashes = self._hashes_of(request) if self._caching else []
         cfg = self.config
         sampler = MockSampler(request, cfg.vocab_size, cfg.eos_distribution, cfg.eos_mean_tokens)
         seq = SeqState(request, hashes, pin, remote_kv, sampler)
