@@ -51,11 +51,18 @@ async def test_texts_over_the_inline_limit_get_the_same_ids_or_their_count() -> 
     encoder.pool.shutdown()
 
 
-async def test_a_text_over_the_cached_size_gets_the_same_ids_from_the_cache_less_copy() -> None:
+async def test_ordinary_long_texts_use_the_models_tokenizer_and_huge_ones_a_cacheless_copy() -> (
+    None
+):
     model = _model()
     encoder = LongTextEncoder()
-    text = _history(CACHED_CHARS + 4096)
-    assert await encoder.encode(model, text, False, 1 << 30) == model.tokenizer.encode(
-        text, add_special_tokens=False
+    ordinary, huge = _history(CACHED_CHARS), _history(CACHED_CHARS + 1)
+    assert await encoder.encode(model, ordinary, False, 1 << 30) == model.tokenizer.encode(
+        ordinary, add_special_tokens=False
     )
+    assert not encoder._copies  # no copy made: the model's own (word-cached) tokenizer
+    assert await encoder.encode(model, huge, False, 1 << 30) == model.tokenizer.encode(
+        huge, add_special_tokens=False
+    )
+    assert len(encoder._copies) == 1  # the huge text went through the cache-less copy
     encoder.pool.shutdown()
