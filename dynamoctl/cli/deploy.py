@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from dynamoctl.recipe.models import Recipe
 
 # The recipe models (~0.3 s of imports) are imported by the commands that read a recipe:
-# `down` of a running deployment and `status` start without them.
+# `down` of a running deployment starts without them (tests/test_cli_lazy.py).
 
 
 def register(app: typer.Typer) -> None:
