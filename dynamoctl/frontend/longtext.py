@@ -13,9 +13,9 @@ process back near its baseline after a burst of huge prompts: few malloc arenas
 (:class:`Trimmer`), and a copy of each tokenizer without the BPE word cache for huge
 texts (over :data:`CACHED_CHARS`): the cache's entries, made amid hundreds of MB of
 temporaries, would each pin a page of them for good. Texts up to that size, an agent's
-100k-token history among them, use the model's own tokenizer and its word cache: ~0.7x
+100k-token history among them, use the model's own tokenizer and its word cache: ~0.75x
 the CPU of the cache-less copy on a 32k-token prompt (benchmarks/results/
-commit_compare_word_cache.json), and their temporaries are a few MB.
+long_context_word_cache.json), and their temporaries are a few MB.
 """
 
 from __future__ import annotations

@@ -11,15 +11,13 @@ and a run that the new prompt extends is replaced by it (one entry per conversat
 
 from __future__ import annotations
 
-import sys
-from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Final
 
 import xxhash
 
-from dynamoctl.kv.hashing import SEED, chain, sequence_hashes
+from dynamoctl.kv.hashing import SEED, chain, le_u32, sequence_hashes
 
 _xxh3: Final = xxhash.xxh3_64_intdigest
 
@@ -66,10 +64,7 @@ class HashCache:
         if n_blocks < MIN_BLOCKS or n_blocks > self.max_blocks // 4:
             return sequence_hashes(token_ids, bs, self.parent)
         full = n_blocks * bs
-        packed_ids = array("I", token_ids[:full] if full < len(token_ids) else token_ids)
-        if sys.byteorder == "big":  # pragma: no cover - the wire order is little-endian
-            packed_ids.byteswap()
-        packed = packed_ids.tobytes()
+        packed = le_u32(token_ids[:full] if full < len(token_ids) else token_ids).tobytes()
         step = 4 * bs
         head = _xxh3(packed[:step], seed=SEED)
         base = self._longest_prefix(head, packed)

@@ -49,6 +49,26 @@ def adapter_parent(adapter: str | None) -> int | None:
     return _xxh3(b"lora\0" + adapter.encode(), seed=SEED)
 
 
+def le_u32(token_ids: Sequence[int]) -> array[int]:
+    """``token_ids`` as little-endian u32s (the byte order they are hashed and stored in).
+
+    Raises ``OverflowError`` for a token id outside ``[0, 2**32)``.
+    """
+    packed = array("I", token_ids)
+    if sys.byteorder == "big":  # pragma: no cover - the wire order is little-endian
+        packed.byteswap()
+    return packed
+
+
+def from_le_u32(packed: bytes) -> list[int]:
+    """The token ids of bytes :func:`le_u32` made."""
+    ids = array("I")
+    ids.frombytes(packed)
+    if sys.byteorder == "big":  # pragma: no cover
+        ids.byteswap()
+    return ids.tolist()
+
+
 def local_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     """Content hash of every full block of ``token_ids``; a partial last block is ignored.
 
@@ -59,9 +79,7 @@ def local_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:
     full = len(token_ids) - len(token_ids) % block_size
     if full == 0:
         return []
-    packed = array("I", token_ids[:full] if full < len(token_ids) else token_ids)
-    if sys.byteorder == "big":  # pragma: no cover - the wire order is little-endian
-        packed.byteswap()
+    packed = le_u32(token_ids[:full] if full < len(token_ids) else token_ids)
     view = memoryview(packed).cast("B")
     step = 4 * block_size
     return [_xxh3(view[i : i + step], seed=SEED) for i in range(0, 4 * full, step)]

@@ -10,11 +10,10 @@ engines: it only reads the events. A block is kept per tier (``medium``): an off
 
 from __future__ import annotations
 
-import sys
 import time
-from array import array
 from collections import Counter
 
+from dynamoctl.kv.hashing import from_le_u32, le_u32
 from dynamoctl.wire.kv_events import (
     MEDIUM_GPU,
     AllBlocksCleared,
@@ -28,21 +27,6 @@ from dynamoctl.wire.kv_events import (
 
 def _medium(medium: str | None) -> str:
     return MEDIUM_GPU if medium is None else medium.upper()
-
-
-def _packed(token_ids: list[int]) -> bytes:
-    ids = array("I", token_ids)
-    if sys.byteorder == "big":  # pragma: no cover - stored little-endian, as on the wire
-        ids.byteswap()
-    return ids.tobytes()
-
-
-def _unpacked(tokens: bytes) -> list[int]:
-    ids = array("I")
-    ids.frombytes(tokens)
-    if sys.byteorder == "big":  # pragma: no cover
-        ids.byteswap()
-    return ids.tolist()
 
 
 class KvCacheState:
@@ -80,7 +64,7 @@ class KvCacheState:
             bs = event.block_size
             parent = event.parent_block_hash
             medium = _medium(event.medium)
-            packed = _packed(event.token_ids)
+            packed = le_u32(event.token_ids).tobytes()
             step = 4 * bs
             for i, block in enumerate(event.block_hashes):
                 tokens = packed[i * step : (i + 1) * step]
@@ -103,7 +87,7 @@ class KvCacheState:
                 BlockStored(
                     block_hashes=[block],
                     parent_block_hash=parent,
-                    token_ids=_unpacked(tokens),
+                    token_ids=from_le_u32(tokens),
                     block_size=bs,
                     medium=medium,
                 )
