@@ -30,7 +30,7 @@ def submit_and_follow(recipe: Recipe, recipe_path: Path, run_dir: RunDir, timeou
     run_dir.create()  # private before the first file (docs/security.md)
     output = run_dir.path / "supervisor.log"
     job = aio.run(submit_recipe(recipe, recipe_path.resolve(), output=output))
-    (run_dir.path / JOB_FILE).write_text(job + "\n")
+    run_dir.write_slurm_job(job)
     typer.echo(f"{recipe.name}: submitted Slurm job {job}; supervisor log {output}")
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -53,9 +53,8 @@ def cancel_job(run_dir: RunDir, timeout: float) -> bool:
     step), then ``scancel`` whatever is left. False if no job was recorded."""
     from dynamoctl.launch.slurm.jobs import cancel, job_state, signal_batch
 
-    try:
-        job = (run_dir.path / JOB_FILE).read_text().strip()
-    except FileNotFoundError:
+    job = run_dir.slurm_job(None)
+    if job is None:
         return False
     aio.run(signal_batch(job, signal.SIGTERM))
     deadline = time.monotonic() + timeout

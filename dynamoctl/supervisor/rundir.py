@@ -137,12 +137,22 @@ class RunDir:
             return None
 
     def write_state(self, state: RunState) -> None:
-        """Atomically (write, then rename), readable by the owner only."""
-        tmp = self.state_file.with_suffix(".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as out:
-            out.write(msgspec.json.format(msgspec.json.encode(state)))
-        os.replace(tmp, self.state_file)
+        _write_private(self.state_file, msgspec.json.format(msgspec.json.encode(state)))
+
+    def write_slurm_job(self, job: str) -> None:
+        """Record the job ``up`` submitted. Atomic, as the state is: ``status`` or
+        ``down`` in another shell may read it the moment it appears."""
+        _write_private(self.path / JOB_FILE, f"{job}\n".encode())
+
+
+def _write_private(path: Path, data: bytes) -> None:
+    """Write, then rename (a reader sees the old file or the whole new one), readable by
+    the owner only."""
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    os.replace(tmp, path)
 
 
 def deployments(root: Path | None = None) -> list[RunDir]:
