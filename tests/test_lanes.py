@@ -17,14 +17,14 @@ from tests.conftest import SERIAL_LANES
 REPO = Path(__file__).resolve().parents[1]
 
 # A plugin that records each test's node id as its xdist worker sees it, and runs nothing.
-PROBE = '''
+PROBE = """
 import os, pytest
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     with open(os.environ["LANE_PROBE_OUT"], "a") as out:
         out.write(item.nodeid + "\\n")
     pytest.skip("lane probe")
-'''
+"""
 
 
 def test_every_serial_test_reaches_its_worker_in_its_lane(tmp_path: Path) -> None:
