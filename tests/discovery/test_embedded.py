@@ -6,11 +6,13 @@ import asyncio
 import sqlite3
 import subprocess
 import sys
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
 
-from dynamoctl.discovery import EventKind, WatchCompacted
+from dynamoctl.discovery import EventKind, WatchCompacted, WatchEvent
 from dynamoctl.discovery import embedded as embedded_mod
 from dynamoctl.discovery.client import Discovery
 from dynamoctl.discovery.embedded import EmbeddedStore
@@ -96,3 +98,53 @@ def test_default_path_follows_xdg_runtime_dir(monkeypatch: pytest.MonkeyPatch) -
     assert embedded_mod.default_path() == Path("/run/user/1234/dynamoctl")
     monkeypatch.delenv("XDG_RUNTIME_DIR")
     assert embedded_mod.default_path() == Path.home() / ".cache" / "dynamoctl"
+
+
+T = TypeVar("T")
+
+
+class _CountingStore(EmbeddedStore):
+    """Counts write transactions (each takes SQLite's write lock, for every process)."""
+
+    transactions = 0
+
+    def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self.transactions += 1
+        return super()._tx(fn)
+
+
+async def test_idle_watches_share_one_poller_and_take_no_write_lock_per_look(
+    tmp_path: Path,
+) -> None:
+    """Four watches on a quiet store for a second: one reaping transaction per
+    REAP_INTERVAL between them (each watch's own transaction 20 times a second before:
+    ~80); a put still reaches every watch, and a lease that lapses is still reaped."""
+    store = _CountingStore(tmp_path)
+    await store.put("w/a", b"1")
+    head = (await store.list("w/")).revision
+    watches = [store.watch(f"w/{name}", head) for name in "abcd"]
+    pending = [asyncio.ensure_future(w.__anext__()) for w in watches]
+    before = store.transactions
+    await asyncio.sleep(1.0)
+    quiet = store.transactions - before
+    assert quiet <= 1.0 / store.REAP_INTERVAL + 2, quiet
+    assert not any(p.done() for p in pending)
+    await store.put("w/c", b"2")
+    done, _ = await asyncio.wait(pending, timeout=5)
+    assert [p.result().key for p in done] == ["w/c"]
+    for p in pending:
+        p.cancel()
+    lapsing = store.watch("w/d", (await store.list("w/")).revision)
+    lease = await store.grant(0.3)
+    await store.put("w/d", b"3", lease)
+    events = [e async for e in _take(lapsing, 2)]
+    assert [(e.kind, e.key) for e in events] == [(EventKind.PUT, "w/d"), (EventKind.DELETE, "w/d")]
+    await store.close()
+
+
+async def _take(watch: AsyncIterator[WatchEvent], count: int) -> AsyncIterator[WatchEvent]:
+    async for event in watch:
+        yield event
+        count -= 1
+        if count == 0:
+            return
