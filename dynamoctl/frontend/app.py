@@ -1,16 +1,17 @@
 """The OpenAI-compatible HTTP API: its routes and the two hot handlers.
 
-Bodies are read (``asgi.py``) and parsed (``body.py``) by us rather than by FastAPI's
+Bodies are read (``asgi.py``) and parsed (``body.py``) by us rather than by a framework's
 dependency injection so that every failure (oversized, not JSON, invalid UTF-8, wrong
 types, unknown fields) becomes an OpenAI-shaped 4xx; the request schemas are still
 declared for ``/openapi.json``.
 
 The two hot routes (``POST /v1/completions`` and ``/v1/chat/completions``) are served by
-:class:`FrontendApp`, a raw ASGI handler in front of the FastAPI app: it writes SSE chunks
+:class:`FrontendApp`, a raw ASGI handler in front of Starlette's router: it writes SSE chunks
 straight to ``send()`` and watches ``receive()`` for the client going away, skipping the
 middleware stack and the per-response task group, which cost more CPU than the rest of a
-streamed request. FastAPI keeps everything else (``/v1/models``, ``/metrics``,
-``/openapi.json``) and still routes the two paths to the same handler if reached directly.
+streamed request. The router keeps everything else (``/v1/models``, ``/metrics``,
+``/openapi.json``, :mod:`dynamoctl.frontend.openapi`) and still routes the hot paths to the
+same handlers if reached directly.
 
 Hostile input: bodies are parsed and validated by pydantic's own JSON parser in strict
 mode (nesting past its depth limit, lone surrogates and non-UTF-8 are invalid JSON, not a
@@ -26,16 +27,15 @@ import logging
 import uuid
 from typing import Any
 
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.responses import Response
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
 
-from dynamoctl import __version__
 from dynamoctl.frontend.anthropic.handler import AnthropicMessages
 from dynamoctl.frontend.anthropic.protocol import CountTokensRequest, MessagesRequest
-from dynamoctl.frontend.asgi import ASGIApp, Receive, Scope, Send, read_body
+from dynamoctl.frontend.asgi import Receive, Scope, Send, read_body
 from dynamoctl.frontend.auth import ApiKeys
 from dynamoctl.frontend.body import check_choices, decode_body, jobs_of, prompt_ids
 from dynamoctl.frontend.choices import Choices
@@ -46,7 +46,8 @@ from dynamoctl.frontend.images import ImagePart, ImageReader, image_parts, place
 from dynamoctl.frontend.longtext import LongTextEncoder, Trimmer
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry, ServedModel
-from dynamoctl.frontend.probes import serve_models_and_probes
+from dynamoctl.frontend.openapi import OpenApi, RawRoute
+from dynamoctl.frontend.probes import models_and_probes
 from dynamoctl.frontend.protocol import ChatCompletionRequest, CompletionRequest
 from dynamoctl.frontend.refusals import Refusals
 from dynamoctl.frontend.respond import stream, whole
@@ -89,95 +90,72 @@ def build_app(
     """The frontend's ASGI app; with ``api_keys``, every path but the probes' needs one."""
     refusals = Refusals(metrics)
     hot = _Completions(registry, generator, metrics, max_body_bytes, refusals, images)
-    app = FastAPI(title="dynamoctl", version=__version__, docs_url=None, redoc_url=None)
-
-    _answer_errors(app, refusals)
-    serve_models_and_probes(app, registry, metrics)
-
     # vLLM's tokenizer endpoints (lm-evaluation-harness's remote tokenizer).
     tokens = Tokenization(registry, metrics, hot.long_text, max_body_bytes)
-    app.post("/tokenize")(tokens.tokenize)
-    app.post("/detokenize")(tokens.detokenize)
-    app.get("/tokenizer_info")(tokens.tokenizer_info)
-
-    # FrontendApp answers these two before FastAPI sees them; declared here for the OpenAPI
-    # schema, and served by the same handler should a request reach FastAPI anyway.
-    @app.post("/v1/chat/completions", openapi_extra=_schema(ChatCompletionRequest))
-    async def chat(request: Request) -> Response:
-        return _Raw(hot.chat)
-
-    @app.post("/v1/completions", openapi_extra=_schema(CompletionRequest))
-    async def completions(request: Request) -> Response:
-        return _Raw(hot.completions)
-
     anthropic = AnthropicMessages(hot)  # Anthropic's Messages API, on the chat pipeline
-
-    @app.post("/v1/messages", openapi_extra=_schema(MessagesRequest))
-    async def messages(request: Request) -> Response:
-        return _Raw(anthropic.messages)
-
-    @app.post("/v1/messages/count_tokens", openapi_extra=_schema(CountTokensRequest))
-    async def count_tokens(request: Request) -> Response:
-        return _Raw(anthropic.count_tokens)
-
     embeddings = Embeddings(registry, generator, metrics, hot.long_text, refusals, max_body_bytes)
-
-    @app.post("/v1/embeddings", openapi_extra=_schema(EmbeddingRequest))
-    async def embed(request: Request) -> Response:
-        return _Raw(embeddings.create)
-
     responses = Responses(hot, ResponseStore(max_stored_responses))  # OpenAI's Responses API
 
-    @app.post("/v1/responses", openapi_extra=_schema(ResponsesRequest))
-    async def create_response(request: Request) -> Response:
-        return _Raw(responses.create)
+    async def get_response(request: Request) -> Response:
+        return JSONResponse(responses.get(request.path_params["response_id"]))
 
-    @app.get("/v1/responses/{response_id}")
-    async def get_response(response_id: str) -> dict[str, Any]:
-        return responses.get(response_id)
+    async def delete_response(request: Request) -> Response:
+        return JSONResponse(responses.delete(request.path_params["response_id"]))
 
-    @app.delete("/v1/responses/{response_id}")
-    async def delete_response(response_id: str) -> dict[str, Any]:
-        return responses.delete(response_id)
-
+    # FrontendApp answers the raw POST routes before the router sees them; they are
+    # declared here for /openapi.json, and served by the same handler should a request
+    # reach the router anyway (a root_path).
+    routes = [
+        *models_and_probes(registry, metrics),
+        Route("/tokenize", tokens.tokenize, methods=["POST"]),
+        Route("/detokenize", tokens.detokenize, methods=["POST"]),
+        Route("/tokenizer_info", tokens.tokenizer_info, methods=["GET"]),
+        RawRoute("/v1/chat/completions", hot.chat, ChatCompletionRequest),
+        RawRoute("/v1/completions", hot.completions, CompletionRequest),
+        RawRoute("/v1/messages", anthropic.messages, MessagesRequest),
+        RawRoute("/v1/messages/count_tokens", anthropic.count_tokens, CountTokensRequest),
+        RawRoute("/v1/embeddings", embeddings.create, EmbeddingRequest),
+        RawRoute("/v1/responses", responses.create, ResponsesRequest),
+        Route("/v1/responses/{response_id}", get_response, methods=["GET"]),
+        Route("/v1/responses/{response_id}", delete_response, methods=["DELETE"]),
+    ]
+    routes.append(Route("/openapi.json", OpenApi(routes).serve, methods=["GET"]))
+    app = Starlette(routes=routes, exception_handlers=_error_answers(refusals))
     return FrontendApp(app, hot, anthropic, responses, api_keys, refusals, tenants)
 
 
-def _answer_errors(app: FastAPI, refusals: Refusals) -> None:
-    """Every error FastAPI meets answered as OpenAI's error object, counted and logged."""
+def _error_answers(refusals: Refusals) -> dict[Any, Any]:
+    """Every error the router meets answered as OpenAI's error object, counted and logged."""
 
     def refuse(request: Request, error: OpenAIError) -> Response:
         refusals.refused(request.method, request.url.path, error)
         return error.response()
 
-    @app.exception_handler(OpenAIError)
-    async def _openai_error(request: Request, exc: OpenAIError) -> Response:
+    async def openai_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, OpenAIError)
         return refuse(request, exc)
 
-    @app.exception_handler(Exception)
-    async def _bug(request: Request, exc: Exception) -> Response:
+    async def bug(request: Request, exc: Exception) -> Response:
         # Starlette logs and re-raises after this response; it only shapes it.
         return refuse(request, internal_error())
 
-    @app.exception_handler(HTTPException)
-    async def _http_error(request: Request, exc: HTTPException) -> Response:
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, HTTPException)  # 404, 405: no route for this path or method
         kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         return refuse(request, OpenAIError(exc.status_code, str(exc.detail), type=kind))
 
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> Response:
-        return refuse(request, bad_request(str(exc)))
+    return {OpenAIError: openai_error, HTTPException: http_error, Exception: bug}
 
 
 class FrontendApp:
     """The frontend's ASGI application: API keys checked first (when configured), then
     the hot POST routes go straight to :class:`_Completions` (and Anthropic's Messages
     routes to :class:`AnthropicMessages`); everything else (and any other method) to
-    FastAPI."""
+    Starlette's router."""
 
     def __init__(
         self,
-        api: FastAPI,
+        api: Starlette,
         hot: _Completions,
         messages: AnthropicMessages,
         responses: Responses,
@@ -225,17 +203,6 @@ class FrontendApp:
             if path == "/v1/messages/count_tokens":
                 return await self.messages.count_tokens(scope, receive, send)
         await self.api(scope, receive, send)
-
-
-class _Raw(Response):
-    """Lets a FastAPI route hand the whole exchange to a raw ASGI handler."""
-
-    def __init__(self, handler: ASGIApp) -> None:
-        self.handler = handler
-        self.background = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await self.handler(scope, receive, send)
 
 
 class _Completions:
@@ -449,12 +416,3 @@ def _render(model: ServedModel, messages: list[dict[str, Any]], plan: OutputPlan
         )
     except Exception as exc:  # a template that raises on these messages
         raise bad_request(f"chat template failed: {exc}", "messages") from exc
-
-
-def _schema(model: type[BaseModel]) -> dict[str, Any]:
-    return {
-        "requestBody": {
-            "required": True,
-            "content": {"application/json": {"schema": model.model_json_schema()}},
-        }
-    }

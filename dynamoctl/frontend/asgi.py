@@ -1,4 +1,4 @@
-"""The ASGI side of a request, below FastAPI: the types the hot routes use, reading a
+"""The ASGI side of a request, below the router: the types the hot routes use, reading a
 body within its limit, and noticing a client that went away (docs/frontend.md)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The frontend's routes beside the APIs, on its FastAPI app: the served models
+"""The frontend's routes beside the APIs: the served models
 (``/v1/models``), the probes the supervisor and load balancers read (``/health``: ready
 while a model is served; ``/live``: the process answers) and ``/metrics``."""
 
@@ -6,22 +6,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import FastAPI
 from prometheus_client import generate_latest
+from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import Route
 
 from dynamoctl.frontend.metrics import FrontendMetrics
 from dynamoctl.frontend.models import ModelRegistry
 
 
-def serve_models_and_probes(
-    app: FastAPI, registry: ModelRegistry, metrics: FrontendMetrics
-) -> None:
+def models_and_probes(registry: ModelRegistry, metrics: FrontendMetrics) -> list[Route]:
     """``/v1/models``, the probes (``/health``, ``/live``) and ``/metrics``."""
 
-    @app.get("/v1/models")
-    async def list_models() -> dict[str, Any]:
-        return {
+    async def list_models(request: Request) -> Response:
+        models: dict[str, Any] = {
             "object": "list",
             "data": [
                 {
@@ -36,18 +34,23 @@ def serve_models_and_probes(
                 for m in registry.models()
             ],
         }
+        return JSONResponse(models)
 
-    @app.get("/health")
-    async def health() -> Response:
+    async def health(request: Request) -> Response:
         names = [m.name for m in registry.models()]
         status = 200 if names else 503
         body = {"status": "healthy" if names else "no models", "models": names}
         return JSONResponse(body, status_code=status)
 
-    @app.get("/live")
-    async def live() -> Response:
+    async def live(request: Request) -> Response:
         return PlainTextResponse("ok")
 
-    @app.get("/metrics")
-    async def prometheus() -> Response:
+    async def prometheus(request: Request) -> Response:
         return Response(generate_latest(metrics.registry), media_type="text/plain; version=0.0.4")
+
+    return [
+        Route("/v1/models", list_models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/live", live, methods=["GET"]),
+        Route("/metrics", prometheus, methods=["GET"]),
+    ]

@@ -90,7 +90,7 @@ class DetokenizeRequest(_Policed):
 
 
 class Tokenization:
-    """The three endpoints' handlers (FastAPI routes: they are not the hot path)."""
+    """The three endpoints' handlers (routes of the router: they are not the hot path)."""
 
     def __init__(
         self,

@@ -1,5 +1,5 @@
 """A 500 that does happen (a bug) is OpenAI-shaped and says ``Connection: close`` before
-the server closes the connection, on the hot routes and on FastAPI's alike."""
+the server closes the connection, on the hot routes and on the router's alike."""
 
 from __future__ import annotations
 
