@@ -39,7 +39,8 @@ class _NoModels:
 
 @pytest.mark.parametrize("via_router", [False, True])
 async def test_hot_routes_answer_alike_directly_and_through_the_router(via_router: bool) -> None:
-    """FrontendApp short-cuts the hot routes; Starlette's router still serves them (and /openapi.json lists them)."""
+    """FrontendApp short-cuts the hot routes; Starlette's router still serves them (and
+    /openapi.json lists them)."""
     import httpx
 
     from dynamoctl.frontend.app import build_app
