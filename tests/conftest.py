@@ -46,12 +46,15 @@ def etcd_server() -> Iterator[ManagedEtcd]:
 # within a lane one test at a time, the lanes side by side. A lane owns its session
 # clusters (each kind is started in one process only) and what must not overlap:
 # - ``engines``: every vLLM test (never two vLLMs' memory and cores at once);
-# - ``multinode``: the multi-node Slurm cluster and the tests on it (mocker workers);
+# - ``multinode``: the multi-node Slurm cluster and the tests on it (mocker workers), and
+#   for balance two files that share nothing: ``vllm bench serve`` against mocker
+#   deployments and the supervisor under etcd outages;
 # - ``hosts``: the single-node Slurm, sshd hosts and gangs, and the wall-clock tests (etcd
 #   freezes, planner load steps, ``vllm bench serve``), which wait more than they compute;
 #   their deadlines leave room for the vLLM beside them.
 # In two lanes (multinode with engines, 2026-11-29, ``--durations=0``) the engines lane
-# held ~1000 s of tests against ~660 s in hosts and set the serial part's wall time.
+# held ~1000 s of tests against ~660 s in hosts and set the serial part's wall time; in
+# three, before those two files moved: hosts 798 s, engines 632 s, multinode 355 s.
 _ENGINES = "engines"
 _HOSTS = "hosts"
 _MULTINODE_LANE = "multinode"
@@ -79,10 +82,10 @@ _SERIAL_PATHS = {
     "tests/modelcache/test_tree.py": _HOSTS,  # sshd hosts with node-local mounts
     "tests/bench/": _HOSTS,
     "tests/security/test_locked_ssh.py": _HOSTS,
-    "tests/frontend/test_openai_clients.py": _HOSTS,  # vllm bench serve: a client, no engine
+    "tests/frontend/test_openai_clients.py": _MULTINODE_LANE,  # vllm bench serve, no engine
     "tests/discovery/test_etcd_outage.py": _HOSTS,
     "tests/discovery/test_stale_serving.py": _HOSTS,
-    "tests/supervisor/test_discovery_outage.py": _HOSTS,
+    "tests/supervisor/test_discovery_outage.py": _MULTINODE_LANE,
     "tests/planner/test_planner_up.py": _HOSTS,
     "tests/planner/test_profile_mocker.py": _HOSTS,
 }

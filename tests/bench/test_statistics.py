@@ -1,7 +1,10 @@
 """The load generator's statistics against a server whose latencies are known.
 
 Lower bounds are exact (a reply cannot come before the server sends it); upper bounds
-leave room for a loaded CI machine's scheduling delays.
+leave room for a loaded CI machine's scheduling delays, and hold for the quickest of up to
+three runs: load only ever adds delay, and a stall of the whole process (the serial lanes
+share two cores) once put a run's p50 50 ms late. A tool that measured at the wrong moment
+is late in every run.
 """
 
 from __future__ import annotations
@@ -35,24 +38,38 @@ def expected(values_ms: list[float], q: float) -> float:
 
 
 async def test_latency_percentiles_match_the_server(fake_server: FakeServer) -> None:
-    result = await run_bench(config(fake_server), console=Console(quiet=True))
-    s = result.runs[0].summary
-    assert result.model == "fake-model"  # from /v1/models
-    assert (s.requests_sent, s.completed, s.errors) == (REQUESTS, REQUESTS, {})
     ttfts = [TTFTS_MS[i % len(TTFTS_MS)] for i in range(REQUESTS)]
     e2es = [t + (OSL - 1) * ITL_MS for t in ttfts]
-    for measured, values in ((s.ttft_ms, ttfts), (s.e2e_ms, e2es)):
-        for q, got in ((0.5, measured.p50), (0.9, measured.p90), (0.99, measured.p99)):
-            want = expected([float(v) for v in values], q)
-            assert want - 1 <= got <= want + SLACK_MS, (q, got, want)
-    assert s.itl_ms.count == REQUESTS * (OSL - 1)
-    assert ITL_MS - 2 <= s.itl_ms.p50 <= ITL_MS + SLACK_MS / 2
-    assert ITL_MS - 1 <= s.tpot_ms.p50 <= ITL_MS + SLACK_MS / 2
-    assert s.output_tokens == REQUESTS * OSL
-    assert s.prompt_tokens == REQUESTS * 32
-    assert s.prefix_hit_rate == 0.5  # the server reports half of each prompt cached
-    # duration_s is rounded to the millisecond: on a ~0.4 s run that alone is ~1e-3 relative.
-    assert s.request_throughput == pytest.approx(REQUESTS / s.duration_s, rel=1e-2)
+    wanted = [expected([float(v) for v in values], q) for values in (ttfts, e2es)
+              for q in (0.5, 0.9, 0.99)]  # fmt: skip
+    quickest: list[float] = []
+    for _ in range(3):
+        fake_server.requests.clear()
+        result = await run_bench(config(fake_server), console=Console(quiet=True))
+        s = result.runs[0].summary
+        assert result.model == "fake-model"  # from /v1/models
+        assert (s.requests_sent, s.completed, s.errors) == (REQUESTS, REQUESTS, {})
+        got = [p for m in (s.ttft_ms, s.e2e_ms) for p in (m.p50, m.p90, m.p99)]
+        assert all(g >= w - 1 for g, w in zip(got, wanted, strict=True)), (got, wanted)
+        assert s.itl_ms.count == REQUESTS * (OSL - 1)
+        assert s.itl_ms.p50 >= ITL_MS - 2 and s.tpot_ms.p50 >= ITL_MS - 1
+        assert s.output_tokens == REQUESTS * OSL
+        assert s.prompt_tokens == REQUESTS * 32
+        assert s.prefix_hit_rate == 0.5  # the server reports half of each prompt cached
+        # duration_s is rounded to the millisecond: on a ~0.4 s run that alone is ~1e-3.
+        assert s.request_throughput == pytest.approx(REQUESTS / s.duration_s, rel=1e-2)
+        run = [*got, s.itl_ms.p50, s.tpot_ms.p50]
+        quickest = run if not quickest else [min(a, b) for a, b in zip(quickest, run, strict=True)]
+        if _within_slack(quickest, wanted):
+            break
+    assert _within_slack(quickest, wanted), (quickest, wanted)
+
+
+def _within_slack(measured: list[float], wanted: list[float]) -> bool:
+    """TTFT and end-to-end percentiles, then ITL's and TPOT's p50, within their slack."""
+    *latencies, itl, tpot = measured
+    in_time = all(g <= w + SLACK_MS for g, w in zip(latencies, wanted, strict=True))
+    return in_time and itl <= ITL_MS + SLACK_MS / 2 and tpot <= ITL_MS + SLACK_MS / 2
 
 
 async def test_goodput_counts_requests_within_targets(fake_server: FakeServer) -> None:

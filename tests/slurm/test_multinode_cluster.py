@@ -59,10 +59,21 @@ def _batch(cluster: MultiNodeCluster, tmp_path: Path, script: str, *sbatch: str)
     return text
 
 
+def _settled(cluster: MultiNodeCluster, timeout: float = 30) -> list[str]:
+    """``sinfo``'s node rows once none is still completing a job: the cluster is shared, and
+    an earlier test's last job may still be ending on its nodes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rows = cluster.run("sinfo", "-h", "-N", "-o", "%N|%T|%G|%c|%P").split()
+        if not any("|completing" in row for row in rows) or time.monotonic() > deadline:
+            return rows
+        time.sleep(0.2)
+
+
 def test_three_named_nodes_idle_with_fake_gpus(slurm_multinode: MultiNodeCluster) -> None:
     cluster = slurm_multinode
     assert len(cluster.nodes) == 3 and len(set(cluster.nodes)) == 3
-    rows = cluster.run("sinfo", "-h", "-N", "-o", "%N|%T|%G|%c|%P").split()
+    rows = _settled(cluster)
     assert sorted(rows) == [
         f"{node}|idle|gpu:{FAKE_GPUS}|{NODE_CPUS}|{cluster.partition}*" for node in cluster.nodes
     ]
