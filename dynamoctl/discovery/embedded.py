@@ -9,7 +9,7 @@ and a watcher that fell behind the pruned head gets :class:`WatchCompacted` and 
 exactly like an etcd watch. One poller per process looks at the log's head for all of its
 watches (one read, no transaction) and wakes those it moved past: a deployment's every
 process holds several watches, and each polling its own write transaction 20 times a
-second cost a frontend 3-4% of its core at rest.
+second were 3-4% of a loaded frontend's py-spy samples.
 
 Deadlines use ``CLOCK_MONOTONIC``, which Linux shares across processes: wall-clock jumps
 (NTP, an operator's ``date``) cannot expire every lease at once. Monotonic time restarts
