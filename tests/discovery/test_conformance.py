@@ -115,9 +115,13 @@ async def test_replace_is_a_compare_and_set(disc: Discovery, prefix: str) -> Non
     assert await disc.store.replace(key, None, b"2") is False  # exists now
     assert await disc.store.replace(key, b"0", b"2") is False
     assert await disc.store.get(key) == b"1"
-    racing = await asyncio.gather(*(disc.store.replace(key, b"1", b"%d" % n) for n in range(8)))
+    # None of the racers writes b"1" back: one that did could win first and leave the
+    # value a second racer then rightly replaces (etcd once ran them in that order).
+    racing = await asyncio.gather(
+        *(disc.store.replace(key, b"1", b"racer-%d" % n) for n in range(8))
+    )
     assert sum(racing) == 1
-    assert await disc.store.get(key) == b"%d" % racing.index(True)
+    assert await disc.store.get(key) == b"racer-%d" % racing.index(True)
 
 
 async def test_list_by_prefix(disc: Discovery, prefix: str) -> None:
@@ -218,3 +222,18 @@ async def test_close_revokes_keys_immediately(url: str, prefix: str) -> None:
     # TTL is 10 s: the key can only be gone this fast because close() revoked the lease.
     async with Discovery(store_from_url(url), lease_ttl=TTL) as reader:
         assert await reader.get(key) is None
+
+
+def test_grpc_fork_handlers_are_off_in_every_dynamoctl_process() -> None:
+    """A process that loads the etcd client forks only to exec (squeue, ssh): gRPC's fork
+    handlers must be off before gRPC loads, or a child forked while another thread is in
+    gRPC can abort before its exec (a supervisor's squeue died of SIGABRT in CI)."""
+    probe = (
+        "import os; os.environ.pop('GRPC_ENABLE_FORK_SUPPORT', None)\n"
+        "import dynamoctl.discovery.etcd, grpc\n"
+        "print(os.environ.get('GRPC_ENABLE_FORK_SUPPORT'))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert out.stdout.strip() == "false", out.stderr
