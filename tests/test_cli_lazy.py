@@ -75,8 +75,8 @@ print(" ".join(sys.modules))
 _HEAVY = {"numpy", "aetcd", "grpc", "fastapi"}
 """Libraries a process imports only when it uses them: numpy (the planner's fits, the
 mocker's embedding table), the etcd client (etcd discovery), ~0.1-0.15 s a start each;
-and FastAPI, which none uses (~0.4 s: the frontend's ``/openapi.json`` is built from its
-route table, dynamoctl/frontend/openapi.py)."""
+and FastAPI, which none uses (the frontend's ``/openapi.json`` is built from its route
+table, dynamoctl/frontend/openapi.py)."""
 
 
 @pytest.mark.parametrize("command", ["status", "down", "drain", "scale", "logs"])
