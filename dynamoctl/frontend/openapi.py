@@ -2,7 +2,8 @@
 JSON body, built from the route table on first request.
 
 Starlette serves the routes; FastAPI, which we used for this document alone, cost every
-frontend start importing its own OpenAPI models (docs/architecture.md, "Dependencies"). The request models are pydantic's, so their JSON schemas are pydantic's.
+frontend start importing its own OpenAPI models (docs/architecture.md, "Dependencies").
+The request models are pydantic's, so their JSON schemas are pydantic's.
 """
 
 from __future__ import annotations
