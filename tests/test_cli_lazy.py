@@ -4,6 +4,7 @@ twelve groups' imports."""
 
 from __future__ import annotations
 
+import importlib
 import subprocess
 import sys
 
@@ -111,3 +112,16 @@ def test_a_process_imports_numpy_and_the_etcd_client_only_when_it_uses_them(
         capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     assert set(out.split()) & _HEAVY == set()
+
+
+def test_every_settings_name_resolves_from_the_module_it_is_listed_under() -> None:
+    """`dynamoctl.settings` imports each name on first use from the module ``_WHERE``
+    names; ``__all__`` (what type checkers read) and ``_WHERE`` list the same names."""
+    import dynamoctl.settings as settings
+
+    where = settings._WHERE
+    assert sorted(where) == sorted(settings.__all__)
+    for name, module in where.items():
+        assert getattr(settings, name) is getattr(
+            importlib.import_module(f"dynamoctl.settings.{module}"), name
+        ), name
