@@ -5,6 +5,9 @@ monitor can fail the stream (docs/planes.md, "Dead peers")."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
@@ -108,3 +111,33 @@ async def test_a_long_dead_address_is_forgotten(spawn: Spawn) -> None:
                     pass
         await events.until(lambda: address not in client.addresses())
         assert not client.peer_down(address)  # no connection: unknown, not down
+
+
+async def test_a_stall_of_our_own_loop_is_no_silence_of_the_server(spawn: Spawn) -> None:
+    """The client's own event loop blocked for twice the heartbeat timeout sent no Ping, so
+    none went unanswered: the live server is never reported down. A server that stops
+    answering (SIGSTOP) still is, within the timeout and a heartbeat or two."""
+    async with RequestClient(heartbeat_interval=0.2, heartbeat_timeout=1.0) as client:
+        events = PeerEvents(client)
+        reports: list[tuple[str, bool]] = []
+        client.peer_listeners.append(lambda address, down: reports.append((address, down)))
+        peer = await spawn("server")
+        address = await peer.line()
+        stream = client.stream(address, "count", b"")
+        await anext(stream)
+        await stream.aclose()
+        await asyncio.sleep(0.5)  # a few heartbeats answered
+
+        # Our own loop stalls, as under a long tokenisation or a starved CPU: deliberately
+        # blocking.
+        time.sleep(2 * client.heartbeat_timeout)  # noqa: ASYNC251
+        await asyncio.sleep(4 * client.heartbeat_interval)  # heartbeats after the stall
+        assert not client.peer_down(address)
+        assert (address, True) not in reports, reports
+
+        os.kill(peer.proc.pid, signal.SIGSTOP)  # the server itself stops answering
+        try:
+            await events.until(lambda: client.peer_down(address))
+            assert (address, True) in reports
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)

@@ -228,7 +228,10 @@ class _Connection:
         wedged or cut off. Pickers skip it until it answers again (:meth:`_receive`)."""
         self.sock.connect(address)
         self.streams: dict[int, _Stream] = {}
-        self.last_recv = time.monotonic()
+        self.unanswered_since: float | None = None
+        """When the oldest Ping still without any answer was posted: silence is counted
+        from there, never from the last message received, so a stall of our own loop (no
+        Ping sent, so none answered) is not taken for the server's."""
         self._out: deque[bytes] = deque()
         self._out_empty = asyncio.Event()
         self._out_empty.set()
@@ -269,10 +272,16 @@ class _Connection:
             self._out_empty.clear()
             self._schedule()
 
-    def ping(self) -> None:
+    def ping(self, now: float) -> None:
+        if self.unanswered_since is None:
+            self.unanswered_since = now
         if not self._ping_queued:  # a stalled connection must not pile up pings
             self._ping_queued = True
             self.post(wire.Ping())
+
+    def silent_for(self, now: float) -> float:
+        """How long a Ping has gone without anything from the server (0: none pending)."""
+        return 0.0 if self.unanswered_since is None else now - self.unanswered_since
 
     def _schedule(self) -> None:
         if not self._pump_scheduled:
@@ -304,7 +313,7 @@ class _Connection:
             self._schedule()
 
     def _receive(self, raw: bytes) -> None:
-        self.last_recv = time.monotonic()
+        self.unanswered_since = None
         if self.silent:
             self._silence_over()
         try:
@@ -325,9 +334,9 @@ class _Connection:
     def check(self, now: float, interval: float, timeout: float) -> None:
         """Heartbeat tick: ping, fail streams on a silent server, probe quiet streams; a
         server silent for ``timeout`` is reported down until it answers again."""
-        self._pump()  # read what has arrived first: a stall of our own loop is no silence
-        self.ping()
-        silent_for = time.monotonic() - self.last_recv
+        self._pump()  # read what has arrived first: answers that came during our own stall
+        silent_for = self.silent_for(now)
+        self.ping(now)
         if not self.silent and silent_for > timeout and self.peer.state is not PeerState.DOWN:
             self.silent = True
             logger.warning(
@@ -338,7 +347,7 @@ class _Connection:
         for stream in self.streams.values():
             if stream.outcome is not None:
                 continue
-            silent = now - max(self.last_recv, stream.opened)
+            silent = min(silent_for, now - stream.opened)
             if silent > timeout:
                 why = f"sent nothing for {silent:.1f}s (heartbeat_timeout {timeout}s)"
                 stream.fail(PeerDeadError(f"{self.address} {why}"))
