@@ -99,7 +99,7 @@ class Prefiller:
             m.local_prefills.labels(model, "short").inc()
             return None
         exclude: set[str] = set()
-        pick_prefill = skip_unreachable(pool.pick_prefill, self.client.peer_down)
+        pick_prefill = skip_unreachable(pool.pick_prefill, self.client)
         failure = "no prefill worker left"
         for attempt in range(self.settings.max_prefill_attempts):
             rid = f"{request.request_id}-p{attempt}"

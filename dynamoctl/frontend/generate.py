@@ -310,7 +310,7 @@ class Generator:
         """A worker for the next attempt, through the admission queue, never one whose
         process the request plane saw die; none is a 503."""
         chosen: PickFn = picker.pick_decode if remote else picker.pick
-        pick = skip_unreachable(chosen, self.client.peer_down)
+        pick = skip_unreachable(chosen, self.client)
         trace = TRACE.get()
         if trace is not None:
             pick = trace.picks(pick)

@@ -92,20 +92,42 @@ PickFn = Callable[[list[int], str, set[str]], Awaitable[WorkerChoice]]
 ``pick_prefill``."""
 
 
-def skip_unreachable(pick: PickFn, unreachable: Callable[[str], bool]) -> PickFn:
+class Reachability(Protocol):
+    """What the request plane knows of a worker's address (``RequestClient``)."""
+
+    def peer_down(self, address: str) -> bool:
+        """Its connection closed, or it is silent: do not send it a request now."""
+        ...
+
+    def peer_silent(self, address: str) -> bool:
+        """Connected but not answering heartbeats: frozen, or only stalled."""
+        ...
+
+
+def skip_unreachable(pick: PickFn, peers: Reachability) -> PickFn:
     """``pick``, re-picked while its choice is at an address the request plane knows is
-    down (``RequestClient.peer_down``: the worker's process died, and discovery may not
-    know yet). Each skipped worker joins ``exclude`` for the rest of the request, so this
-    ends: with a live worker or :class:`NoWorkerAvailable`. Re-picking under the same
-    request id replaces the skipped pick's booking."""
+    down (``peer_down``: the worker's process died, and discovery may not know yet, or it
+    is silent). A dead worker joins ``exclude`` for the rest of the request; a silent one
+    is only skipped by this pick, and if no other is left the pick is refused as busy, so
+    the admission queue waits (``queue_timeout``) for it to answer again instead of
+    failing a request, or a migrating stream, because a worker stalled for a moment.
+    Re-picking under the same request id replaces the skipped pick's booking."""
 
     async def pick_reachable(
         token_ids: list[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
+        silent: set[str] = set()
         while True:
-            choice = await pick(token_ids, request_id, exclude)
-            if not unreachable(choice.address):
+            try:
+                choice = await pick(token_ids, request_id, exclude | silent if silent else exclude)
+            except NoWorkerAvailable as exc:
+                if not silent or exc.busy:
+                    raise
+                raise NoWorkerAvailable(
+                    f"{exc}; {len(silent)} more not answering heartbeats", busy=True
+                ) from exc
+            if not peers.peer_down(choice.address):
                 return choice
-            exclude.add(choice.worker_id)
+            (silent if peers.peer_silent(choice.address) else exclude).add(choice.worker_id)
 
     return pick_reachable

@@ -423,6 +423,12 @@ class RequestClient(AsyncService):
         conn = self._conns.get(address)
         return conn is not None and (conn.peer.state is PeerState.DOWN or conn.silent)
 
+    def peer_silent(self, address: str) -> bool:
+        """Whether the server at ``address`` is connected but has left a heartbeat
+        unanswered for ``heartbeat_timeout`` (frozen, or only stalled: it may answer)."""
+        conn = self._conns.get(address)
+        return conn is not None and conn.silent and conn.peer.state is not PeerState.DOWN
+
     async def disconnect(self, address: str) -> None:
         """Close the connection to ``address``; its open streams fail with
         :class:`ClientClosedError`."""
