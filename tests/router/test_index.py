@@ -34,11 +34,12 @@ def tokens_of(path: tuple[int, ...]) -> list[int]:
     return [t for c in path for t in block_tokens(c)]
 
 
-def engine_hash(worker: str, path: tuple[int, ...]) -> ExternalBlockHash:
+def engine_hash(worker: str, path: tuple[int, ...], lora: str | None = None) -> ExternalBlockHash:
     """An engine's name for the last block of ``path``: not ours, differs per engine kind
-    (w0/w1 share one hashing, w2 another, w3 sends bytes, w4 reuses w0's)."""
+    (w0/w1 share one hashing, w2 another, w3 sends bytes, w4 reuses w0's), and as vLLM's
+    does, per adapter (an adapter's block never shares a base-model block's name)."""
     kind = {"w0": 0, "w1": 0, "w2": 2, "w3": 3, "w4": 0}[worker]
-    h = xxhash.xxh64_intdigest(repr((kind, path)).encode())
+    h = xxhash.xxh64_intdigest(repr((kind, path) if lora is None else (kind, path, lora)).encode())
     return h.to_bytes(8, "big") if kind == 3 else h
 
 
@@ -61,7 +62,9 @@ def ref_chain(tokens: list[int], parent: int | None) -> list[int]:
 
 @dataclass
 class Reference:
-    """Per worker: engine hash -> [our hash, outstanding stores]."""
+    """Per worker: engine hash -> [our hash, outstanding GPU stores, outstanding host
+    stores]. An identity is known while any tier holds the block (a GPU block may chain
+    from a parent only offloaded); only GPU blocks are matched and counted."""
 
     workers: dict[str, dict[ExternalBlockHash, list[int]]] = field(default_factory=dict)
 
@@ -70,8 +73,9 @@ class Reference:
         if blocks is None:
             return
         if isinstance(event, BlockStored):
-            if event.block_size != B or event.medium not in (None, "GPU"):
+            if event.block_size != B:
                 return
+            slot = 2 if event.medium == "CPU" else 1
             # An adapter's chain starts from its name's hash (docs/api.md, "LoRA adapters").
             parent = (
                 None
@@ -84,25 +88,24 @@ class Reference:
                 parent = blocks[event.parent_block_hash][0]
             ours = ref_chain(event.token_ids, parent)
             for e, o in zip(event.block_hashes, ours, strict=False):
-                if e in blocks:
-                    blocks[e][1] += 1
-                else:
-                    blocks[e] = [o, 1]
+                blocks.setdefault(e, [o, 0, 0])[slot] += 1
         elif isinstance(event, BlockRemoved):
-            if event.medium not in (None, "GPU"):
-                return
+            slot = 2 if event.medium == "CPU" else 1
             for e in event.block_hashes:
-                if e in blocks:
-                    blocks[e][1] -= 1
-                    if blocks[e][1] == 0:
+                if e in blocks and blocks[e][slot]:
+                    blocks[e][slot] -= 1
+                    if not (blocks[e][1] or blocks[e][2]):
                         del blocks[e]
         else:
             blocks.clear()
 
+    def gpu(self, worker: str) -> set[int]:
+        return {o for o, n, _ in self.workers[worker].values() if n}
+
     def find_matches(self, hashes: list[int]) -> dict[str, int]:
         out = {}
-        for worker, blocks in self.workers.items():
-            held = {o for o, _ in blocks.values()}
+        for worker in self.workers:
+            held = self.gpu(worker)
             n = 0
             while n < len(hashes) and hashes[n] in held:
                 n += 1
@@ -123,19 +126,20 @@ def stores(draw: st.DrawFn) -> tuple[str, KVEvent]:
     worker, path = draw(workers), draw(st.one_of(short_paths, paths))
     start = draw(st.integers(0, len(path) - 1))
     end = draw(st.integers(start + 1, len(path)))
-    parent = engine_hash(worker, path[:start]) if start else None
+    variant = draw(st.sampled_from(["gpu", "gpu", "gpu", "none", "cpu", "lora", "bs"]))
+    lora = "adapter" if variant == "lora" else None
+    parent = engine_hash(worker, path[:start], lora) if start else None
     if draw(st.integers(0, 9)) == 0:
         parent = draw(st.integers(0, 2**64 - 1))  # a parent nobody stored
     short = draw(st.integers(0, 9)) == 0  # token ids short of the last block
     tokens = tokens_of(path[start:end])[: -1 if short else None]
-    variant = draw(st.sampled_from(["gpu", "gpu", "gpu", "none", "cpu", "lora", "bs"]))
     return worker, BlockStored(
-        block_hashes=[engine_hash(worker, path[: i + 1]) for i in range(start, end)],
+        block_hashes=[engine_hash(worker, path[: i + 1], lora) for i in range(start, end)],
         parent_block_hash=parent,
         token_ids=tokens,
         block_size=8 if variant == "bs" else B,
         medium={"gpu": "GPU", "cpu": "CPU"}.get(variant),
-        lora_name="adapter" if variant == "lora" else None,
+        lora_name=lora,
     )
 
 
@@ -192,7 +196,7 @@ def test_find_matches_equals_brute_force(ops: list[tuple[str, KVEvent | str]]) -
         for depth in (1, 3):
             assert index.find_matches(hashes[:depth]) == ref.find_matches(hashes[:depth])
     for worker in index.workers():
-        assert index.tree_size(worker) == len({o for o, _ in ref.workers[worker].values()})
+        assert index.tree_size(worker) == len(ref.gpu(worker))
 
 
 # ----------------------------------------------------------------------- rules by example
