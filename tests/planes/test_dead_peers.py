@@ -129,7 +129,9 @@ async def test_a_stall_of_our_own_loop_is_no_silence_of_the_server(spawn: Spawn)
         await asyncio.sleep(0.5)  # a few heartbeats answered
 
         # Our own loop stalls, as under a long tokenisation or a starved CPU: deliberately
-        # blocking.
+        # blocking, and just after a heartbeat queued its Ping (it leaves after the stall:
+        # the stall is not the server's silence either).
+        client._conns[address].ping()
         time.sleep(2 * client.heartbeat_timeout)  # noqa: ASYNC251
         await asyncio.sleep(4 * client.heartbeat_interval)  # heartbeats after the stall
         assert not client.peer_down(address)

@@ -229,9 +229,12 @@ class _Connection:
         self.sock.connect(address)
         self.streams: dict[int, _Stream] = {}
         self.unanswered_since: float | None = None
-        """When the oldest Ping still without any answer was posted: silence is counted
-        from there, never from the last message received, so a stall of our own loop (no
-        Ping sent, so none answered) is not taken for the server's."""
+        """When the oldest Ping still without any answer left for the server: silence is
+        counted from there, never from the last message received nor from when the Ping
+        was queued, so a stall of our own loop (no Ping sent, so none answered) is not
+        taken for the server's."""
+        self.blocked_since: float | None = None
+        """Since when our messages wait at the high-water mark (the server reads nothing)."""
         self._out: deque[bytes] = deque()
         self._out_empty = asyncio.Event()
         self._out_empty.set()
@@ -272,16 +275,16 @@ class _Connection:
             self._out_empty.clear()
             self._schedule()
 
-    def ping(self, now: float) -> None:
-        if self.unanswered_since is None:
-            self.unanswered_since = now
+    def ping(self) -> None:
         if not self._ping_queued:  # a stalled connection must not pile up pings
             self._ping_queued = True
             self.post(wire.Ping())
 
     def silent_for(self, now: float) -> float:
-        """How long a Ping has gone without anything from the server (0: none pending)."""
-        return 0.0 if self.unanswered_since is None else now - self.unanswered_since
+        """How long a sent Ping has gone without anything from the server, or our messages
+        have waited for it to read them (0: neither)."""
+        since = self.unanswered_since, self.blocked_since
+        return max((now - t for t in since if t is not None), default=0.0)
 
     def _schedule(self) -> None:
         if not self._pump_scheduled:
@@ -298,9 +301,13 @@ class _Connection:
                 sock.send(out[0], _NOBLOCK)  # Again: at the high-water mark; wait for POLLOUT
                 if out.popleft() == _PING_FRAME:
                     self._ping_queued = False
+                    if self.unanswered_since is None:
+                        self.unanswered_since = time.monotonic()
             self._out_empty.set()
+            self.blocked_since = None
         except zmq.Again:
-            pass
+            if self.blocked_since is None:
+                self.blocked_since = time.monotonic()
         try:
             for _ in range(_RECV_BUDGET):
                 self._receive(sock.recv(_NOBLOCK))
@@ -336,7 +343,7 @@ class _Connection:
         server silent for ``timeout`` is reported down until it answers again."""
         self._pump()  # read what has arrived first: answers that came during our own stall
         silent_for = self.silent_for(now)
-        self.ping(now)
+        self.ping()
         if not self.silent and silent_for > timeout and self.peer.state is not PeerState.DOWN:
             self.silent = True
             logger.warning(
