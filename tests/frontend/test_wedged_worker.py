@@ -10,7 +10,9 @@ import asyncio
 import json
 import os
 import signal
+from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -36,19 +38,12 @@ async def test_a_frozen_worker_is_left_at_once_and_gets_no_new_request(
     text, finish, frozen = "", None, None
     try:
         async with httpx.AsyncClient(timeout=60) as http:
-            async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
-                assert response.status_code == 200
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[6:])
-                    assert "error" not in event, event
-                    choice = event["choices"][0]
-                    text += choice["text"]
-                    finish = choice["finish_reason"] or finish
-                    if frozen is None and len(text.split()) >= 20:
-                        frozen = await busy_worker(http, records.values())
-                        os.kill(frozen, signal.SIGSTOP)
+            async for choice in streamed_choices(http, f"{url}/v1/completions", body):
+                text += choice["text"]
+                finish = choice["finish_reason"] or finish
+                if frozen is None and len(text.split()) >= 20:
+                    frozen = await busy_worker(http, records.values())
+                    os.kill(frozen, signal.SIGSTOP)
             assert frozen is not None and finish == "length"
             assert await migrations(http, url) == 1
             # Frozen, registered and holding the prompt's cache: still nothing goes there
@@ -82,28 +77,22 @@ async def test_a_stream_whose_worker_dies_waits_for_the_other_one_stalled(
     text, finish, stalled = "", None, None
     try:
         async with httpx.AsyncClient(timeout=60) as http:
-            async with http.stream("POST", f"{url}/v1/completions", json=body) as response:
-                assert response.status_code == 200
-                async for line in response.aiter_lines():
-                    if not line.startswith("data: ") or line == "data: [DONE]":
-                        continue
-                    event = json.loads(line[6:])
-                    assert "error" not in event, event
-                    text += event["choices"][0]["text"]
-                    finish = event["choices"][0]["finish_reason"] or finish
-                    if stalled is None and len(text.split()) >= 10:
-                        busy = await busy_worker(http, records.values())
-                        stalled = next(pid for pid in records if pid != busy)
-                        # Another prompt goes to the idle worker (the KV router's load
-                        # term): the frontend is connected to both, and heartbeats both.
-                        other = {"model": MODEL, "prompt": "elsewhere", "max_tokens": 4}
-                        reply = await http.post(f"{url}/v1/completions", json=other)
-                        assert reply.status_code == 200, reply.text
-                        os.kill(stalled, signal.SIGSTOP)
-                        await until_logged(log, "skipped until it answers again")
-                        os.kill(busy, signal.SIGKILL)  # its stream can only go to the stalled
-                        await asyncio.sleep(1.0)  # the migration waits meanwhile
-                        os.kill(stalled, signal.SIGCONT)
+            async for choice in streamed_choices(http, f"{url}/v1/completions", body):
+                text += choice["text"]
+                finish = choice["finish_reason"] or finish
+                if stalled is None and len(text.split()) >= 10:
+                    busy = await busy_worker(http, records.values())
+                    stalled = next(pid for pid in records if pid != busy)
+                    # Another prompt goes to the idle worker (the KV router's load
+                    # term): the frontend is connected to both, and heartbeats both.
+                    other = {"model": MODEL, "prompt": "elsewhere", "max_tokens": 4}
+                    reply = await http.post(f"{url}/v1/completions", json=other)
+                    assert reply.status_code == 200, reply.text
+                    os.kill(stalled, signal.SIGSTOP)
+                    await until_logged(log, "skipped until it answers again")
+                    os.kill(busy, signal.SIGKILL)  # its stream can only go to the stalled
+                    await asyncio.sleep(1.0)  # the migration waits meanwhile
+                    os.kill(stalled, signal.SIGCONT)
             assert stalled is not None and finish == "length"
             assert await migrations(http, url) == 1
     finally:
@@ -117,3 +106,17 @@ async def until_logged(log: Path, words: str) -> None:
         # A file has no event to await.
         while words not in await asyncio.to_thread(log.read_text, errors="replace"):  # noqa: ASYNC110
             await asyncio.sleep(0.05)
+
+
+async def streamed_choices(
+    http: httpx.AsyncClient, url: str, body: dict[str, Any]
+) -> AsyncIterator[dict[str, Any]]:
+    """The first choice of each event of a streamed completion; none may be an error."""
+    async with http.stream("POST", url, json=body) as response:
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            event = json.loads(line[6:])
+            assert "error" not in event, event
+            yield event["choices"][0]
