@@ -234,7 +234,8 @@ class _Connection:
         was queued, so a stall of our own loop (no Ping sent, so none answered) is not
         taken for the server's."""
         self.blocked_since: float | None = None
-        """Since when our messages wait at the high-water mark (the server reads nothing)."""
+        """Since when our messages wait at the high-water mark with nothing coming back
+        (the server neither reads nor sends)."""
         self._out: deque[bytes] = deque()
         self._out_empty = asyncio.Event()
         self._out_empty.set()
@@ -320,7 +321,7 @@ class _Connection:
             self._schedule()
 
     def _receive(self, raw: bytes) -> None:
-        self.unanswered_since = None
+        self.unanswered_since = self.blocked_since = None  # it answers: not silent
         if self.silent:
             self._silence_over()
         try:
