@@ -6,7 +6,6 @@ import asyncio
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 import httpx
@@ -73,39 +72,3 @@ async def test_leaving_an_unreachable_discovery_is_logged_not_raised(
         runtime.discovery.unregister = unreachable  # type: ignore[method-assign]
         await runtime.leave()  # every component, the frontend too, gets past it
     assert "could not leave discovery (etcd unreachable)" in caplog.text
-
-
-_FREEZE_PROBE = """
-import asyncio, gc, sys
-from dynamoctl.component.runtime import ComponentRuntime
-from dynamoctl.settings import ComponentSettings
-from dynamoctl.wire.records import Component, Endpoint
-
-async def main() -> None:
-    options = ComponentSettings(namespace="ns", discovery="embedded://" + sys.argv[1])
-    async with ComponentRuntime(Component.ROUTER, options) as runtime:
-        before = gc.get_freeze_count()
-        await runtime.register("ns/a", runtime.record(Endpoint.ROUTE, "tcp://127.0.0.1:1"))
-        first = gc.get_freeze_count()
-        kept = [[] for _ in range(5000)]  # serving's objects: not to be frozen
-        await runtime.register("ns/b", runtime.record(Endpoint.ROUTE, "tcp://127.0.0.1:1"))
-        print(before, first, gc.get_freeze_count(), len(kept))
-
-asyncio.run(main())
-"""
-
-
-async def test_the_start_up_heap_is_frozen_once_the_first_record_is_registered(
-    tmp_path: Path,
-) -> None:
-    """What start-up built is left out of later garbage collections (a full collection of
-    it is a pause of tens of milliseconds): frozen at the first record, not again."""
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", _FREEZE_PROBE, str(tmp_path), stdout=asyncio.subprocess.PIPE
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0
-    before, first, second, kept = map(int, out.split())
-    assert before == 0
-    assert first > 10_000  # modules, classes, settings models: frozen
-    assert second < first + kept  # once: later objects are collected as usual

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import logging
 import os
 import signal
@@ -58,7 +57,6 @@ class ComponentRuntime(AsyncService):
         self._http_task: asyncio.Task[None] | None = None
         self._keys: list[str] = []
         self._closers: list[Callable[[], Awaitable[Any]]] = []
-        self._heap_frozen = False
 
     def serve_http(self, app: Any, port: int, **config: Any) -> BoundServer:
         """Listen on ``options.host``:``port`` (0: any) now; serve once started."""
@@ -102,9 +100,6 @@ class ComponentRuntime(AsyncService):
     async def register(self, key: str, record: InstanceRecord) -> None:
         await self.discovery.register(key, encode_json(record))
         self._keys.append(key)
-        if not self._heap_frozen:
-            self._heap_frozen = True
-            freeze_startup_heap()
 
     async def leave(self) -> None:
         """Delete this process's records: routers and frontends stop sending to it."""
@@ -145,15 +140,3 @@ class ComponentRuntime(AsyncService):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.remove_signal_handler(sig)
         log.info("%s stopped", self.component)
-
-
-def freeze_startup_heap() -> None:
-    """Leave what start-up built (modules, classes, the models' schemas, the tokenizer's
-    wrappers: tens of thousands of objects that live as long as the process) out of every
-    later garbage collection. Python collects its oldest generation whole each time a
-    quarter as many objects again have survived into it: tens of milliseconds with a
-    frontend's start-up heap, longer than a short request takes. Frozen, a full
-    collection walks only what serving made. Once, after the first record is registered
-    (start-up done); garbage is collected first so that none is kept for good."""
-    gc.collect()
-    gc.freeze()
