@@ -9,8 +9,9 @@ diverges silently.
 The sockets are plain (not asyncio) ZeroMQ sockets read without blocking; a task waits on
 their file descriptors with ``add_reader``, as the request client does. A
 ``zmq.asyncio.Poller`` made futures, registered and unregistered every descriptor and
-read several options at each wake-up: ~8% of a loaded frontend's CPU, whose router wakes
-for each request's KV events from every worker. ZeroMQ's descriptor is edge-triggered:
+read several options at each wake-up, and a router wakes for each request's KV events:
+without it a third less CPU per event (benchmarks/results/event_subscriber.json).
+ZeroMQ's descriptor is edge-triggered:
 before each wait the task reads every socket's ``EVENTS`` (which re-arms it) and waits
 only if none has a message.
 """
