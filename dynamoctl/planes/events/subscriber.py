@@ -71,8 +71,9 @@ class _Source:
         self.replay: zmq.Socket[bytes] | None = None
         self.task: asyncio.Task[None] | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._watched: dict[int, asyncio.AbstractEventLoop] = {}
-        """Descriptors this source's task waits on, with their loop."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._watched: set[int] = set()
+        """Descriptors this source's task waits on (in ``_loop``, the task's)."""
         # Replay timers: when the next frame is due, when to re-send, attempts so far.
         self.deadline: float | None = None
         self.resend_at: float | None = None
@@ -80,17 +81,18 @@ class _Source:
         self.backoff = Backoff(base=0.1, cap=2.0)
 
     def watch(self, sock: zmq.Socket[bytes]) -> None:
-        loop = asyncio.get_running_loop()
+        self._loop = asyncio.get_running_loop()
         fd = cast(int, sock.get(_FD))
-        loop.add_reader(fd, self._wake)
-        self._watched[fd] = loop
+        self._loop.add_reader(fd, self._wake)
+        self._watched.add(fd)
 
     def unwatch(self, sock: zmq.Socket[bytes] | None) -> None:
-        if sock is not None and not sock.closed:
-            fd = cast(int, sock.get(_FD))
-            loop = self._watched.pop(fd, None)
-            if loop is not None and not loop.is_closed():
-                loop.remove_reader(fd)
+        if sock is None or sock.closed:
+            return
+        fd = cast(int, sock.get(_FD))
+        if fd in self._watched and self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(fd)
+        self._watched.discard(fd)
 
     def ready(self) -> bool:
         """Whether a socket has a message; reading ``EVENTS`` of each re-arms its
