@@ -18,6 +18,10 @@ from __future__ import annotations
 import json
 import random
 from importlib import resources
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 WORDS = " ".join([
     "the agent reads a file then calls a tool and waits for its output before it writes",
@@ -26,12 +30,17 @@ WORDS = " ".join([
 ]).split()  # fmt: skip
 
 
-def tokens_per_word() -> float:
-    """The builtin tokenizer's tokens per word of :data:`WORDS` text."""
+def builtin_tokenizer() -> Tokenizer:
+    """The builtin tokenizer both benchmark systems serve (its ``tokenizer.json``)."""
     from tokenizers import Tokenizer
 
     builtin = resources.files("dynamoctl.tokenizer").joinpath("builtin")
-    tokenizer = Tokenizer.from_str(builtin.joinpath("tokenizer.json").read_text())
+    return Tokenizer.from_str(builtin.joinpath("tokenizer.json").read_text())
+
+
+def tokens_per_word() -> float:
+    """The builtin tokenizer's tokens per word of :data:`WORDS` text."""
+    tokenizer = builtin_tokenizer()
     rng = random.Random(0)
     sample = " ".join(rng.choice(WORDS) for _ in range(20_000))
     return len(tokenizer.encode(sample).ids) / 20_000

@@ -17,12 +17,10 @@ import json
 import random
 import time
 from collections.abc import Callable
-from importlib import resources
 from pathlib import Path
 
 import agentic
 from machine import machine
-from tokenizers import Tokenizer
 
 WORDS = (3, 30, 300, 1500)
 """Text sizes, in words of :data:`agentic.WORDS`."""
@@ -48,8 +46,7 @@ def main() -> None:
         default=Path(__file__).parent / "results" / "tokenizer_encode.json",
     )
     args = parser.parse_args()
-    builtin = resources.files("dynamoctl.tokenizer").joinpath("builtin")
-    tokenizer = Tokenizer.from_str(builtin.joinpath("tokenizer.json").read_text())
+    tokenizer = agentic.builtin_tokenizer()
     rng = random.Random(0)
     rows = []
     for words in WORDS:
