@@ -107,6 +107,10 @@ def summary(
             "median_round_cpu_per_req_ratio": round(statistics.median(
                 rh[i]["frontend_cpu_ms_per_req"] / max(rb[i]["frontend_cpu_ms_per_req"], 1e-9)
                 for rb, rh in pairs), 3),
+            # The workers share the machine: their CPU per request moves req/s too.
+            "median_round_workers_cpu_per_req_ratio": round(statistics.median(
+                rh[i]["workers_cpu_ms_per_req"] / max(rb[i]["workers_cpu_ms_per_req"], 1e-9)
+                for rb, rh in pairs), 3),
             "concurrency": level,
             "base_req_per_s": b["req_per_s"], "head_req_per_s": h["req_per_s"],
             "req_per_s_ratio": round(h["req_per_s"] / max(b["req_per_s"], 1e-9), 3),
@@ -174,7 +178,8 @@ def main() -> None:
             f"c={row['concurrency']:<4} {args.head}/{args.base}: req/s x{row['req_per_s_ratio']}"
             f"  e2e p99 x{row['e2e_p99_ratio']}  CPU/req x{row['cpu_per_req_ratio']}  "
             f"(medians of rounds: req/s x{row['median_round_req_per_s_ratio']}, CPU/req "
-            f"x{row['median_round_cpu_per_req_ratio']})"
+            f"x{row['median_round_cpu_per_req_ratio']}, workers' CPU/req "
+            f"x{row['median_round_workers_cpu_per_req_ratio']})"
         )
     result = {
         "machine": {"platform": platform.platform(), "python": platform.python_version(),
