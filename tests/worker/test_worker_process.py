@@ -20,7 +20,7 @@ from dynamoctl import wire
 from dynamoctl.discovery import Discovery, EventKind, store_from_url
 from dynamoctl.kv.hashing import sequence_hashes
 from dynamoctl.planes.events import Event, EventSubscriber, Snapshot
-from dynamoctl.planes.request import Overloaded, RequestClient
+from dynamoctl.planes.request import Overloaded, RemoteError, RequestClient
 from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, ModelCard
 from dynamoctl.wire.health import WorkerHealth
 from dynamoctl.wire.kv_events import BlockStored, decode_batch
@@ -119,6 +119,19 @@ async def test_registers_model_card_and_serves_generate(worker: RunningWorker) -
     assert first[-1].finish_reason == "length"
     assert first[0].prompt_tokens == 100 and first[0].cached_tokens == 0
     assert again[0].cached_tokens == (100 // BLOCK) * BLOCK  # 6 full blocks of the prefix
+
+
+async def test_token_ids_out_of_u32_are_refused_clearly_and_the_worker_serves_on(
+    worker: RunningWorker,
+) -> None:
+    async with RequestClient() as client:
+        for bad in (-1, 1 << 32):
+            request = GenerateRequest(f"bad{bad}", [5, bad, 7], max_tokens=4, ignore_eos=True)
+            with pytest.raises(RemoteError, match=r"token ids must be in \[0, 2\*\*32\)"):
+                await generate(client, worker.record.address, request)
+        good = GenerateRequest("good", prompt(40), max_tokens=4, ignore_eos=True)
+        chunks = await generate(client, worker.record.address, good)
+    assert sum(len(c.token_ids) for c in chunks) == 4
 
 
 async def test_kv_events_carry_our_block_hashes(worker: RunningWorker) -> None:

@@ -37,6 +37,7 @@ request: the pulled KV is gone.
 
 from __future__ import annotations
 
+from array import array
 from collections import Counter, deque
 
 from dynamoctl.engines.api import FinishReason, GenerateRequest, LoadMetrics, RequestRejected
@@ -79,22 +80,22 @@ class Scheduler:
 
     # ------------------------------------------------------------------ requests
 
-    def _hashes_of(self, request: GenerateRequest) -> list[int]:
+    def _hashes_of(self, request: GenerateRequest, ids: array[int]) -> list[int]:
         cache = self._hash_caches.get(request.adapter)
         if cache is None:
             parent = hashing.adapter_parent(request.adapter)
             cache = self._hash_caches[request.adapter] = HashCache(
                 self.config.block_size, parent=parent
             )
-        return cache.sequence_hashes(request.token_ids)
+        return cache.sequence_hashes(ids)
 
     def add(
         self, request: GenerateRequest, *, pin: bool = False, remote_kv: bool = False
     ) -> SeqState:
         """Queue ``request``; :class:`RequestRejected` if it could never complete.
         ``pin``, ``remote_kv``: see the module docstring."""
-        self.check(request)
-        hashes = self._hashes_of(request) if self._caching else []
+        ids = self.check(request)
+        hashes = self._hashes_of(request, ids) if self._caching else []
         cfg = self.config
         sampler = MockSampler(request, cfg.vocab_size, cfg.eos_distribution, cfg.eos_mean_tokens)
         seq = SeqState(request, hashes, pin, remote_kv, sampler)
@@ -107,8 +108,10 @@ class Scheduler:
             self.waiting.append(seq)
         return seq
 
-    def check(self, request: GenerateRequest) -> None:
-        """:class:`RequestRejected` if ``request`` could never complete here."""
+    def check(self, request: GenerateRequest) -> array[int]:
+        """:class:`RequestRejected` if ``request`` could never complete here; else its
+        prompt as u32s (the hashes' input: packing checks the ids' range in C, where a
+        ``min``/``max`` pass cost ~1.3 ms on a 32k-token prompt)."""
         cfg, rid = self.config, request.request_id
         prompt, max_tokens = len(request.token_ids), request.max_tokens
         if rid in self._seqs:
@@ -117,8 +120,10 @@ class Scheduler:
             raise RequestRejected(f"request {rid!r} has an empty prompt")
         if max_tokens < 1:
             raise RequestRejected(f"request {rid!r}: max_tokens must be >= 1, got {max_tokens}")
-        if min(request.token_ids) < 0 or max(request.token_ids) >= 2**32:
-            raise RequestRejected(f"request {rid!r}: token ids must be in [0, 2**32)")
+        try:
+            ids = hashing.le_u32(request.token_ids)
+        except OverflowError:
+            raise RequestRejected(f"request {rid!r}: token ids must be in [0, 2**32)") from None
         if prompt + max_tokens > cfg.context_length:
             raise RequestRejected(
                 f"request {rid!r}: prompt ({prompt}) + max_tokens ({max_tokens}) exceeds the "
@@ -138,6 +143,7 @@ class Scheduler:
                 f"{kv_tokens} tokens computed in one step but max_num_batched_tokens is "
                 f"{cfg.max_num_batched_tokens} (or set enable_chunked_prefill)"
             )
+        return ids
 
     def abort(self, request_id: str) -> bool:
         """Remove a request and free its blocks; False if unknown or already finished."""
