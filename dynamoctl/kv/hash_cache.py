@@ -64,7 +64,9 @@ class HashCache:
         if n_blocks < MIN_BLOCKS or n_blocks > self.max_blocks // 4:
             return sequence_hashes(token_ids, bs, self.parent)
         full = n_blocks * bs
-        packed = le_u32(token_ids[:full] if full < len(token_ids) else token_ids).tobytes()
+        # The whole prompt packed, then cut to its full blocks: slicing a list first would
+        # copy it once more.
+        packed = memoryview(le_u32(token_ids))[:full].tobytes()
         step = 4 * bs
         head = _xxh3(packed[:step], seed=SEED)
         base = self._longest_prefix(head, packed)
