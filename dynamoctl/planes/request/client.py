@@ -309,21 +309,16 @@ class _Connection:
         except zmq.Again:
             if self.blocked_since is None:
                 self.blocked_since = time.monotonic()
-        # EVENTS before each read, not a read until EAGAIN (a third of its cost when
-        # nothing is there; the server's _receive says more).
-        for _ in range(_RECV_BUDGET):
-            events = cast(int, sock.get(_EVENTS))
-            if not events & _POLLIN:
-                if out and events & _POLLOUT:
-                    self._schedule()  # room again for what waits at the high-water mark
-                return
-            try:
-                raw = sock.recv(_NOBLOCK)
-            except zmq.Again:  # not after POLLIN; look again next turn if so
-                self._schedule()
-                return
-            self._receive(raw)
-        self._schedule()  # budget spent: let others run, then drain the rest
+        try:
+            for _ in range(_RECV_BUDGET):
+                self._receive(sock.recv(_NOBLOCK))
+            self._schedule()  # budget spent: let others run, then drain the rest
+            return
+        except zmq.Again:
+            pass
+        events = cast(int, sock.get(_EVENTS))
+        if events & _POLLIN or (out and events & _POLLOUT):
+            self._schedule()
 
     def _receive(self, raw: bytes) -> None:
         self.unanswered_since = self.blocked_since = None  # it answers: not silent
