@@ -150,19 +150,15 @@ class RequestServer(AsyncService):
         sock = self._sock
         if sock is None or self._closing:
             return
-        # EVENTS before each read, not a read until EAGAIN: an empty look costs a third of
-        # a read that raises (benchmarks/request_plane.py), and one is made after every
-        # turn with a send. Once EVENTS shows nothing, the descriptor signals what comes.
-        for _ in range(_RECV_BUDGET):
-            if not cast(int, sock.get(_EVENTS)) & _POLLIN:
-                return
-            try:
-                frames = sock.recv_multipart(_NOBLOCK)
-            except zmq.Again:  # not for ROUTER after POLLIN; look again next turn if so
-                self._check_later()
-                return
-            self._handle(frames)
-        self._check_later()  # budget spent: let the pumps run, then drain the rest
+        try:
+            for _ in range(_RECV_BUDGET):
+                self._handle(sock.recv_multipart(_NOBLOCK))
+            self._check_later()  # budget spent: let the pumps run, then drain the rest
+            return
+        except zmq.Again:
+            pass
+        if cast(int, sock.get(_EVENTS)) & _POLLIN:
+            self._check_later()
 
     def _check_later(self) -> None:
         """ZeroMQ's descriptor only signals changes, and any operation on the socket (a
