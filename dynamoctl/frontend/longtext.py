@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, cast
 
 from tokenizers import Tokenizer as FastTokenizer
 
+from dynamoctl.tokenizer.pieces import pieces
+
 if TYPE_CHECKING:
     from dynamoctl.frontend.models import ServedModel
 
@@ -39,6 +41,8 @@ CACHED_CHARS = 512 << 10
 """Texts up to this long are tokenised with the model's tokenizer (its BPE word cache),
 longer ones with a cache-less copy (the memory note above)."""
 _M_ARENA_MAX = -8  # glibc's malloc.h
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+"""The most pieces a long text is cut into: the cores this process may run on."""
 
 
 def _glibc(name: str) -> Callable[..., int] | None:
@@ -84,8 +88,22 @@ class LongTextEncoder:
 
     def _encode(self, model: ServedModel, text: str, special: bool, limit: int) -> list[int] | int:
         tokenizer = model.tokenizer.backend if len(text) <= CACHED_CHARS else self._copy(model)
-        encoding = tokenizer.encode_batch_fast([text], add_special_tokens=special)[0]
-        return len(encoding) if len(encoding) >= limit else encoding.ids
+        if special:  # the post-processor's tokens belong to the whole text: one piece
+            encoding = tokenizer.encode_batch_fast([text], add_special_tokens=True)[0]
+            return len(encoding) if len(encoding) >= limit else encoding.ids
+        # In pieces, which the tokenizer's own threads encode at once (:mod:`pieces`).
+        parts = tokenizer.encode_batch_fast(
+            pieces(tokenizer, text, _CORES), add_special_tokens=False
+        )
+        count = sum(map(len, parts))
+        if count >= limit:
+            return count
+        if len(parts) == 1:
+            return parts[0].ids
+        ids: list[int] = []
+        for part in parts:
+            ids += part.ids
+        return ids
 
     def _copy(self, model: ServedModel) -> FastTokenizer:
         held = self._copies.get(id(model))
