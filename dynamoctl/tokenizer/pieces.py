@@ -39,10 +39,12 @@ _checked: weakref.WeakKeyDictionary[FastTokenizer, bool] = weakref.WeakKeyDictio
 
 
 def cuttable(tokenizer: FastTokenizer) -> bool:
-    """Whether ``tokenizer`` splits the probe texts at their cut (checked once)."""
+    """Whether ``tokenizer`` splits the probe texts at their cut (checked once). One that
+    truncates or pads never is: each piece would be truncated or padded on its own."""
     known = _checked.get(tokenizer)
     if known is None:
-        known = _checked[tokenizer] = tokenizer.truncation is None and all(
+        plain = tokenizer.truncation is None and tokenizer.padding is None
+        known = _checked[tokenizer] = plain and all(
             _agrees(tokenizer, left, right) for left, right in _PROBES
         )
     return known

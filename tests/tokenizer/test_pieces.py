@@ -88,6 +88,17 @@ def test_an_agents_history_is_cut_as_asked_except_where_the_start_is_marked(
         assert _ids(tokenizer, parts) == tokenizer.encode(text, add_special_tokens=False).ids
 
 
+def test_a_tokenizer_that_pads_or_truncates_is_never_cut(builtin: Tokenizer) -> None:
+    padded = FastTokenizer.from_str(builtin.backend.to_str())
+    padded.enable_padding()  # a batch padded to its longest: pieces would get pad ids
+    truncated = FastTokenizer.from_str(builtin.backend.to_str())
+    truncated.enable_truncation(max_length=1 << 20)
+    text = "the agent reads a file " * 10_000
+    for tokenizer in (padded, truncated):
+        assert not pieces.cuttable(tokenizer)
+        assert pieces.pieces(tokenizer, text, 4) == [text]
+
+
 def test_short_texts_and_one_core_stay_whole(tokenizers: dict[str, FastTokenizer]) -> None:
     text = "word " * (pieces.MIN_PIECE_CHARS // 5)
     assert pieces.pieces(tokenizers["builtin"], text, 8) == [text]  # under two pieces' length
