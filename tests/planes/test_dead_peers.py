@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dynamoctl import wire
 from dynamoctl.planes.request import PeerDeadError, RequestClient, RequestServer
 from tests.infra.ports import free_port
 
@@ -143,3 +144,38 @@ async def test_a_stall_of_our_own_loop_is_no_silence_of_the_server(spawn: Spawn)
             assert (address, True) in reports
         finally:
             os.kill(peer.proc.pid, signal.SIGCONT)
+
+
+async def test_a_server_that_stops_reading_is_silent_though_no_ping_could_leave(
+    spawn: Spawn,
+) -> None:
+    """A frozen server's socket buffers fill, and our messages then wait at the
+    high-water mark, the heartbeat's Ping behind them: no Ping leaves, so none goes
+    unanswered, and the silence is counted from when sending stopped (``blocked_since``).
+    The server answers again once it runs."""
+    async with RequestClient(heartbeat_interval=0.2, heartbeat_timeout=1.0) as client:
+        events = PeerEvents(client)
+        peer = await spawn("server")
+        address = await peer.line()
+        stream = client.stream(address, "count", b"")
+        await anext(stream)
+        await stream.aclose()
+        await asyncio.sleep(0.5)  # a few heartbeats answered
+        conn = client._conns[address]
+        for _ in range(1000):  # until no Ping is on its way: none may be caught by the freeze
+            if conn.unanswered_since is None and not conn._ping_queued:
+                break
+            await asyncio.sleep(0.01)
+        os.kill(peer.proc.pid, signal.SIGSTOP)
+        try:
+            # In the same loop turn, before the next heartbeat: more than the kernel's
+            # buffers and the socket's 1000-message high-water mark hold.
+            body = b"\0" * 4096
+            for rid in range(1 << 20, (1 << 20) + 4000):
+                conn.post(wire.Request(rid, "nothing", body, 1))
+            await events.until(lambda: client.peer_silent(address))
+            assert conn.unanswered_since is None  # no Ping left: only the blocked queue
+            assert conn.blocked_since is not None
+        finally:
+            os.kill(peer.proc.pid, signal.SIGCONT)
+        await events.until(lambda: not client.peer_silent(address))  # it reads, answers
