@@ -130,7 +130,11 @@ async def views_agree(urls: list[str], requests: int, timeout: float = 10) -> No
 
 
 def oai(url: str) -> openai.AsyncOpenAI:
-    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0)
+    # The SDK's default retries: three clean-clone CI runs on a 2-core machine (2026-11-29)
+    # each saw one connect to a serving frontend on 127.0.0.1 time out (5 s; 30 s when
+    # given longer), the host counting no SYN retransmitted; cause not found. A request
+    # that never connected never reached the frontend, so no pick is counted twice.
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=2)
 
 
 async def multi_turn(url: str, seed: int) -> float:
