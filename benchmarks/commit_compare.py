@@ -20,6 +20,7 @@ per streamed token (psutil of the frontend process). Needs root (``ip netns``); 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -28,10 +29,14 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 from dynamo_compare import REPO, WORKLOADS, dynamoctl_commands, serve_and_load
+
+T = TypeVar("T")
 
 
 def checkout(commit: str, into: Path) -> tuple[str, Path]:
@@ -46,6 +51,38 @@ def checkout(commit: str, into: Path) -> tuple[str, Path]:
         capture_output=True, check=True,
     )  # fmt: skip
     return full, path
+
+
+@contextlib.contextmanager
+def worktrees(*commits: str, prefix: str = "commit-cmp-") -> Iterator[dict[str, Path]]:
+    """Each commit in a detached git worktree of its own, removed on the way out."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        trees: dict[str, Path] = {}
+        try:
+            for commit in commits:
+                full, trees[commit] = checkout(commit, Path(tmp))
+                print(f"{commit} = {full}", flush=True)
+            yield trees
+        finally:
+            for tree in trees.values():
+                subprocess.run(
+                    ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
+                    capture_output=True,
+                )  # fmt: skip
+
+
+def alternating(
+    base: str, head: str, repeat: int, run: Callable[[Path], T], prefix: str
+) -> dict[str, list[T]]:
+    """``run`` on each commit's tree ``repeat`` times, the commits alternating (the base
+    first in even runs), so that drift on the machine hits both."""
+    runs: dict[str, list[T]] = {base: [], head: []}
+    with worktrees(base, head, prefix=prefix) as trees:
+        for i in range(repeat):
+            for name in (base, head) if i % 2 == 0 else (head, base):
+                runs[name].append(run(trees[name]))
+                print(f"run {i} {name:10s} {runs[name][-1]}", flush=True)
+    return runs
 
 
 def measure(
@@ -141,37 +178,23 @@ def main() -> None:
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory() as tmp:
-        trees: dict[str, Path] = {}
-        try:
-            for commit in (args.base, args.head):
-                full, trees[commit] = checkout(commit, Path(tmp))
-                print(f"{commit} = {full}", flush=True)
-            results: dict[str, list[list[dict[str, float]]]] = {args.base: [], args.head: []}
-            for round_ in range(args.rounds):
-                order = [args.base, args.head] if round_ % 2 == 0 else [args.head, args.base]
-                measured = run_round(
-                    order, trees, levels, args.seconds, args.together, args.workload
-                )
-                for commit in order:
-                    rows = measured[commit]
-                    results[commit].append(rows)
-                    for row in rows:
-                        print(
-                            f"round {round_} {commit:<10} c={row['concurrency']:<4} "
-                            f"{row['req_per_s']:>7} req/s  TTFT p50/p99 {row['ttft_p50_ms']}/"
-                            f"{row['ttft_p99_ms']} ms  e2e p50/p99 {row['e2e_p50_ms']}/"
-                            f"{row['e2e_p99_ms']} ms  frontend "
-                            f"{row['frontend_cpu_ms_per_req']} ms/req  workers "
-                            f"{row['workers_cpu_ms_per_req']} ms/req  errors {row['errors']}",
-                            flush=True,
-                        )
-        finally:
-            for tree in trees.values():
-                subprocess.run(
-                    ["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                    capture_output=True,
-                )  # fmt: skip
+    results: dict[str, list[list[dict[str, float]]]] = {args.base: [], args.head: []}
+    with worktrees(args.base, args.head) as trees:
+        for round_ in range(args.rounds):
+            order = [args.base, args.head] if round_ % 2 == 0 else [args.head, args.base]
+            measured = run_round(order, trees, levels, args.seconds, args.together, args.workload)
+            for commit in order:
+                results[commit].append(measured[commit])
+                for row in measured[commit]:
+                    print(
+                        f"round {round_} {commit:<10} c={row['concurrency']:<4} "
+                        f"{row['req_per_s']:>7} req/s  TTFT p50/p99 {row['ttft_p50_ms']}/"
+                        f"{row['ttft_p99_ms']} ms  e2e p50/p99 {row['e2e_p50_ms']}/"
+                        f"{row['e2e_p99_ms']} ms  frontend "
+                        f"{row['frontend_cpu_ms_per_req']} ms/req  workers "
+                        f"{row['workers_cpu_ms_per_req']} ms/req  errors {row['errors']}",
+                        flush=True,
+                    )
     ratios = summary(results, args.base, args.head, levels)
     for row in ratios:
         print(

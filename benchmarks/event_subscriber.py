@@ -21,10 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from commit_compare import checkout
+from commit_compare import alternating
 from dynamo_compare import REPO
 from machine import machine
 
@@ -110,20 +109,11 @@ def main() -> None:
         "--out", type=Path, default=REPO / "benchmarks/results/event_subscriber.json"
     )
     args = parser.parse_args()
-    runs: dict[str, list[float]] = {args.base: [], args.head: []}
-    with tempfile.TemporaryDirectory(prefix="event-subscriber-") as tmp:
-        trees: dict[str, Path] = {}
-        try:
-            for name in runs:
-                _, trees[name] = checkout(name, Path(tmp))
-            for i in range(args.repeat):  # alternate the commits: same machine state
-                for name in runs if i % 2 == 0 else reversed(runs):
-                    runs[name].append(run_once(trees[name], args.events, args.rate))
-                    print(f"run {i} {name:10s} {runs[name][-1]:7.1f} us/event")
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)  # fmt: skip
+
+    def run(tree: Path) -> float:
+        return run_once(tree, args.events, args.rate)
+
+    runs = alternating(args.base, args.head, args.repeat, run, prefix="event-subscriber-")
     median = {name: round(statistics.median(r), 1) for name, r in runs.items()}
     report = {
         "machine": machine(),

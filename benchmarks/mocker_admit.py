@@ -21,10 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from commit_compare import checkout
+from commit_compare import alternating
 from dynamo_compare import REPO
 from machine import machine
 
@@ -74,20 +73,7 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/mocker_admit.json")
     args = parser.parse_args()
-    runs: dict[str, list[float]] = {args.base: [], args.head: []}
-    with tempfile.TemporaryDirectory(prefix="mocker-admit-") as tmp:
-        trees: dict[str, Path] = {}
-        try:
-            for name in runs:
-                _, trees[name] = checkout(name, Path(tmp))
-            for i in range(args.repeat):  # alternate the commits: same machine state
-                for name in runs if i % 2 == 0 else reversed(runs):
-                    runs[name].append(run_once(trees[name]))
-                    print(f"run {i} {name:10s} {runs[name][-1]:6.3f} ms/add")
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)  # fmt: skip
+    runs = alternating(args.base, args.head, args.repeat, run_once, prefix="mocker-admit-")
     median = {name: round(statistics.median(r), 3) for name, r in runs.items()}
     report = {
         "machine": machine(),

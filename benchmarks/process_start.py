@@ -20,10 +20,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from commit_compare import checkout
+from commit_compare import worktrees
 from dynamo_compare import REPO
 from machine import machine
 
@@ -63,26 +62,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/process_start.json")
     args = parser.parse_args()
     results: dict[str, dict[str, float]] = {}
-    with tempfile.TemporaryDirectory(prefix="process-start-") as tmp:
-        trees = {}
-        try:
-            for name in (args.base, args.head):
-                _, trees[name] = checkout(name, Path(tmp))
-            for kind, modules in PROCESSES.items():
-                for tree in trees.values():
-                    import_seconds(tree, modules)  # writes this tree's bytecode
-                runs: dict[str, list[float]] = {name: [] for name in trees}
-                for _ in range(args.repeat):  # alternate the commits: same machine state
-                    for name, tree in trees.items():
-                        runs[name].append(import_seconds(tree, modules))
-                results[kind] = {n: round(statistics.median(r) * 1000, 1) for n, r in runs.items()}
-                base, head = results[kind][args.base], results[kind][args.head]
-                print(f"{kind:14s} {args.base} {base:7.1f} ms  {args.head} {head:7.1f} ms  "
-                      f"x{head / base:.2f}")  # fmt: skip
-        finally:
+    with worktrees(args.base, args.head, prefix="process-start-") as trees:
+        for kind, modules in PROCESSES.items():
             for tree in trees.values():
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)  # fmt: skip
+                import_seconds(tree, modules)  # writes this tree's bytecode
+            runs: dict[str, list[float]] = {name: [] for name in trees}
+            for _ in range(args.repeat):  # alternate the commits: same machine state
+                for name, tree in trees.items():
+                    runs[name].append(import_seconds(tree, modules))
+            results[kind] = {n: round(statistics.median(r) * 1000, 1) for n, r in runs.items()}
+            base, head = results[kind][args.base], results[kind][args.head]
+            print(f"{kind:14s} {args.base} {base:7.1f} ms  {args.head} {head:7.1f} ms  "
+                  f"x{head / base:.2f}")  # fmt: skip
     report = {
         "machine": machine(),
         "base": args.base,

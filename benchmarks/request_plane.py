@@ -21,10 +21,9 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
-from commit_compare import checkout
+from commit_compare import alternating
 from dynamo_compare import REPO
 from machine import machine
 
@@ -113,22 +112,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--out", type=Path, default=REPO / "benchmarks/results/request_plane.json")
     args = parser.parse_args()
-    runs: dict[str, list[dict[str, float]]] = {args.base: [], args.head: []}
-    with tempfile.TemporaryDirectory(prefix="request-plane-") as tmp:
-        trees: dict[str, Path] = {}
-        try:
-            for name in runs:
-                _, trees[name] = checkout(name, Path(tmp))
-            for i in range(args.repeat):  # alternate the commits: same machine state
-                for name in runs if i % 2 == 0 else reversed(runs):
-                    got = run_once(trees[name], args.streams, args.concurrency, args.chunks)
-                    runs[name].append(got)
-                    print(f"run {i} {name:10s} client {got['client_us']:6.1f} us/stream  "
-                          f"server {got['server_us']:6.1f} us/stream")  # fmt: skip
-        finally:
-            for tree in trees.values():
-                subprocess.run(["git", "-C", str(REPO), "worktree", "remove", "--force", str(tree)],
-                               capture_output=True)  # fmt: skip
+
+    def run(tree: Path) -> dict[str, float]:
+        return run_once(tree, args.streams, args.concurrency, args.chunks)
+
+    runs = alternating(args.base, args.head, args.repeat, run, prefix="request-plane-")
     median = {
         name: {side: round(statistics.median(r[side] for r in rs), 1)
                for side in ("client_us", "server_us")}

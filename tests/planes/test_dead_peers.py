@@ -114,6 +114,18 @@ async def test_a_long_dead_address_is_forgotten(spawn: Spawn) -> None:
         assert not client.peer_down(address)  # no connection: unknown, not down
 
 
+async def answering_server(spawn: Spawn, client: RequestClient) -> tuple[Any, str]:
+    """A ``peer.py`` server the client has streamed from and heard a few heartbeats of:
+    (the peer, its address)."""
+    peer = await spawn("server")
+    address = await peer.line()
+    stream = client.stream(address, "count", b"")
+    await anext(stream)
+    await stream.aclose()
+    await asyncio.sleep(0.5)  # a few heartbeats answered
+    return peer, address
+
+
 async def test_a_stall_of_our_own_loop_is_no_silence_of_the_server(spawn: Spawn) -> None:
     """The client's own event loop blocked for twice the heartbeat timeout sent no Ping, so
     none went unanswered: the live server is never reported down. A server that stops
@@ -122,12 +134,7 @@ async def test_a_stall_of_our_own_loop_is_no_silence_of_the_server(spawn: Spawn)
         events = PeerEvents(client)
         reports: list[tuple[str, bool]] = []
         client.peer_listeners.append(lambda address, down: reports.append((address, down)))
-        peer = await spawn("server")
-        address = await peer.line()
-        stream = client.stream(address, "count", b"")
-        await anext(stream)
-        await stream.aclose()
-        await asyncio.sleep(0.5)  # a few heartbeats answered
+        peer, address = await answering_server(spawn, client)
 
         # Our own loop stalls, as under a long tokenisation or a starved CPU: deliberately
         # blocking, and just after a heartbeat queued its Ping (it leaves after the stall:
@@ -155,12 +162,7 @@ async def test_a_server_that_stops_reading_is_silent_though_no_ping_could_leave(
     The server answers again once it runs."""
     async with RequestClient(heartbeat_interval=0.2, heartbeat_timeout=1.0) as client:
         events = PeerEvents(client)
-        peer = await spawn("server")
-        address = await peer.line()
-        stream = client.stream(address, "count", b"")
-        await anext(stream)
-        await stream.aclose()
-        await asyncio.sleep(0.5)  # a few heartbeats answered
+        peer, address = await answering_server(spawn, client)
         conn = client._conns[address]
         for _ in range(1000):  # until no Ping is on its way: none may be caught by the freeze
             if conn.unanswered_since is None and not conn._ping_queued:
