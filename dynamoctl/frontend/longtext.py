@@ -88,13 +88,10 @@ class LongTextEncoder:
 
     def _encode(self, model: ServedModel, text: str, special: bool, limit: int) -> list[int] | int:
         tokenizer = model.tokenizer.backend if len(text) <= CACHED_CHARS else self._copy(model)
-        if special:  # the post-processor's tokens belong to the whole text: one piece
-            encoding = tokenizer.encode_batch_fast([text], add_special_tokens=True)[0]
-            return len(encoding) if len(encoding) >= limit else encoding.ids
-        # In pieces, which the tokenizer's own threads encode at once (:mod:`pieces`).
-        parts = tokenizer.encode_batch_fast(
-            pieces(tokenizer, text, _CORES), add_special_tokens=False
-        )
+        # In pieces, which the tokenizer's own threads encode at once (:mod:`pieces`);
+        # with the post-processor whole, as its tokens belong to the whole text.
+        texts = [text] if special else pieces(tokenizer, text, _CORES)
+        parts = tokenizer.encode_batch_fast(texts, add_special_tokens=special)
         count = sum(map(len, parts))
         if count >= limit:
             return count
