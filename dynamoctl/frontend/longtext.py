@@ -87,6 +87,10 @@ class LongTextEncoder:
         return await loop.run_in_executor(self.pool, self._encode, model, text, special, limit)
 
     def _encode(self, model: ServedModel, text: str, special: bool, limit: int) -> list[int] | int:
+        words = model.tokenizer.words
+        if words is not None and not special and len(text) <= CACHED_CHARS:
+            known = words.encode(text, _CORES)  # what it has not seen, in pieces as below
+            return len(known) if len(known) >= limit else known
         tokenizer = model.tokenizer.backend if len(text) <= CACHED_CHARS else self._copy(model)
         # In pieces, which the tokenizer's own threads encode at once (:mod:`pieces`);
         # with the post-processor whole, as its tokens belong to the whole text.

@@ -9,9 +9,13 @@ from tokenizers import Tokenizer as FastTokenizer
 
 from dynamoctl.tokenizer.chat import render_chat
 from dynamoctl.tokenizer.errors import ChatTemplateError
+from dynamoctl.tokenizer.words import WordCache
 
 DEFAULT_TEMPLATE = "default"
 """Name of the template used unless another is asked for (transformers' convention)."""
+
+WORDS_FROM_CHARS = 256
+"""Shorter texts are encoded whole (the word cache's split is not worth it)."""
 
 TOOL_TEMPLATE = "tool_use"
 """Name of the template preferred when the request has tools, if the model has one."""
@@ -22,7 +26,8 @@ class Tokenizer:
     ``tokenizer_config.json`` adds (special token names, end-of-sequence ids, chat templates).
 
     Build one with :func:`dynamoctl.tokenizer.load_tokenizer`. Instances are immutable and
-    safe to share between threads and requests (the loader caches one per source).
+    safe to share between threads and requests (the loader caches one per source); only
+    their word cache (:mod:`dynamoctl.tokenizer.words`) grows, safely, as they encode.
     """
 
     __slots__ = (
@@ -32,6 +37,7 @@ class Tokenizer:
         "_source",
         "_special_ids",
         "_special_tokens",
+        "_words",
     )
 
     def __init__(
@@ -53,6 +59,7 @@ class Tokenizer:
         self._special_ids = frozenset(
             i for i, tok in backend.get_added_tokens_decoder().items() if tok.special
         )
+        self._words = WordCache.of(backend)
 
     def __repr__(self) -> str:
         return f"Tokenizer({self._source!r}, vocab_size={self.vocab_size})"
@@ -126,10 +133,18 @@ class Tokenizer:
         :meth:`apply_chat_template`: the template already wrote the BOS token. Special token
         text inside ``text`` is parsed as special tokens, as transformers does.
         """
+        if not add_special_tokens and self._words is not None and len(text) >= WORDS_FROM_CHARS:
+            return self._words.encode(text)
         # The same ids as ``encode``, without the character offsets nobody here reads:
         # ~0.75x its CPU from a few hundred tokens on (an agent's new text each turn),
         # ~0.9x for a handful (benchmarks/results/tokenizer_encode.json).
         return self._backend.encode_batch_fast([text], add_special_tokens=add_special_tokens)[0].ids
+
+    @property
+    def words(self) -> WordCache | None:
+        """Its word cache, which :meth:`encode` uses without the post-processor (None
+        for a tokenizer the cache is not proven for: :mod:`dynamoctl.tokenizer.words`)."""
+        return self._words
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of ``ids``. Ids outside the vocabulary are ignored; bytes that do not form

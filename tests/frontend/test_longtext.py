@@ -4,6 +4,8 @@ the ids are the tokenizer's own."""
 from __future__ import annotations
 
 import asyncio
+import random
+import string
 from typing import Any, cast
 
 from dynamoctl.frontend.longtext import CACHED_CHARS, INLINE_CHARS, LongTextEncoder
@@ -24,10 +26,22 @@ def _history(chars: int) -> str:
     return (turn * (chars // len(turn) + 1))[:chars]
 
 
+def _unseen(chars: int) -> str:
+    """Text of words nobody has tokenised before (the word cache knows none of them)."""
+    rng = random.Random(chars)
+    words = (
+        "".join(rng.choices(string.ascii_lowercase, k=rng.randint(3, 9))) for _ in iter(int, 1)
+    )
+    text = ""
+    while len(text) < chars:
+        text += " ".join(next(words) for _ in range(1000)) + ".\n"
+    return text[:chars]
+
+
 async def test_a_long_tokenisation_does_not_stall_a_concurrent_short_stream() -> None:
     model = _model()
     encoder = LongTextEncoder()
-    text = _history(256 << 10)  # ~50k tokens: 100 ms or more of tokenising
+    text = _unseen(256 << 10)  # ~100k tokens: 100 ms or more of tokenising
     long = asyncio.ensure_future(encoder.encode(model, text, False, 1 << 30))
     steps: list[bool] = []  # per step of the short stream: was the long one still running
     while not long.done() and len(steps) < STEPS:
