@@ -26,13 +26,12 @@ import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from dynamo_compare import REPO, WORKLOADS, dynamoctl_commands, serve_and_load
 
@@ -130,7 +129,7 @@ def best_of(rounds: list[list[dict[str, float]]], level: int) -> dict[str, float
 
 def summary(
     results: dict[str, list[list[dict[str, float]]]], base: str, head: str, levels: list[int]
-) -> list[dict[str, float]]:
+) -> list[dict[str, Any]]:
     """Per level: head's best round over base's best round (req/s, p99, CPU per request),
     and the median over rounds of each round's ratio (with ``--together`` both arms of a
     round ran at the same moment: that median is the steadiest figure)."""
@@ -144,6 +143,15 @@ def summary(
             "median_round_cpu_per_req_ratio": round(statistics.median(
                 rh[i]["frontend_cpu_ms_per_req"] / max(rb[i]["frontend_cpu_ms_per_req"], 1e-9)
                 for rb, rh in pairs), 3),
+            "median_round_main_thread_cpu_per_req_ratio": round(statistics.median(
+                rh[i]["frontend_main_thread_cpu_ms_per_req"]
+                / max(rb[i]["frontend_main_thread_cpu_ms_per_req"], 1e-9)
+                for rb, rh in pairs), 3),
+            "median_round_threads_cpu_per_req_ms": {
+                c: round(statistics.median(
+                    r[i]["frontend_cpu_ms_per_req"] - r[i]["frontend_main_thread_cpu_ms_per_req"]
+                    for r in results[c]), 3)
+                for c in (base, head)},
             # The workers share the machine: their CPU per request moves req/s too.
             "median_round_workers_cpu_per_req_ratio": round(statistics.median(
                 rh[i]["workers_cpu_ms_per_req"] / max(rb[i]["workers_cpu_ms_per_req"], 1e-9)
@@ -191,7 +199,8 @@ def main() -> None:
                         f"{row['req_per_s']:>7} req/s  TTFT p50/p99 {row['ttft_p50_ms']}/"
                         f"{row['ttft_p99_ms']} ms  e2e p50/p99 {row['e2e_p50_ms']}/"
                         f"{row['e2e_p99_ms']} ms  frontend "
-                        f"{row['frontend_cpu_ms_per_req']} ms/req  workers "
+                        f"{row['frontend_cpu_ms_per_req']} ms/req (main thread "
+                        f"{row['frontend_main_thread_cpu_ms_per_req']})  workers "
                         f"{row['workers_cpu_ms_per_req']} ms/req  errors {row['errors']}",
                         flush=True,
                     )
@@ -201,7 +210,9 @@ def main() -> None:
             f"c={row['concurrency']:<4} {args.head}/{args.base}: req/s x{row['req_per_s_ratio']}"
             f"  e2e p99 x{row['e2e_p99_ratio']}  CPU/req x{row['cpu_per_req_ratio']}  "
             f"(medians of rounds: req/s x{row['median_round_req_per_s_ratio']}, CPU/req "
-            f"x{row['median_round_cpu_per_req_ratio']}, workers' CPU/req "
+            f"x{row['median_round_cpu_per_req_ratio']}, main thread's "
+            f"x{row['median_round_main_thread_cpu_per_req_ratio']}, other threads' ms/req "
+            f"{row['median_round_threads_cpu_per_req_ms']}, workers' CPU/req "
             f"x{row['median_round_workers_cpu_per_req_ratio']})"
         )
     result = {
@@ -220,4 +231,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()
