@@ -94,8 +94,11 @@ def requests_of(workload: str, client: int) -> Iterator[tuple[bytes, bytes]]:
         while True:
             yield b"/v1/completions", payload
     ratio = agentic.tokens_per_word()
+    # Conversations no earlier load run had (the warm-up pass, a lower level): a prefix
+    # cache must not find a first turn it has seen, as it would not for a new agent.
+    first = (os.getpid() << 32) + client * 100_000
     for n in itertools.count():
-        talk = agentic.Conversation(client * 100_000 + n, ratio, *MULTITURN, MODEL)
+        talk = agentic.Conversation(first + n, ratio, *MULTITURN, MODEL)
         for _ in range(MULTITURN_TURNS):
             yield b"/v1/chat/completions", talk.next_turn()
 
