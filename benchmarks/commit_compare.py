@@ -26,6 +26,7 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
@@ -50,6 +51,21 @@ def checkout(commit: str, into: Path) -> tuple[str, Path]:
         capture_output=True, check=True,
     )  # fmt: skip
     return full, path
+
+
+def tree_env(tree: Path) -> dict[str, str]:
+    """The environment that makes ``python -m dynamoctl`` run ``tree``'s code, checked.
+    ``PYTHONSAFEPATH``: without it ``-m`` and ``-c`` put the current directory first on
+    ``sys.path``, and run from the repository's root both commits would run the working
+    tree's code (as this script did until the eleventh session: docs/benchmarks.md)."""
+    env = {"PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}
+    probe = subprocess.run(
+        [sys.executable, "-c", "import dynamoctl; print(dynamoctl.__file__)"],
+        env={**os.environ, **env}, capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    if not Path(probe).resolve().is_relative_to(tree.resolve()):
+        raise RuntimeError(f"dynamoctl imports from {probe}, not from {tree}")
+    return env
 
 
 @contextlib.contextmanager
@@ -94,7 +110,7 @@ def measure(
 ) -> list[dict[str, float]]:
     with tempfile.TemporaryDirectory() as tmp:
         commands, extra = dynamoctl_commands(tmp)
-        extra = {**extra, "PYTHONPATH": str(tree)}
+        extra = {**extra, **tree_env(tree)}
         name = f"commit-cmp{label}-{os.getpid()}"
         load_args = ["--workload", workload]
         return serve_and_load(name, commands, extra, levels, seconds, tmp, load_args, barrier)

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import agentic
 import psutil
-from commit_compare import worktrees
+from commit_compare import tree_env, worktrees
 from dynamo_compare import (
     MODEL,
     MULTITURN,
@@ -112,7 +112,7 @@ def measure(system: str, tree: Path | None, venv: Path, conversations: int) -> d
             commands, env = dynamo_commands(tmp, venv)
         else:
             commands, env = dynamoctl_commands(tmp)
-            env = {**env, "PYTHONPATH": str(tree)}
+            env = {**env, **tree_env(tree)}
         with serving(f"fe-cpu-{os.getpid()}", commands, env, tmp) as (prefix, frontend):
             seeds = (os.getpid() << 32) + int(time.time() * 1000) % (1 << 30)
 
