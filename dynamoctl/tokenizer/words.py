@@ -132,11 +132,9 @@ class WordCache:
         added = sorted(tokenizer.get_added_tokens_decoder().items(), reverse=True)
         self._separators = [(t.content, i) for i, t in added]
         """Added tokens to join chunks with, last first (reserved tokens are last)."""
-        spaced = bytearray(tokenizer.get_vocab_size(with_added_tokens=True))
-        for token, i in tokenizer.get_vocab(with_added_tokens=False).items():
-            spaced[i] = token.startswith("Ġ")
-        self._spaced = bytes(spaced)
-        """Per id: 1 for a token that begins with a space."""
+        self._spaced: bytes | None = None
+        """Per id: 1 for a token that begins with a space (made at first use: ~50 ms for
+        a 128k vocabulary, which a process that never encodes a long text need not pay)."""
 
     @classmethod
     def of(cls, tokenizer: FastTokenizer) -> WordCache | None:
@@ -201,7 +199,13 @@ class WordCache:
     def _at_spaces(self, ids: list[int], words: int) -> list[list[int]] | None:
         """``ids`` cut before each token that begins with a space: what comes before the
         first and each of ``words`` spaced words (None unless there are that many)."""
-        marks = bytes(map(self._spaced.__getitem__, ids))
+        spaced = self._spaced
+        if spaced is None:  # two threads at once would make the same table: harmless
+            table = bytearray(self._tokenizer.get_vocab_size(with_added_tokens=True))
+            for token, i in self._tokenizer.get_vocab(with_added_tokens=False).items():
+                table[i] = token.startswith("Ġ")
+            spaced = self._spaced = bytes(table)
+        marks = bytes(map(spaced.__getitem__, ids))
         if marks.count(1) != words:
             return None
         cuts, at = [], -1

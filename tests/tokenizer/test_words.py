@@ -195,6 +195,8 @@ def test_ids_that_do_not_cut_one_spaced_token_a_word_are_joined_the_other_way(
     an added token instead of being cut wrong."""
     cache = WordCache.of(builtin.backend)
     assert cache is not None
+    cache.encode("a first text of words to make the table of spaced tokens " * 4)
+    assert cache._spaced is not None
     spaced = bytearray(cache._spaced)
     spaced[builtin.backend.token_to_id("z")] = 1  # as if "z" began with a space
     cache._spaced = bytes(spaced)
