@@ -1,20 +1,21 @@
 """A text's ids from the ids of its words, so that words seen before cost a dictionary
-lookup instead of the pre-tokenizer's regex (docs/tokenizer.md, "Word cache").
+lookup instead of a pass through the tokenizer (docs/tokenizer.md, "Word cache").
 
-The regex that byte-level BPE tokenizers split text with (GPT-2's, Llama 3's, Qwen2's,
-run by Oniguruma in the ``tokenizers`` wheel) is ~3/4 of ``encode``'s CPU on long prose;
-the BPE after it already keeps a word cache. Each of these regexes starts a pre-token at
-every space that follows a character other than whitespace (no alternative matches such
-a pair), and BPE never merges across pre-tokens; so a text cut before each such space
-gives, chunk by chunk, the whole text's ids. Chunks are cut with ``str.split(" ")`` (a
-chunk after a space that follows whitespace joins the chunk before it) and their ids
+Most of what the ``tokenizers`` wheel spends on a long text is not BPE (which keeps its
+own word cache) but the pipeline around it: each pre-token becomes a Rust object with
+its alignments (splitting on a plain space costs as much as the regex). The regexes that
+byte-level BPE tokenizers split text with (GPT-2's, Llama 3's, Qwen2's) start a pre-token
+at every space that follows a character other than whitespace (no alternative matches
+such a pair), and BPE never merges across pre-tokens; so a text cut before each such
+space gives, chunk by chunk, the whole text's ids. Chunks are cut with ``str.split(" ")``
+(a chunk after a space that follows whitespace joins the chunk before it) and their ids
 (with the leading space) are kept in a bounded dictionary.
 
-Only tokenizers built as those models' are are cached, read from their declarations: a
-byte-level BPE without dropout, one of the :data:`PATTERNS`, no normaliser or NFC (which
-never composes across a space), no padding or truncation, no added token holding
-whitespace or stripping it (an added token is matched before the regex runs); and they
-must also pass :func:`dynamoctl.tokenizer.pieces.cuttable`'s probes.
+Only tokenizers declared as those models' are cached: a byte-level BPE without dropout,
+one of the :data:`PATTERNS`, no normaliser or NFC (which never composes across a space),
+no padding or truncation, no added token holding whitespace or stripping it (an added
+token is matched before the regex runs); and they must also pass
+:func:`dynamoctl.tokenizer.pieces.cuttable`'s probes.
 """
 
 from __future__ import annotations
@@ -226,6 +227,8 @@ class WordCache:
             return None
         content, sep = separator
         ids = self._encode(content.join(texts), most)
+        if ids.count(sep) != len(texts) - 1:
+            return None  # an added token matched across a join (none of the usual do)
         parts, start, index = [], 0, ids.index
         for _ in range(len(texts) - 1):
             end = index(sep, start)

@@ -220,3 +220,20 @@ def test_a_short_text_goes_through_the_cache_only_once_most_of_its_words_are_kno
     again = short + " and a zebra"
     assert cache.encode(again) == _whole(builtin.backend, again)
     assert "zebra" in cache._known  # now known enough: through the cache, which learnt
+
+
+def test_an_added_token_matched_across_a_join_leaves_the_text_encoded_whole(
+    builtin: Tokenizer,
+) -> None:
+    """An added token that overlaps the separator's start could swallow it: the count of
+    separators in the ids catches that, and the text is tokenised whole."""
+    tokenizer = FastTokenizer.from_str(builtin.backend.to_str())
+    separator = max(tokenizer.get_added_tokens_decoder().items())[1].content
+    tokenizer.add_special_tokens([AddedToken("q" + separator[:3], normalized=False)])
+    cache = WordCache.of(tokenizer)
+    assert cache is not None
+    cache._separators = [(separator, tokenizer.token_to_id(separator))]  # only that one
+    # Every chunk ends in "q", so each join reads "q" + separator: the new token first.
+    text = " ".join(f"w{i}q" for i in range(30)) + " vq\n  uq toolq"
+    assert cache.encode(text) == _whole(tokenizer, text)
+    assert "toolq" not in cache._known  # encoded whole
