@@ -71,7 +71,7 @@ async def test_a_stream_whose_worker_dies_waits_for_the_other_one_stalled(
     answer heartbeats again and the client gets one complete response, not a 503."""
     dep, url = two_workers, two_workers.frontend_url
     records = {r.pid: r for r in await dep.records("worker")}
-    body = {"model": MODEL, "prompt": "a stalled neighbour " * 20, "max_tokens": 300,
+    body = {"model": MODEL, "prompt": "a stalled neighbour " * 20, "max_tokens": 600,
             "stream": True, "ignore_eos": True}  # fmt: skip
     log = dep.tmp / "frontend.log"
     text, finish, stalled = "", None, None
