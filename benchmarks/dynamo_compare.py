@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import itertools
 import json
 import os
@@ -243,6 +244,42 @@ def measure(
         )
 
 
+@contextlib.contextmanager
+def serving(
+    name: str, commands: list[list[str]], extra_env: dict[str, str], tmp: str
+) -> Iterator[tuple[list[str], psutil.Process, list[psutil.Process]]]:
+    """``commands`` (the frontend last) started in network namespace ``name`` and serving:
+    the namespace's command prefix, the frontend's process and the others'. Their logs
+    are printed if the body raises; all are stopped and the namespace deleted after."""
+    prefix = netns(name)
+    env = {**os.environ, **extra_env}
+    logs = [open(Path(tmp) / f"{i}.log", "wb") for i in range(len(commands))]  # noqa: SIM115
+    procs = [
+        subprocess.Popen([*prefix, *cmd], env=env, stdout=log, stderr=subprocess.STDOUT)
+        for cmd, log in zip(commands, logs, strict=True)
+    ]
+    try:
+        wait_serving(prefix)
+        # `ip netns exec` execs the command: these are the processes themselves
+        yield prefix, psutil.Process(procs[-1].pid), [psutil.Process(p.pid) for p in procs[:-1]]
+    except BaseException:
+        for log in logs:
+            log.flush()
+            print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
+        raise
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for log in logs:
+            log.close()
+        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+
+
 def serve_and_load(
     name: str,
     commands: list[list[str]],
@@ -259,61 +296,50 @@ def serve_and_load(
     request asks ``ignore_eos``, so it streams exactly its ``max_tokens``).
     ``barrier``: wait there before each level, to run it at the same time as another
     system's (benchmarks/commit_compare.py ``--together``)."""
-    prefix = netns(name)
-    env = {**os.environ, **extra_env}
-    logs = [open(Path(tmp) / f"{i}.log", "wb") for i in range(len(commands))]  # noqa: SIM115
-    procs = [
-        subprocess.Popen([*prefix, *cmd], env=env, stdout=log, stderr=subprocess.STDOUT)
-        for cmd, log in zip(commands, logs, strict=True)
-    ]
-    try:
-        wait_serving(prefix)
-        frontend = psutil.Process(procs[-1].pid)  # `ip netns exec` execs the command
-        workers = [psutil.Process(p.pid) for p in procs[:-1]]
-        rows = []
-        for level in [1, *levels]:  # the first c=1 pass warms both up and is dropped
+    with serving(name, commands, extra_env, tmp) as (prefix, frontend, workers):
+        try:
+            return [
+                load_level(prefix, frontend, workers, level, seconds, load_args, barrier)
+                for level in [1, *levels]  # the first c=1 pass warms both up
+            ][1:]
+        except BaseException:
             if barrier is not None:
-                barrier.wait()
-            before = cpu_seconds(frontend)
-            main_before = main_thread_seconds(frontend)
-            workers_before = sum(cpu_seconds(w) for w in workers)
-            out = subprocess.run(
-                [*prefix, sys.executable, __file__, "--load", str(level), "--seconds",
-                 str(seconds), *(load_args or [])],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            row = json.loads(out.stdout)
-            used = cpu_seconds(frontend) - before
-            main_used = main_thread_seconds(frontend) - main_before
-            workers_used = sum(cpu_seconds(w) for w in workers) - workers_before
-            row["frontend_cpu_cores"] = round(used / seconds, 2)
-            row["frontend_cpu_ms_per_req"] = round(used * 1e3 / max(row["requests"], 1), 3)
-            row["frontend_cpu_us_per_token"] = round(used * 1e6 / max(row["tokens"], 1), 1)
-            row["workers_cpu_ms_per_req"] = round(workers_used * 1e3 / max(row["requests"], 1), 3)
-            # The event loop's share: the rest is threads (tokenising, I/O, a runtime's).
-            row["frontend_main_thread_cpu_ms_per_req"] = round(
-                main_used * 1e3 / max(row["requests"], 1), 3
-            )
-            rows.append(row)
-        return rows[1:]
-    except Exception:
-        if barrier is not None:
-            barrier.abort()  # the other system stops waiting for this one
-        for log in logs:
-            log.flush()
-            print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
-        raise
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
+                barrier.abort()  # the other system stops waiting for this one
+            raise
+
+
+def load_level(
+    prefix: list[str],
+    frontend: psutil.Process,
+    workers: list[psutil.Process],
+    level: int,
+    seconds: float,
+    load_args: list[str] | None,
+    barrier: threading.Barrier | None,
+) -> dict[str, float]:
+    """One concurrency level of the load, with the frontend's and workers' CPU."""
+    if barrier is not None:
+        barrier.wait()
+    before = cpu_seconds(frontend)
+    main_before = main_thread_seconds(frontend)
+    workers_before = sum(cpu_seconds(w) for w in workers)
+    out = subprocess.run(
+        [*prefix, sys.executable, __file__, "--load", str(level), "--seconds",
+         str(seconds), *(load_args or [])],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    row: dict[str, float] = json.loads(out.stdout)
+    used = cpu_seconds(frontend) - before
+    main_used = main_thread_seconds(frontend) - main_before
+    workers_used = sum(cpu_seconds(w) for w in workers) - workers_before
+    requests = max(row["requests"], 1)
+    row["frontend_cpu_cores"] = round(used / seconds, 2)
+    row["frontend_cpu_ms_per_req"] = round(used * 1e3 / requests, 3)
+    row["frontend_cpu_us_per_token"] = round(used * 1e6 / max(row["tokens"], 1), 1)
+    row["workers_cpu_ms_per_req"] = round(workers_used * 1e3 / requests, 3)
+    # The event loop's share: the rest is threads (tokenising, I/O, a runtime's).
+    row["frontend_main_thread_cpu_ms_per_req"] = round(main_used * 1e3 / requests, 3)
+    return row
 
 
 def main() -> None:

@@ -23,7 +23,6 @@ systems alternate for ``--rounds`` rounds; per system the median of rounds.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import http.client
 import json
 import os
@@ -32,11 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import agentic
-import psutil
 from commit_compare import tree_env, worktrees
 from dynamo_compare import (
     MODEL,
@@ -48,8 +45,7 @@ from dynamo_compare import (
     dynamo_commands,
     dynamoctl_commands,
     main_thread_seconds,
-    netns,
-    wait_serving,
+    serving,
 )
 from machine import machine
 
@@ -72,39 +68,6 @@ def client(first: int, conversations: int) -> None:
             conn.close()
 
 
-@contextlib.contextmanager
-def serving(
-    name: str, commands: list[list[str]], env: dict[str, str], tmp: str
-) -> Iterator[tuple[list[str], psutil.Process]]:
-    """The deployment started in network namespace ``name``: its prefix and frontend."""
-    prefix = netns(name)
-    logs = [open(Path(tmp) / f"{i}.log", "wb") for i in range(len(commands))]  # noqa: SIM115
-    procs = [
-        subprocess.Popen([*prefix, *cmd], env={**os.environ, **env}, stdout=log,
-                         stderr=subprocess.STDOUT)
-        for cmd, log in zip(commands, logs, strict=True)
-    ]  # fmt: skip
-    try:
-        wait_serving(prefix)
-        yield prefix, psutil.Process(procs[-1].pid)
-    except Exception:
-        for log in logs:
-            log.flush()
-            print(Path(log.name).read_text(errors="replace")[-3000:], file=sys.stderr)
-        raise
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            try:
-                proc.wait(15)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for log in logs:
-            log.close()
-        subprocess.run(["ip", "netns", "del", name], capture_output=True)
-
-
 def measure(system: str, tree: Path | None, venv: Path, conversations: int) -> dict[str, float]:
     """One deployment of ``system`` (dynamoctl from ``tree``, or Dynamo): CPU per request."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -113,7 +76,7 @@ def measure(system: str, tree: Path | None, venv: Path, conversations: int) -> d
         else:
             commands, env = dynamoctl_commands(tmp)
             env = {**env, **tree_env(tree)}
-        with serving(f"fe-cpu-{os.getpid()}", commands, env, tmp) as (prefix, frontend):
+        with serving(f"fe-cpu-{os.getpid()}", commands, env, tmp) as (prefix, frontend, _):
             seeds = (os.getpid() << 32) + int(time.time() * 1000) % (1 << 30)
 
             def send(first: int, count: int) -> None:
