@@ -60,8 +60,8 @@ def _batch_policy_allowed() -> bool:
     gives the serving path x1.29-1.47 the req/s at 8-128 streams, the workers two thirds
     of the CPU per request, and no loss with two deployments sharing the cores
     (docs/benchmarks.md, "eleventh session"). It still runs as soon as a core is idle,
-    at the same weight. ZeroMQ aborts the process if it cannot set
-    the policy, hence the trial with the same call first (a seccomp filter may refuse it).
+    at the same weight. ZeroMQ aborts the process if it cannot set the policy, hence the
+    trial with the same call first (a seccomp filter may refuse it).
     """
     if _SCHED_BATCH < 0:
         return False

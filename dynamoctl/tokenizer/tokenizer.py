@@ -14,9 +14,6 @@ from dynamoctl.tokenizer.words import WordCache
 DEFAULT_TEMPLATE = "default"
 """Name of the template used unless another is asked for (transformers' convention)."""
 
-WORDS_FROM_CHARS = 256
-"""Shorter texts are encoded whole (the word cache's split is not worth it)."""
-
 TOOL_TEMPLATE = "tool_use"
 """Name of the template preferred when the request has tools, if the model has one."""
 
@@ -133,7 +130,7 @@ class Tokenizer:
         :meth:`apply_chat_template`: the template already wrote the BOS token. Special token
         text inside ``text`` is parsed as special tokens, as transformers does.
         """
-        if not add_special_tokens and self._words is not None and len(text) >= WORDS_FROM_CHARS:
+        if not add_special_tokens and self._words is not None:
             return self._words.encode(text)
         # The same ids as ``encode``, without the character offsets nobody here reads:
         # ~0.75x its CPU from a few hundred tokens on (an agent's new text each turn),

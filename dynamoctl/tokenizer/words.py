@@ -50,8 +50,8 @@ LEARN_FROM_WORDS = 1024
 short text's words costs more than the tokenizer when most are new
 (benchmarks/results/word_cache.json); longer texts repeat enough of their own words."""
 _SAMPLE = 32
-MIN_WORDS = 16
-"""Texts with fewer spaces are tokenised whole (the split is not worth it)."""
+MIN_CHARS = 256
+"""Shorter texts are tokenised whole (the split is not worth it)."""
 
 
 def _declared(tokenizer: FastTokenizer) -> bool:
@@ -145,9 +145,9 @@ class WordCache:
     def encode(self, text: str, most: int = 1) -> list[int]:
         """``text``'s ids, as ``encode(text, add_special_tokens=False)`` gives them; what
         is tokenised is cut into at most ``most`` pieces (:mod:`pieces`) tokenised at once."""
-        words = text.split(" ")
-        if len(words) < MIN_WORDS:
+        if len(text) < MIN_CHARS:
             return self._encode(text, most)
+        words = text.split(" ")
         if len(words) < LEARN_FROM_WORDS:  # a short text pays only if most words are known
             sample = words[1 : 1 + _SAMPLE]
             if 4 * sum(map(self._known.__contains__, sample)) < 3 * len(sample):

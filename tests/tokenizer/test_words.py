@@ -31,6 +31,7 @@ QWEN2 = next(p for p in PATTERNS if r"\p{N}|" in p)
 def learn_from_short_texts(monkeypatch: pytest.MonkeyPatch) -> None:
     """Short texts through the cache whatever it knows: the tests' texts are short."""
     monkeypatch.setattr(words, "LEARN_FROM_WORDS", 0)
+    monkeypatch.setattr(words, "MIN_CHARS", 0)
 
 
 def _variant(builtin: Tokenizer, pre_tokenizer: object, normalizer: object = None) -> FastTokenizer:
