@@ -199,6 +199,34 @@ def test_find_matches_equals_brute_force(ops: list[tuple[str, KVEvent | str]]) -
         assert index.tree_size(worker) == len(ref.gpu(worker))
 
 
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(0, 60), st.sets(st.integers(0, 59), max_size=20)),
+        min_size=1,
+        max_size=5,
+    ),
+    st.integers(0, 60),
+)
+def test_find_matches_is_each_workers_contiguous_depth(
+    held: list[tuple[int, set[int]]], n: int
+) -> None:
+    """Workers holding a run of a 60-block chain from block 0 and more blocks past it
+    (gaps, none, all): each one's match is the length of its run within the first ``n``
+    blocks, workers with none left out."""
+    chain = list(range(1000, 1060))
+    index = PrefixIndex()
+    expect = {}
+    for w, (run, more) in enumerate(held):
+        blocks = set(range(run)) | more
+        index.add_worker(f"w{w}")
+        index.add(f"w{w}", [chain[b] for b in blocks])
+        depth = next((d for d in range(n) if d not in blocks), n)
+        if depth:
+            expect[f"w{w}"] = depth
+    assert index.find_matches(chain[:n]) == expect
+
+
 # ----------------------------------------------------------------------- rules by example
 
 
