@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import os
 import signal
@@ -14,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
-from dynamoctl.component.runtime import ComponentRuntime
+from dynamoctl.component.runtime import ComponentRuntime, settle_heap_at_ready
 from dynamoctl.settings import ComponentSettings
 from dynamoctl.wire.records import Component, Endpoint
 
@@ -72,3 +73,24 @@ async def test_leaving_an_unreachable_discovery_is_logged_not_raised(
         runtime.discovery.unregister = unreachable  # type: ignore[method-assign]
         await runtime.leave()  # every component, the frontend too, gets past it
     assert "could not leave discovery (etcd unreachable)" in caplog.text
+
+
+async def test_a_component_process_freezes_its_heap_once_at_its_first_record(
+    tmp_path: Path,
+) -> None:
+    """What start-up made leaves the collector's generations when the process is ready,
+    and only then: later records (and runtimes in a process that never asked) do not."""
+    options = ComponentSettings(namespace="ns", discovery=f"embedded://{tmp_path}")
+    try:
+        async with ComponentRuntime(Component.ROUTER, options) as runtime:
+            record = runtime.record(Endpoint.ROUTE, "tcp://127.0.0.1:1")
+            await runtime.register("ns/instances/router/route/a", record)
+            assert gc.get_freeze_count() == 0  # this test process never asked
+            settle_heap_at_ready()
+            await runtime.register("ns/instances/router/route/b", record)
+            assert gc.get_freeze_count() > 1000
+            gc.unfreeze()
+            await runtime.register("ns/instances/router/route/c", record)
+            assert gc.get_freeze_count() == 0  # once
+    finally:
+        gc.unfreeze()

@@ -13,9 +13,13 @@ from dynamoctl.util import log as logsetup
 
 
 def run_component(component: str, namespace: str, main: Coroutine[Any, Any, None]) -> None:
-    """Log as ``[component/namespace]``, run ``main`` on uvloop, and turn a start-up
+    """Log as ``[component/namespace]``, run ``main`` on uvloop (its heap frozen once
+    ready: :func:`~dynamoctl.component.runtime.settle_heap_at_ready`), and turn a start-up
     failure (bad engine options, discovery unreachable, ...) into one line and exit 1."""
+    from dynamoctl.component.runtime import settle_heap_at_ready  # the component's own
+
     logsetup.setup(f"{component}/{namespace}")
+    settle_heap_at_ready()
     try:
         aio.run(main)
     except Exception as exc:

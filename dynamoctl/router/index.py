@@ -62,6 +62,19 @@ from dynamoctl.wire.kv_events import (
 
 log = logging.getLogger(__name__)
 
+Entry = tuple[int, int, int, int]
+"""An engine hash's entry: our hash, then its stores not yet removed in each tier."""
+
+
+def _counted(entry: Entry, tier: Tier, by: int) -> Entry:
+    """``entry`` with ``tier``'s count moved ``by``."""
+    ours, gpu, host, disk = entry
+    if tier is Tier.GPU:
+        return ours, gpu + by, host, disk
+    if tier is Tier.HOST:
+        return ours, gpu, host + by, disk
+    return ours, gpu, host, disk + by
+
 
 class PrefixIndex:
     """Sequence hash → set of workers (a bitmask over worker slots), reference counted per
@@ -215,8 +228,10 @@ class KvIndex(PrefixIndex):
         """Tokens per block; events of another size are ignored."""
         self.lower: dict[Tier, PrefixIndex] = {Tier.HOST: PrefixIndex(), Tier.DISK: PrefixIndex()}
         """Blocks per worker in each offload tier (the GPU tier is this index itself)."""
-        # worker -> engine hash -> [our hash, stores not yet removed per tier (GPU, host, disk)]
-        self._engine: dict[str, dict[ExternalBlockHash, list[int]]] = {}
+        # worker -> engine hash -> (our hash, stores not yet removed per tier: GPU, host,
+        # disk). Tuples of ints, not lists: the garbage collector stops tracking them, so
+        # a mirror of millions of blocks adds nothing to its full collections' pauses.
+        self._engine: dict[str, dict[ExternalBlockHash, Entry]] = {}
         # Tiers whose evictions a worker does not publish (LMCache): capacity and LRU order.
         self._silent: dict[tuple[str, Tier], tuple[int, OrderedDict[ExternalBlockHash, None]]] = {}
         self._warned: set[str] = set()
@@ -326,7 +341,7 @@ class KvIndex(PrefixIndex):
     def _stored(
         self,
         worker: str,
-        engine: dict[ExternalBlockHash, list[int]],
+        engine: dict[ExternalBlockHash, Entry],
         event: BlockStored,
         tier: Tier,
     ) -> None:
@@ -360,17 +375,16 @@ class KvIndex(PrefixIndex):
         added: list[int] = []
         silent = self._silent.get((worker, tier))
         for block, mine in zip(event.block_hashes, ours, strict=False):
-            entry = engine.get(block)
-            if entry is None:
-                entry = engine[block] = [mine, 0, 0, 0]
-            # else: a second copy of a known hash (another block, another tier): it keeps
-            # its first identity
+            # A second copy of a known hash (another block, another tier) keeps its
+            # first identity.
+            entry = engine.get(block) or (mine, 0, 0, 0)
             if silent is not None:
                 if block in silent[1]:
                     silent[1].move_to_end(block)
+                    engine[block] = entry
                     continue  # stored again: counted once, it only gets younger
                 silent[1][block] = None
-            entry[1 + tier] += 1
+            engine[block] = _counted(entry, tier, 1)
             added.append(entry[0])
         self._tier_index(tier).add(worker, added)
         if silent is not None and len(silent[1]) > silent[0]:
@@ -379,7 +393,7 @@ class KvIndex(PrefixIndex):
     def _age_out(
         self,
         worker: str,
-        engine: dict[ExternalBlockHash, list[int]],
+        engine: dict[ExternalBlockHash, Entry],
         tier: Tier,
         silent: tuple[int, OrderedDict[ExternalBlockHash, None]],
     ) -> None:
@@ -393,7 +407,7 @@ class KvIndex(PrefixIndex):
     def _removed(
         self,
         worker: str,
-        engine: dict[ExternalBlockHash, list[int]],
+        engine: dict[ExternalBlockHash, Entry],
         blocks: Iterable[ExternalBlockHash],
         tier: Tier,
     ) -> None:
@@ -405,7 +419,7 @@ class KvIndex(PrefixIndex):
     def _uncount(
         self,
         worker: str,
-        engine: dict[ExternalBlockHash, list[int]],
+        engine: dict[ExternalBlockHash, Entry],
         blocks: Iterable[ExternalBlockHash],
         tier: Tier,
     ) -> None:
@@ -415,8 +429,10 @@ class KvIndex(PrefixIndex):
             entry = engine.get(block)
             if entry is None or not entry[slot]:
                 continue  # never seen here (an orphan, or stored before we joined)
-            entry[slot] -= 1
-            if not (entry[1] or entry[2] or entry[3]):
+            entry = _counted(entry, tier, -1)
+            if entry[1] or entry[2] or entry[3]:
+                engine[block] = entry
+            else:
                 del engine[block]
             gone.append(entry[0])
         self._tier_index(tier).discard(worker, gone)
