@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import struct
-import time
 from dataclasses import dataclass, field
 
 import xxhash
@@ -306,20 +305,20 @@ def test_approx_index_expires_after_ttl() -> None:
     index.check()
 
 
-def test_find_matches_is_fast_with_128_workers() -> None:
-    """A 4k-token prompt (256 blocks of 16) against 128 workers x 2,000 blocks each."""
+def test_find_matches_with_128_workers() -> None:
+    """A 4k-token prompt (256 blocks of 16) against 128 workers x 2,000 blocks each: every
+    worker's match is the run of the prompt it was given (its other blocks match nothing).
+    How fast: benchmarks/router.py, not a timed assertion here."""
     rng = random.Random(0)
     index = PrefixIndex()
     prompt = sequence_hashes([rng.randrange(32000) for _ in range(4096)], 16)
+    expect = {}
     for w in range(128):
+        run = rng.randrange(257)
         index.add_worker(f"w{w}")
-        index.add(f"w{w}", prompt[: rng.randrange(257)])
+        index.add(f"w{w}", prompt[:run])
         index.add(f"w{w}", [rng.getrandbits(64) for _ in range(2000)])
-    runs = []
-    for _ in range(200):
-        t = time.perf_counter()
-        matches = index.find_matches(prompt)
-        runs.append(time.perf_counter() - t)
-    assert len(matches) > 100
-    median = sorted(runs)[len(runs) // 2]
-    assert median < 0.002, f"find_matches took {median * 1e6:.0f} µs"  # ~60 µs measured
+        if run:
+            expect[f"w{w}"] = run
+    assert len(expect) > 100
+    assert index.find_matches(prompt) == expect
