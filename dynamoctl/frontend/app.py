@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from starlette.applications import Starlette
@@ -65,6 +66,7 @@ from dynamoctl.tokenizer import Tokenizer
 from dynamoctl.tokenizer.prefix import PrefixCache
 from dynamoctl.tracing import TRACE
 from dynamoctl.wire.engine import ImageInput
+from dynamoctl.wire.ids import TokenIds
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +283,7 @@ class _Completions:
 
     async def chat_prompt(
         self, body: ChatCompletionRequest
-    ) -> tuple[ServedModel, OutputPlan, list[int]]:
+    ) -> tuple[ServedModel, OutputPlan, Sequence[int]]:
         """The served model, output plan and prompt ids of a chat request (also the
         Messages API's, :mod:`dynamoctl.frontend.anthropic`)."""
         model = _model(self.registry, body.model)
@@ -300,6 +302,7 @@ class _Completions:
     ) -> tuple[ServedModel, Choices]:
         """A chat request's choices, named ``rid``, ready to run."""
         parts = image_parts(body.messages)
+        ids: Sequence[int]
         if parts:
             model, plan, ids, images = await self._image_prompt(body, parts)
         else:
@@ -362,7 +365,7 @@ class _Completions:
             raise bad_request(str(exc), exc.param) from None
         if vision.at_start:  # the images' runs go first; the template sees none
             text = await self._encode_chat(model, _render(model, body.template_messages(), plan))
-            return (model, plan, *placed_images([[]] * len(files) + [text], files, vision))
+            return (model, plan, *placed_images([*([[]] * len(files)), text], files, vision))
         prompt = _render(model, body.template_messages(vision.placeholder), plan)
         pieces = prompt.split(vision.placeholder)
         if len(pieces) != len(files) + 1:
@@ -384,7 +387,7 @@ class _Completions:
     def _max_choices(self) -> int:
         return self.generator.admission.settings.max_choices
 
-    async def _encode_chat(self, model: ServedModel, prompt: str) -> list[int]:
+    async def _encode_chat(self, model: ServedModel, prompt: str) -> TokenIds:
         """A rendered chat prompt's ids, tokenising only what follows the longest prefix
         an earlier turn left in the model's prefix cache (:mod:`dynamoctl.tokenizer.prefix`)."""
         tokenizer = model.tokenizer
@@ -392,9 +395,9 @@ class _Completions:
         if held is None or held[0] is not tokenizer:
             held = self._prefixes[id(tokenizer)] = (tokenizer, PrefixCache(tokenizer))
         cache = held[1]
-        ids, rest = cache.split(prompt)  # a fresh list: extended in place
+        ids, rest = cache.split(prompt)  # a fresh array: extended in place
         if rest:
-            ids += await prompt_ids(self._long, model, rest, False, "messages")
+            ids.fromlist(await prompt_ids(self._long, model, rest, False, "messages"))
         cache.remember(prompt, ids, len(prompt) - len(rest))
         return ids
 

@@ -4,6 +4,7 @@ parameter), then checked against the model's context and turned into a generatio
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -15,6 +16,7 @@ from dynamoctl.frontend.models import ServedModel
 from dynamoctl.frontend.protocol import INT64, ChatCompletionRequest, CompletionRequest
 from dynamoctl.structured.errors import StructuredError
 from dynamoctl.wire.engine import GenerateRequest
+from dynamoctl.wire.ids import packed
 
 Body = TypeVar("Body", bound=BaseModel)
 
@@ -88,7 +90,7 @@ async def prompt_ids(
 def jobs_of(
     model: ServedModel,
     body: ChatCompletionRequest | CompletionRequest,
-    prompts: list[list[int]],
+    prompts: Sequence[Sequence[int]],
     rid: str,
     max_choices: int,
 ) -> list[Job]:
@@ -146,7 +148,7 @@ def check_choices(
 
 def engine_request(
     body: ChatCompletionRequest | CompletionRequest,
-    ids: list[int],
+    ids: Sequence[int],
     max_tokens: int,
     eos: list[int],
     choice: int,
@@ -158,7 +160,7 @@ def engine_request(
         seed = seed + choice if seed + choice <= INT64[1] else seed - choice
     return GenerateRequest(
         request_id="",
-        token_ids=ids,
+        token_ids=packed(ids),
         max_tokens=max_tokens,
         stop_token_ids=eos,
         ignore_eos=body.ignore_eos,

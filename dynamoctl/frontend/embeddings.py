@@ -34,6 +34,7 @@ from dynamoctl.frontend.models import ModelRegistry, ServedModel
 from dynamoctl.frontend.refusals import LINES, Refusals
 from dynamoctl.frontend.respond import count_outcomes
 from dynamoctl.wire.engine import EmbeddingTraits, GenerateRequest, Pooling
+from dynamoctl.wire.ids import packed
 
 log = logging.getLogger(__name__)
 
@@ -129,7 +130,7 @@ class Embeddings:
             Job(
                 f"{rid}-{i}",
                 model.name,
-                GenerateRequest(f"{rid}-{i}", ids, 1, pooling=Pooling(dimensions)),
+                GenerateRequest(f"{rid}-{i}", packed(ids), 1, pooling=Pooling(dimensions)),
                 index=i,
             )
             for i, ids in enumerate(prompts)

@@ -22,7 +22,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -54,6 +54,7 @@ from dynamoctl.tokenizer import IncrementalDetokenizer, StopStringMatcher, Token
 from dynamoctl.tracing import TRACE
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateChunk, GenerateRequest, ImageInput, TokenLogprobs
+from dynamoctl.wire.ids import TokenIds, joined
 from dynamoctl.wire.records import Endpoint
 
 log = logging.getLogger(__name__)
@@ -88,7 +89,7 @@ class Admission:
     async def pick(
         self,
         pick: PickFn,
-        token_ids: list[int],
+        token_ids: Sequence[int],
         request_id: str,
         exclude: set[str],
         model: str = "",
@@ -123,7 +124,7 @@ class Admission:
     async def _in_turn(
         self,
         pick: PickFn,
-        token_ids: list[int],
+        token_ids: Sequence[int],
         request_id: str,
         exclude: set[str],
         model: str,
@@ -176,7 +177,7 @@ class Job:
     each image's placeholders keyed by the image (:mod:`dynamoctl.kv.images`)."""
 
     @property
-    def prompt_ids(self) -> list[int]:
+    def prompt_ids(self) -> TokenIds:
         return self.engine.token_ids
 
     @property
@@ -317,7 +318,7 @@ class Generator:
         try:
             admitted = self.admission.pick(
                 pick,
-                (job.route_ids or job.prompt_ids) + generated,
+                joined(job.route_ids or job.prompt_ids, generated),
                 job.request_id,
                 exclude,
                 job.model,
@@ -420,7 +421,7 @@ class _TokenStream:
         return msgspec.structs.replace(
             job.engine,
             request_id=f"{job.request_id}-{attempt}",
-            token_ids=job.prompt_ids + self.generated,
+            token_ids=joined(job.prompt_ids, self.generated),
             max_tokens=job.max_tokens - done,
             min_tokens=max(0, job.engine.min_tokens - done),
             kv_transfer_params=handoff.params if handoff is not None else None,

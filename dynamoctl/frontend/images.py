@@ -22,6 +22,7 @@ import asyncio
 import base64
 import binascii
 import io
+from collections.abc import Sequence
 from concurrent.futures import Executor
 from dataclasses import dataclass
 
@@ -156,7 +157,7 @@ def _unreadable(data: bytes) -> str | None:
 
 
 def placed_images(
-    pieces_ids: list[list[int]], files: list[bytes], vision: VisionTraits
+    pieces_ids: Sequence[Sequence[int]], files: list[bytes], vision: VisionTraits
 ) -> tuple[list[int], list[ImageInput]]:
     """The prompt's ids: the text pieces' ids with each image's placeholder run between
     them (``pieces_ids`` has one more entry than ``files``), and the images as the

@@ -3,7 +3,7 @@ the request pipeline, disaggregation and both routings (embedded and standalone)
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import NamedTuple, Protocol
 
 
@@ -45,7 +45,9 @@ class WorkerPicker(Protocol):
     gets them batched, in the background).
     """
 
-    async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
+    async def pick(
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
         """Choose a worker (agg or decode) for the whole request; raises
         :class:`NoWorkerAvailable`."""
         ...
@@ -63,14 +65,14 @@ class WorkerPicker(Protocol):
         picker that does not know yet answers True, and :meth:`survey` finds out."""
         ...
 
-    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
+    async def survey(self, token_ids: Sequence[int], request_id: str) -> PoolSurvey:
         """The pools as they stand for this prompt. The standalone picker asks its
         router with the request's ordinary pick and keeps that pick for ``pick``, so a
         request prefilled locally costs one round trip, as an aggregated one does."""
         ...
 
     async def pick_prefill(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         """A prefill worker, KV-aware; raises :class:`NoWorkerAvailable` (``busy``: all
         saturated)."""
@@ -81,13 +83,13 @@ class WorkerPicker(Protocol):
         ...
 
     async def pick_decode(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         """A decode worker for a remotely prefilled prompt: no overlap credit."""
         ...
 
 
-PickFn = Callable[[list[int], str, set[str]], Awaitable[WorkerChoice]]
+PickFn = Callable[[Sequence[int], str, set[str]], Awaitable[WorkerChoice]]
 """``(token_ids, request_id, exclude) -> choice``: a picker's ``pick``, ``pick_decode`` or
 ``pick_prefill``."""
 
@@ -114,7 +116,7 @@ def skip_unreachable(pick: PickFn, peers: Reachability) -> PickFn:
     Re-picking under the same request id replaces the skipped pick's booking."""
 
     async def pick_reachable(
-        token_ids: list[int], request_id: str, exclude: set[str]
+        token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         silent: set[str] = set()
         while True:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, Protocol
 
 from dynamoctl.frontend.asgi import Disconnect, Message, Receive, Scope, Send
@@ -31,7 +31,7 @@ class ChatPipeline(Protocol):
 
     async def chat_prompt(
         self, body: ChatCompletionRequest
-    ) -> tuple[ServedModel, OutputPlan, list[int]]: ...
+    ) -> tuple[ServedModel, OutputPlan, Sequence[int]]: ...
 
     async def chat_choices(
         self, body: ChatCompletionRequest, rid: str

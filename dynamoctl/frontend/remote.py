@@ -16,7 +16,7 @@ lost with its replica is harmless (that replica's bookings die with it, docs/rou
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -30,6 +30,7 @@ from dynamoctl.router.pools import booking_pool
 from dynamoctl.router.standalone.client import NoRouterAvailable, RouterReplicas
 from dynamoctl.util.aio import AsyncService
 from dynamoctl.wire import router as wire_router
+from dynamoctl.wire.ids import TokenIds, packed
 from dynamoctl.wire.router import (
     BookingPool,
     RouteEvent,
@@ -51,12 +52,14 @@ class RemotePicker:
         self._owner: dict[tuple[str, BookingPool], str] = {}  # -> replica holding the booking
         self._disaggregated: bool | None = None  # as the last reply said; None: no reply yet
         self._prefill_workers = 0
-        self._surveyed: dict[str, tuple[list[int], WorkerChoice]] = {}
+        self._surveyed: dict[str, tuple[TokenIds, WorkerChoice]] = {}
         """Picks made by :meth:`survey`, kept for the request's first :meth:`pick`."""
 
-    async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
+    async def pick(
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
         kept = self._surveyed.pop(request_id, None)
-        if kept is not None and not exclude and kept[0] == token_ids:
+        if kept is not None and not exclude and kept[0] == packed(token_ids):
             return kept[1]
         reply = await self._pick("default", token_ids, request_id, exclude)
         return WorkerChoice(reply.worker_id, reply.address, reply.label)
@@ -80,19 +83,19 @@ class RemotePicker:
     def disaggregated(self) -> bool:
         return True if self._disaggregated is None else self._disaggregated
 
-    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
+    async def survey(self, token_ids: Sequence[int], request_id: str) -> PoolSurvey:
         try:
             reply = await self._pick("default", token_ids, request_id, set())
         except NoWorkerAvailable:  # pick() asks again (and queues, or answers 503)
             return PoolSurvey(self._prefill_workers, 0)
         self._surveyed[request_id] = (
-            token_ids,
+            packed(token_ids),  # compared as arrays: a list never equals an array
             WorkerChoice(reply.worker_id, reply.address, reply.label),
         )
         return PoolSurvey(reply.prefill_workers, reply.decode_cached_tokens)
 
     async def pick_prefill(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         reply = await self._pick("prefill", token_ids, request_id, exclude)
         return WorkerChoice(reply.worker_id, reply.address, reply.label)
@@ -103,7 +106,7 @@ class RemotePicker:
             self._notify(iid, request_id, "finished", "prefill")
 
     async def pick_decode(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         self._surveyed.pop(request_id, None)  # re-booked without overlap credit
         reply = await self._pick("decode", token_ids, request_id, exclude)
@@ -112,11 +115,11 @@ class RemotePicker:
     # -- calls --------------------------------------------------------------------------
 
     async def _pick(
-        self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str]
+        self, pool: RoutePool, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> RouteReply:
         booked = booking_pool(pool)
         request = RouteRequest(
-            self.model, request_id, token_ids, sorted(exclude), pool, current_headroom()
+            self.model, request_id, packed(token_ids), sorted(exclude), pool, current_headroom()
         )
         try:
             iid, answer, failed = await self.replicas.call(wire_router.encode(request))

@@ -18,7 +18,7 @@ prefill workers apart (:class:`~dynamoctl.router.pools.ModelPools`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Gauge
@@ -60,7 +60,9 @@ class EmbeddedPicker:
     def __init__(self, pools: ModelPools) -> None:
         self.pools = pools
 
-    async def pick(self, token_ids: list[int], request_id: str, exclude: set[str]) -> WorkerChoice:
+    async def pick(
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
+    ) -> WorkerChoice:
         return self._pick("default", token_ids, request_id, exclude)
 
     def first_token(self, request_id: str) -> None:
@@ -77,12 +79,12 @@ class EmbeddedPicker:
     def disaggregated(self) -> bool:
         return self.pools.disaggregated()
 
-    async def survey(self, token_ids: list[int], request_id: str) -> PoolSurvey:
+    async def survey(self, token_ids: Sequence[int], request_id: str) -> PoolSurvey:
         pools = self.pools
         return PoolSurvey(pools.prefill_workers(), pools.decode_cached_tokens(token_ids))
 
     async def pick_prefill(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         return self._pick("prefill", token_ids, request_id, exclude)
 
@@ -90,12 +92,12 @@ class EmbeddedPicker:
         self.pools.prefill.router.on_finished(request_id)
 
     async def pick_decode(
-        self, token_ids: list[int], request_id: str, exclude: set[str]
+        self, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         return self._pick("decode", token_ids, request_id, exclude)
 
     def _pick(
-        self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str]
+        self, pool: RoutePool, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         try:
             picked = self.pools.pick(pool, token_ids, request_id, exclude, current_headroom())
@@ -123,7 +125,7 @@ class SharedPicker(EmbeddedPicker):
         self.bookings.released(self.model, request_id, "finished", "prefill")
 
     def _pick(
-        self, pool: RoutePool, token_ids: list[int], request_id: str, exclude: set[str]
+        self, pool: RoutePool, token_ids: Sequence[int], request_id: str, exclude: set[str]
     ) -> WorkerChoice:
         choice = super()._pick(pool, token_ids, request_id, exclude)
         self.bookings.booked(self.model, request_id, booking_pool(pool))

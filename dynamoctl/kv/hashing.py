@@ -22,6 +22,8 @@ from typing import Final, NamedTuple
 
 import xxhash
 
+from dynamoctl.wire.ids import packed
+
 SEED: Final = 1337
 """xxh3 seed for both hash kinds (Dynamo's ``XXH3_SEED``)."""
 
@@ -52,12 +54,15 @@ def adapter_parent(adapter: str | None) -> int | None:
 def le_u32(token_ids: Sequence[int]) -> array[int]:
     """``token_ids`` as little-endian u32s (the byte order they are hashed and stored in).
 
-    Raises ``OverflowError`` for a token id outside ``[0, 2**32)``.
+    Raises ``OverflowError`` for a token id outside ``[0, 2**32)``. Ids that already are
+    an ``array("I")`` (:data:`~dynamoctl.wire.ids.TokenIds`) are returned as they are,
+    not copied: the result is read, never written.
     """
-    packed = array("I", token_ids)
     if sys.byteorder == "big":  # pragma: no cover - the wire order is little-endian
-        packed.byteswap()
-    return packed
+        swapped = array("I", token_ids)
+        swapped.byteswap()
+        return swapped
+    return packed(token_ids)
 
 
 def from_le_u32(packed: bytes) -> list[int]:

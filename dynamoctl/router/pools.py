@@ -10,7 +10,7 @@ prefill worker), ``prefill`` on ``prefill``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from dynamoctl.discovery import Discovery
@@ -78,7 +78,7 @@ class ModelPools:
     def prefill_workers(self) -> int:
         return len(self.prefill.router.workers())
 
-    def decode_cached_tokens(self, token_ids: list[int]) -> int:
+    def decode_cached_tokens(self, token_ids: Sequence[int]) -> int:
         """Most leading prompt tokens cached on one agg or decode worker."""
         router = self.main.router
         return max(router.find_matches(token_ids).values(), default=0) * router.block_size
@@ -86,7 +86,7 @@ class ModelPools:
     def pick(
         self,
         pool: RoutePool,
-        token_ids: list[int],
+        token_ids: Sequence[int],
         request_id: str,
         exclude: set[str] | list[str],
         headroom: float = 0.0,

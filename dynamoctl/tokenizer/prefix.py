@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from array import array
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import NamedTuple
 
 from dynamoctl.tokenizer.tokenizer import Tokenizer
@@ -74,21 +75,21 @@ class PrefixCache:
         self.hits = 0
         """Prompts that reused a cached prefix."""
 
-    def split(self, text: str) -> tuple[list[int], str]:
-        """The ids of the longest cached prefix of ``text`` and the text after it
-        (``[]`` and ``text`` when none is cached)."""
+    def split(self, text: str) -> tuple[array[int], str]:
+        """The ids of the longest cached prefix of ``text`` (a fresh array: a copy of the
+        entry's) and the text after it (no ids and ``text`` when none is cached)."""
         best: tuple[int, _Entry] | None = None
         longest = 0
         for key, entry in self._entries.items():
             if len(entry.prefix) > longest and text.startswith(entry.prefix):
                 best, longest = (key, entry), len(entry.prefix)
         if best is None:
-            return [], text
+            return array("I"), text
         self._entries.move_to_end(best[0])
         self.hits += 1
-        return best[1].ids.tolist(), text[longest:]
+        return best[1].ids[:], text[longest:]
 
-    def remember(self, text: str, ids: list[int], reused: int = 0) -> None:
+    def remember(self, text: str, ids: Sequence[int], reused: int = 0) -> None:
         """Cache ``text``'s prefix up to its last special token, with its ids (``ids`` are
         ``text``'s, encoded without the post-processor). ``reused``: the characters of
         ``text`` whose ids :meth:`split` gave (those ids start ``ids``; their cut tokens
@@ -118,7 +119,7 @@ class PrefixCache:
         if last < 0 or specials != texts:
             return  # the text's special tokens and the ids' do not line up: do not guess
         packed = base.ids[:] if base is not None else array("I")  # a copy: one memcpy
-        packed.fromlist(new_ids)
+        packed.extend(new_ids)
         self._serial += 1
         self._entries[self._serial] = _Entry(text[:cut], packed, specials)
         self._tokens += len(packed)

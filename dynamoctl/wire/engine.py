@@ -7,6 +7,7 @@ from typing import Any, Literal, TypeAlias
 
 import msgspec
 
+from dynamoctl.wire.ids import TokenIds, dec_hook, enc_hook
 from dynamoctl.wire.structured import OutputSpec, OutputTraits
 
 FinishReason: TypeAlias = Literal["stop", "length", "abort"]
@@ -18,8 +19,9 @@ class GenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True, gc=Fa
 
     request_id: str
     """Unique among the engine's live requests; used by :meth:`Engine.abort`."""
-    token_ids: list[int]
-    """The prompt, tokenised."""
+    token_ids: TokenIds
+    """The prompt, tokenised (packed: :mod:`dynamoctl.wire.ids`; a list works in process
+    and on the wire too, and is decoded as the array)."""
     max_tokens: int
     """Most tokens to generate (>= 1)."""
     stop_token_ids: list[int] = []
@@ -223,8 +225,8 @@ class LoadMetrics(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     start-up (the mocker): what the planner reads as the pool's start-up time."""
 
 
-_encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(GenerateRequest)
+_encoder = msgspec.msgpack.Encoder(enc_hook=enc_hook)
+_request_decoder = msgspec.msgpack.Decoder(GenerateRequest, dec_hook=dec_hook)
 _chunk_decoder = msgspec.msgpack.Decoder(GenerateChunk)
 _load_decoder = msgspec.msgpack.Decoder(LoadMetrics)
 

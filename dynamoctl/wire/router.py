@@ -21,6 +21,8 @@ from typing import Final, Literal, TypeAlias
 
 import msgspec
 
+from dynamoctl.wire.ids import TokenIds, dec_hook, enc_hook
+
 RouteEventKind: TypeAlias = Literal["first_token", "finished"]
 RoutePool: TypeAlias = Literal["default", "prefill", "decode"]
 """Which of a model's routers a pick uses (docs/architecture.md): ``default`` the agg and decode
@@ -46,8 +48,9 @@ class RouteRequest(_Tagged, tag=1):
     model: str
     request_id: str
     """The frontend's id; the booking is released by :class:`RouteEvent` under it."""
-    token_ids: list[int]
-    """The prompt (plus tokens generated so far, when a stream migrates)."""
+    token_ids: TokenIds
+    """The prompt (plus tokens generated so far, when a stream migrates), packed
+    (:mod:`dynamoctl.wire.ids`)."""
     exclude: list[str] = []
     """Workers not to use (they failed this request already)."""
     pool: RoutePool = "default"
@@ -147,8 +150,10 @@ class BookingChanges(_Tagged, tag=35):
 
 BookingMessage: TypeAlias = Booked | Released | BookingState | BookingChanges
 
-_encoder: Final = msgspec.msgpack.Encoder()
-_call_decoder: Final[msgspec.msgpack.Decoder[RouteCall]] = msgspec.msgpack.Decoder(RouteCall)
+_encoder: Final = msgspec.msgpack.Encoder(enc_hook=enc_hook)
+_call_decoder: Final[msgspec.msgpack.Decoder[RouteCall]] = msgspec.msgpack.Decoder(
+    RouteCall, dec_hook=dec_hook
+)
 _answer_decoder: Final[msgspec.msgpack.Decoder[RouteAnswer]] = msgspec.msgpack.Decoder(RouteAnswer)
 _booking_decoder: Final[msgspec.msgpack.Decoder[BookingMessage]] = msgspec.msgpack.Decoder(
     BookingMessage

@@ -16,6 +16,7 @@ from dynamoctl.discovery import Discovery, store_from_url
 from dynamoctl.router import KvRouter
 from dynamoctl.router.standalone.bookings import BookingSync, mirror_key
 from dynamoctl.wire import router as wire_router
+from dynamoctl.wire.ids import packed
 from dynamoctl.wire.router import (
     Booked,
     BookingChanges,
@@ -212,8 +213,8 @@ async def test_a_booking_in_a_snapshot_is_released_there(
 
 def test_wire_round_trips() -> None:
     messages = [
-        RouteRequest(MODEL, "r", [1, 2, 3], ["w"]),
-        RouteRequest(MODEL, "r", [1, 2, 3], [], "decode"),
+        RouteRequest(MODEL, "r", packed([1, 2, 3]), ["w"]),
+        RouteRequest(MODEL, "r", packed([1, 2, 3]), [], "decode"),
         RouteNotify([wire_router.RouteEvent(MODEL, "r", "finished", "prefill")]),
         Booked(MODEL, "r", "w", 7, [2**64 - 1, 0]),
         Booked(MODEL, "r", "w", 7, [1], "prefill"),

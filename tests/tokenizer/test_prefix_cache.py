@@ -50,10 +50,10 @@ def _encode(
     cache: PrefixCache, tokenizer: Tokenizer, prompt: str, incremental: bool = True
 ) -> list[int]:
     """As the frontend does: the cached prefix's ids, then the rest's."""
-    cached, rest = cache.split(prompt)
-    ids = cached + tokenizer.encode(rest, add_special_tokens=False)
+    ids, rest = cache.split(prompt)
+    ids.fromlist(tokenizer.encode(rest, add_special_tokens=False))
     cache.remember(prompt, ids, len(prompt) - len(rest) if incremental else 0)
-    return ids
+    return ids.tolist()
 
 
 @pytest.mark.parametrize("which", ["builtin", "sentencepiece"])

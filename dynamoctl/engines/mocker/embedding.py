@@ -12,6 +12,7 @@ model's rule).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -34,7 +35,7 @@ class MockEmbedder:
         self._table: np.ndarray | None = None
         self._vocab = vocab_size
 
-    def embed(self, token_ids: list[int], dimensions: int | None = None) -> list[float]:
+    def embed(self, token_ids: Sequence[int], dimensions: int | None = None) -> list[float]:
         """The unit-norm embedding of ``token_ids``, of ``dimensions`` (default: all)."""
         import numpy as np  # on first use: a generative mocker never imports it (~0.1 s a start)
 

@@ -10,6 +10,7 @@ from dynamoctl.engines.api import GenerateRequest, RequestRejected
 from dynamoctl.engines.mocker.config import MockerConfig
 from dynamoctl.kv.images import keyed_token_ids
 from dynamoctl.wire.engine import VisionTraits
+from dynamoctl.wire.ids import packed
 
 IMAGE_PLACEHOLDER = "<image>"
 """What the chat template is given for an image (the mocker's model has no template of
@@ -30,11 +31,11 @@ def keyed(request: GenerateRequest, vision: VisionTraits | None) -> GenerateRequ
     if vision is None:
         raise RequestRejected("this mocker takes no images (set image_tokens)")
     for image in request.images:
-        run = request.token_ids[image.offset : image.offset + image.tokens]
+        run = list(request.token_ids[image.offset : image.offset + image.tokens])
         if image.tokens != vision.tokens_per_image or run != [vision.token_id] * image.tokens:
             raise RequestRejected(
                 f"image at token {image.offset} is not a run of {vision.tokens_per_image} "
                 f"placeholder ids {vision.token_id}"
             )
     keyed = keyed_token_ids(request.token_ids, request.images)
-    return msgspec.structs.replace(request, token_ids=keyed, images=[])
+    return msgspec.structs.replace(request, token_ids=packed(keyed), images=[])

@@ -23,12 +23,14 @@ from __future__ import annotations
 import itertools
 import math
 import struct
+from collections.abc import Sequence
 from typing import Final, Literal
 
 import xxhash
 
 from dynamoctl.engines.api import GenerateRequest
 from dynamoctl.wire.engine import TokenLogprobs
+from dynamoctl.wire.ids import packed, to_bytes
 
 _U64: Final = (1 << 64) - 1
 _pack_seed_index: Final = struct.Struct("<QQ").pack
@@ -60,12 +62,8 @@ def request_seed(request: GenerateRequest) -> int:
     if request.seed is not None:
         return request.seed
     if request.temperature == 0:
-        return xxhash.xxh3_64_intdigest(_pack_ids(request.token_ids))
+        return xxhash.xxh3_64_intdigest(to_bytes(packed(request.token_ids)))
     return xxhash.xxh3_64_intdigest(request.request_id.encode())
-
-
-def _pack_ids(ids: list[int]) -> bytes:
-    return struct.pack(f"<{len(ids)}I", *ids)
 
 
 def output_length(seed: int, distribution: EosDistribution, mean: float) -> int | None:
@@ -153,7 +151,9 @@ class MockSampler:
         return TokenLogprobs(math.log(p), ids, [math.log(q) for q in probs])
 
 
-def prompt_logprobs(token_ids: list[int], top: int, vocab_size: int) -> list[TokenLogprobs | None]:
+def prompt_logprobs(
+    token_ids: Sequence[int], top: int, vocab_size: int
+) -> list[TokenLogprobs | None]:
     """Plausible log-probabilities of each prompt token after the one before it (the first
     has none), with ``top`` alternatives ranked 1..top: rank ``k`` has probability
     ``head`` for k = 1 and ``(1 - head) / 2**(k-1)`` after, the token sits at its rank."""

@@ -42,6 +42,7 @@ from dynamoctl.engines.api import (
 from dynamoctl.engines.common import ChildWatch, RequestLoad, free_port, poll_death
 from dynamoctl.engines.sglang import args as sargs
 from dynamoctl.engines.sglang import gang as sgang
+from dynamoctl.wire.ids import as_list
 
 
 class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
@@ -162,7 +163,7 @@ class SglangEngine(Engine, PublishesKvEvents, ReportsDeath):
         seen, first = 0, True
         try:
             outputs = await engine.async_generate(
-                input_ids=request.token_ids, sampling_params=params, stream=True, rid=rid,
+                input_ids=as_list(request.token_ids), sampling_params=params, stream=True, rid=rid,
                 **sargs.logprob_kwargs(request), **bootstrap,
                 **sargs.priority_kwargs(request, self._args),
             )  # fmt: skip

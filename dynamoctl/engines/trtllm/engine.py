@@ -36,6 +36,7 @@ from dynamoctl.engines.common import RequestLoad
 from dynamoctl.engines.trtllm import args as targs
 from dynamoctl.engines.trtllm.events import convert_events
 from dynamoctl.structured.engines import trtllm_fields
+from dynamoctl.wire.ids import as_list, packed
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class TrtllmEngine(Engine):
             asyncio.create_task(self._follow_events(), name="trtllm-kv-events"),
             asyncio.create_task(self._follow_stats(), name="trtllm-stats"),
         ]
-        warmup = GenerateRequest("dynamoctl-warmup", [0], 1, ignore_eos=True)
+        warmup = GenerateRequest("dynamoctl-warmup", packed([0]), 1, ignore_eos=True)
         async for _ in self.generate(warmup):
             pass
         for _ in range(50):  # the first statistics name the KV capacity
@@ -125,7 +126,7 @@ class TrtllmEngine(Engine):
         if request.kv_transfer_params is not None:
             disagg = DisaggregatedParams(**targs.disagg_to_params(request.kv_transfer_params))
         result = llm.generate_async(
-            request.token_ids, sampling_params=sampling, streaming=True,
+            as_list(request.token_ids), sampling_params=sampling, streaming=True,
             disaggregated_params=disagg,
         )  # fmt: skip
         self._results[rid] = result

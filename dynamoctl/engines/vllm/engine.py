@@ -56,6 +56,7 @@ from dynamoctl.engines.vllm import cpu_build, gang, lmcache, pooling, vision
 from dynamoctl.engines.vllm.load import LoadTracker
 from dynamoctl.structured.engines import vllm_fields
 from dynamoctl.wire.engine import Pooling
+from dynamoctl.wire.ids import as_list, packed
 
 cpu_build.pin_platform()  # before vLLM resolves its platform (the imports below do)
 try:
@@ -203,7 +204,7 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath, ServesAdapters):
             self._kv_source = dataclasses.replace(self._kv_source, silent_tiers={"CPU": capacity})
         # One token end to end: the engine computes, and its output loop runs, before the
         # worker registers as ready.
-        warmup = GenerateRequest(f"dynamoctl-warmup-{os.getpid()}", [0], 1, ignore_eos=True)
+        warmup = GenerateRequest(f"dynamoctl-warmup-{os.getpid()}", packed([0]), 1, ignore_eos=True)
         if card.embedding is not None:  # an embedding model: its pooler, end to end
             warmup.pooling = Pooling()
         async for _ in self.generate(warmup):
@@ -311,7 +312,7 @@ class VllmEngine(Engine, PublishesKvEvents, ReportsDeath, ServesAdapters):
             prompt = (
                 TokensPrompt(**vision.prompt_fields(request, self._vision))
                 if request.images
-                else TokensPrompt(prompt_token_ids=request.token_ids)
+                else TokensPrompt(prompt_token_ids=as_list(request.token_ids))
             )
         except Exception as exc:  # Pillow: the frontend checked it, a peer may not have
             raise RequestRejected(f"images: {exc}") from exc

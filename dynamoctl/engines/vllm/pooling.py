@@ -13,6 +13,7 @@ from dynamoctl.engines.api import GenerateChunk, GenerateRequest, RequestRejecte
 from dynamoctl.engines.vllm import cpu_build
 from dynamoctl.engines.vllm.load import LoadTracker
 from dynamoctl.wire.engine import EmbeddingTraits
+from dynamoctl.wire.ids import as_list
 
 cpu_build.pin_platform()  # before vLLM resolves its platform (its imports below do)
 from vllm import PoolingParams  # noqa: E402
@@ -34,7 +35,7 @@ async def embed(
     if request.pooling is None:
         raise RequestRejected("this worker runs an embedding model (--runner pooling)")
     params = PoolingParams(task="embed", dimensions=request.pooling.dimensions)
-    prompt = TokensPrompt(prompt_token_ids=request.token_ids)
+    prompt = TokensPrompt(prompt_token_ids=as_list(request.token_ids))
     rid = request.request_id
     load.started(rid, len(request.token_ids))
     try:

@@ -77,9 +77,10 @@ def prompt_fields(request: GenerateRequest, vision: VisionModel | None) -> dict[
 
     if vision is None:
         raise ValueError("this model takes no images")
-    ids, at = [], 0
+    ids: list[int] = []
+    at = 0
     for image in request.images:
-        run = request.token_ids[image.offset : image.offset + image.tokens]
+        run = list(request.token_ids[image.offset : image.offset + image.tokens])
         if run != [vision.traits.token_id] * vision.traits.tokens_per_image:
             raise ValueError(f"image at token {image.offset} is not a placeholder run")
         ids += request.token_ids[at : image.offset]
