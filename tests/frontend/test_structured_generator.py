@@ -19,6 +19,7 @@ from dynamoctl.structured.engines import refusal, sglang_params, trtllm_fields, 
 from dynamoctl.structured.instances import Unsupported, json_instance, regex_instance
 from dynamoctl.tokenizer import load_tokenizer
 from dynamoctl.wire import engine as wire_engine
+from dynamoctl.wire.ids import packed
 from dynamoctl.wire.structured import OutputConstraint, OutputSpec, ToolOffer
 
 pytestmark = pytest.mark.openai_compat
@@ -117,7 +118,7 @@ def test_spec_travels_on_the_generate_request() -> None:
         tools=[ToolOffer("f", {"type": "object"})],
         tool_format="hermes",
     )
-    request = GenerateRequest("r", [1, 2], 5, [9], output=spec)
+    request = GenerateRequest("r", packed([1, 2]), 5, [9], output=spec)
     assert wire_engine.decode_request(wire_engine.encode(request)) == request
     plain = GenerateRequest("r", [1, 2], 5)
     assert wire_engine.decode_request(wire_engine.encode(plain)).output is None
