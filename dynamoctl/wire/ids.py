@@ -87,5 +87,5 @@ def dec_hook(kind: type, obj: Any) -> Any:
             try:
                 return array("I", obj)
             except OverflowError as exc:  # msgspec reports ValueError as a ValidationError
-                raise ValueError(f"token id out of range [0, 2**32): {exc}") from None
+                raise ValueError(f"token ids must be in [0, 2**32): {exc}") from None
     raise NotImplementedError(f"cannot decode {kind.__name__} from {type(obj).__name__}")

@@ -14,6 +14,7 @@ from dynamoctl.engines.vllm import args as vargs
 from dynamoctl.engines.vllm.load import LoadTracker
 from dynamoctl.wire import engine as wire_engine
 from dynamoctl.wire.engine import GenerateChunk, GenerateRequest
+from dynamoctl.wire.ids import packed
 
 
 def test_a_kv_event_publisher_is_added_unless_the_recipe_has_one() -> None:
@@ -151,7 +152,7 @@ class _OldGenerateRequest(msgspec.Struct, array_like=True, omit_defaults=True):
 
 def test_kv_transfer_params_are_opaque_and_backward_compatible() -> None:
     old = _OldGenerateRequest("r", [1, 2], 8, stop_token_ids=[3], temperature=0.5)
-    plain = GenerateRequest("r", [1, 2], 8, stop_token_ids=[3], temperature=0.5)
+    plain = GenerateRequest("r", packed([1, 2]), 8, stop_token_ids=[3], temperature=0.5)
     assert wire_engine.decode_request(msgspec.msgpack.encode(old)) == plain  # older peers
     params = {"do_remote_prefill": True, "remote_block_ids": [1, 2], "opaque": b"\x00\x01"}
     sent = GenerateRequest("r", [1], 1, kv_transfer_params=params)
