@@ -5,6 +5,7 @@ request (:class:`SeqState`, in one :class:`Status` at a time) and what one step 
 from __future__ import annotations
 
 import enum
+from array import array
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -53,7 +54,7 @@ class SeqState:
         self.request_id = request.request_id
         self.adapter = request.adapter
         """The LoRA adapter it runs under (its hash chain starts from the adapter's name)."""
-        self.tokens = list(request.token_ids)
+        self.tokens = array("I", request.token_ids)  # a packed prompt: one buffer copied
         """Prompt then output; the last one is not computed yet."""
         self.prompt_len = len(request.token_ids)
         self.max_tokens = request.max_tokens
