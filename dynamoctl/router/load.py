@@ -14,14 +14,17 @@ the router books each request's load itself on ``pick`` and feeds it back at onc
   tokens fill. That block is what keeps identical, fully cached prompts from all
   landing on one worker: each one adds load there, so a burst spreads once the cached
   worker is loaded.
+
+Booked blocks are kept as chains, not block by block (:class:`BookedChains`): an agent's
+100k-token prompt is 6,000 blocks, and booking and releasing it one dict operation a
+block cost more than routing it.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass
-
-from dynamoctl.router.index import PrefixIndex
 
 
 @dataclass(slots=True)
@@ -38,11 +41,107 @@ class Booking:
     """Blocks only this request holds (see the module doc)."""
 
 
+def _shared(a: Sequence[int], b: Sequence[int]) -> int:
+    """How many leading blocks two chains of sequence hashes share. A sequence hash names
+    its block and every block before it, so chains that agree at block ``i`` agree before
+    it: the first disagreement is found by bisection."""
+    lo, hi = 0, min(len(a), len(b))
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[mid - 1] == b[mid - 1]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+class BookedChains:
+    """The full prompt blocks booked requests hold on each worker, each counted once.
+
+    A request's blocks are a chain of sequence hashes from its prompt's first block, so a
+    worker's booked blocks are a tree, and sorted lexicographically the chains that
+    share the most with any chain are its neighbours. A new chain adds the blocks it does
+    not share with its deeper neighbour; a leaving one frees what it does not share with
+    its neighbours that stay; a prompt's overlap with a worker's bookings is the deeper of
+    its neighbours' shares. Each is a bisection over the worker's chains of the same first
+    block, and over two chains: never a walk over the blocks."""
+
+    def __init__(self) -> None:
+        self._chains: dict[str, dict[int, list[list[int]]]] = {}
+        """worker -> first block -> the chains starting there, sorted"""
+        self._blocks: dict[str, int] = {}
+
+    def add_worker(self, worker: str) -> None:
+        self._chains.setdefault(worker, {})
+        self._blocks.setdefault(worker, 0)
+
+    def remove_worker(self, worker: str) -> None:
+        self._chains.pop(worker, None)
+        self._blocks.pop(worker, None)
+
+    def add(self, worker: str, hashes: Sequence[int]) -> None:
+        """Book ``hashes`` on ``worker`` (which must be known)."""
+        if not hashes:
+            return
+        chain = _as_list(hashes)
+        same = self._chains[worker].setdefault(chain[0], [])
+        at = bisect_left(same, chain)
+        self._blocks[worker] += len(chain) - _deepest(chain, same, at, at)
+        same.insert(at, chain)
+
+    def discard(self, worker: str, hashes: Sequence[int]) -> None:
+        """Release one booking of ``hashes`` on ``worker``; unknown ones are ignored."""
+        by_head = self._chains.get(worker)
+        if not hashes or by_head is None or hashes[0] not in by_head:
+            return
+        chain = _as_list(hashes)
+        same = by_head[chain[0]]
+        at = bisect_left(same, chain)
+        if at == len(same) or same[at] != chain:
+            return
+        del same[at]
+        self._blocks[worker] -= len(chain) - _deepest(chain, same, at, at)
+        if not same:
+            del by_head[chain[0]]
+
+    def blocks(self, worker: str) -> int:
+        """Distinct blocks booked on ``worker`` (0 for an unknown worker)."""
+        return self._blocks.get(worker, 0)
+
+    def overlaps(self, hashes: Sequence[int]) -> dict[str, int]:
+        """Per worker, how many leading blocks of ``hashes`` its bookings hold; workers
+        with none are left out."""
+        if not hashes:
+            return {}
+        chain = _as_list(hashes)
+        out = {}
+        for worker, by_head in self._chains.items():
+            same = by_head.get(chain[0])
+            if same:
+                at = bisect_left(same, chain)
+                out[worker] = _deepest(chain, same, at, at)
+        return out
+
+
+def _as_list(hashes: Sequence[int]) -> list[int]:
+    """Chains compare as lists (a booking's hashes are one already: not copied)."""
+    return hashes if isinstance(hashes, list) else list(hashes)
+
+
+def _deepest(chain: list[int], chains: list[list[int]], before: int, after: int) -> int:
+    """The most blocks ``chain`` shares with ``chains[before - 1]`` or ``chains[after]``
+    (its neighbours in sorted order; 0 where there is none)."""
+    best = _shared(chain, chains[before - 1]) if before > 0 else 0
+    if after < len(chains):
+        best = max(best, _shared(chain, chains[after]))
+    return best
+
+
 class ActiveLoad:
     """Booked prefill tokens and active blocks per worker."""
 
     def __init__(self) -> None:
-        self._blocks = PrefixIndex()  # full blocks held by booked requests
+        self._blocks = BookedChains()  # full blocks held by booked requests
         self._prefill: dict[str, int] = {}
         self._private: dict[str, int] = {}
         self._requests: dict[str, int] = {}
@@ -99,12 +198,12 @@ class ActiveLoad:
         return self._prefill.get(worker, 0)
 
     def active_blocks(self, worker: str) -> int:
-        return self._blocks.tree_size(worker) + self._private.get(worker, 0)
+        return self._blocks.blocks(worker) + self._private.get(worker, 0)
 
     def loads(self, workers: Sequence[str]) -> tuple[list[int], list[int]]:
         """Booked prefill tokens and active blocks of each of ``workers`` (known ones)."""
         prefill, private = self._prefill, self._private
-        sizes = self._blocks.tree_sizes(workers)
+        sizes = [self._blocks.blocks(w) for w in workers]
         return [prefill[w] for w in workers], [
             n + private[w] for w, n in zip(workers, sizes, strict=True)
         ]
@@ -115,7 +214,7 @@ class ActiveLoad:
     def active_overlaps(self, hashes: Sequence[int]) -> dict[str, int]:
         """Per worker, how many leading blocks of ``hashes`` booked requests already hold
         there (those cost no new block)."""
-        return self._blocks.find_matches(hashes)
+        return self._blocks.overlaps(hashes)
 
     def booking(self, request_id: str) -> Booking | None:
         return self._bookings.get(request_id)
