@@ -86,7 +86,7 @@ class BookedChains:
         chain = _as_list(hashes)
         same = self._chains[worker].setdefault(chain[0], [])
         at = bisect_left(same, chain)
-        self._blocks[worker] += len(chain) - _deepest(chain, same, at, at)
+        self._blocks[worker] += len(chain) - _deepest(chain, same, at)
         same.insert(at, chain)
 
     def discard(self, worker: str, hashes: Sequence[int]) -> None:
@@ -100,7 +100,7 @@ class BookedChains:
         if at == len(same) or same[at] != chain:
             return
         del same[at]
-        self._blocks[worker] -= len(chain) - _deepest(chain, same, at, at)
+        self._blocks[worker] -= len(chain) - _deepest(chain, same, at)
         if not same:
             del by_head[chain[0]]
 
@@ -119,7 +119,7 @@ class BookedChains:
             same = by_head.get(chain[0])
             if same:
                 at = bisect_left(same, chain)
-                out[worker] = _deepest(chain, same, at, at)
+                out[worker] = _deepest(chain, same, at)
         return out
 
 
@@ -128,12 +128,12 @@ def _as_list(hashes: Sequence[int]) -> list[int]:
     return hashes if isinstance(hashes, list) else list(hashes)
 
 
-def _deepest(chain: list[int], chains: list[list[int]], before: int, after: int) -> int:
-    """The most blocks ``chain`` shares with ``chains[before - 1]`` or ``chains[after]``
-    (its neighbours in sorted order; 0 where there is none)."""
-    best = _shared(chain, chains[before - 1]) if before > 0 else 0
-    if after < len(chains):
-        best = max(best, _shared(chain, chains[after]))
+def _deepest(chain: list[int], chains: list[list[int]], at: int) -> int:
+    """The most blocks ``chain`` shares with ``chains[at - 1]`` or ``chains[at]``, its
+    neighbours in sorted order (0 where there is none)."""
+    best = _shared(chain, chains[at - 1]) if at > 0 else 0
+    if at < len(chains):
+        best = max(best, _shared(chain, chains[at]))
     return best
 
 

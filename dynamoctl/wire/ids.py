@@ -42,7 +42,7 @@ def joined(ids: Sequence[int], more: Sequence[int]) -> TokenIds:
     if not more:
         return packed(ids)
     out = array("I", ids)  # from an array("I"): one copy of its buffer
-    out.extend(more) if isinstance(more, array) else out.fromlist(list(more))
+    out.extend(more)
     return out
 
 
