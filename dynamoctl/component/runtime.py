@@ -46,7 +46,7 @@ def settle_heap_at_ready() -> None:
     while starting (modules, the model's card, its tokenizer and templates) lives as long
     as the process; ``gc.freeze`` moves it out of the collector's generations, so a full
     collection walks only what serving made since. Before, a frontend's full collections
-    under load paused its event loop 45-53 ms each, every request in flight waiting
+    under load paused its event loop 35-44 ms each, every request in flight waiting
     (docs/operations.md, "Garbage collection")."""
     global _settle_heap
     _settle_heap = True
