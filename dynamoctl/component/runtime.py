@@ -7,8 +7,8 @@ start-up and shutdown cannot drift apart:
 2. the HTTP server (``/metrics``, ``/health``, or the OpenAI API) listens first, so the
    port is known for the records; discovery starts;
 3. the component starts its own parts, then :meth:`~ComponentRuntime.register` s its
-   records, the last one meaning "ready";
-   The first record also settles the process's heap (:func:`settle_heap_at_ready`);
+   records, the last one meaning "ready" (the first also freezes the process's start-up
+   heap: :func:`settle_heap_at_ready`);
 4. on stop, :meth:`~ComponentRuntime.leave` deletes the records (an unreachable discovery
    is logged, not raised: the lease's expiry removes them), the component drains;
 5. :meth:`~ComponentRuntime.close` stops the HTTP server (letting open streams finish
