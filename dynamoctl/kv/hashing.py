@@ -22,7 +22,7 @@ from typing import Final, NamedTuple
 
 import xxhash
 
-from dynamoctl.wire.ids import packed
+from dynamoctl.wire.ids import from_bytes, packed
 
 SEED: Final = 1337
 """xxh3 seed for both hash kinds (Dynamo's ``XXH3_SEED``)."""
@@ -65,13 +65,9 @@ def le_u32(token_ids: Sequence[int]) -> array[int]:
     return packed(token_ids)
 
 
-def from_le_u32(packed: bytes) -> list[int]:
+def from_le_u32(data: bytes) -> list[int]:
     """The token ids of bytes :func:`le_u32` made."""
-    ids = array("I")
-    ids.frombytes(packed)
-    if sys.byteorder == "big":  # pragma: no cover
-        ids.byteswap()
-    return ids.tolist()
+    return from_bytes(data).tolist()
 
 
 def local_hashes(token_ids: Sequence[int], block_size: int) -> list[int]:

@@ -1,11 +1,12 @@
 """Token ids as they travel: packed unsigned 32-bit integers, little-endian.
 
 A prompt is tens of thousands of ids. As a Python list each one is an object: packing it
-for hashing, encoding it as a msgpack array and decoding it again cost ~0.2, ~0.1 and
-~0.7 ms for a 33k-token prompt, and freeing it as much again. As an ``array("I")`` the
-same ids are one buffer: copied, hashed and sent as msgpack ``bin`` without touching an
-id (docs/architecture.md, "Token ids"). :data:`TokenIds` is that array; engines that
-want a list (vLLM, SGLang, TensorRT-LLM) get one with :func:`as_list` at their door.
+for hashing, encoding it as a msgpack array, decoding it again and freeing it each cost
+tenths of a millisecond for a 33k-token prompt (benchmarks/token_ids.py). As an
+``array("I")`` the same ids are one buffer: copied, hashed and sent as msgpack ``bin``
+without touching an id (docs/architecture.md, "Token ids"). :data:`TokenIds` is that
+array; engines that want a list (vLLM, SGLang, TensorRT-LLM) get one with :func:`as_list`
+at their door.
 
 A struct field typed :data:`TokenIds` is encoded by :func:`enc_hook` as ``bin`` and
 decoded by :func:`dec_hook` from ``bin`` (or from a msgpack array of ints, what an
