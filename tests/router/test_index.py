@@ -22,7 +22,7 @@ from dynamoctl.wire.kv_events import (
 )
 
 B = 4
-WORKERS = ["w0", "w1", "w2", "w3", "w4"]
+WORKERS = ["w0", "w1", "w2", "w3", "w4", "w5"]
 
 
 def block_tokens(content: int) -> list[int]:
@@ -34,9 +34,12 @@ def tokens_of(path: tuple[int, ...]) -> list[int]:
 
 
 def engine_hash(worker: str, path: tuple[int, ...], lora: str | None = None) -> ExternalBlockHash:
-    """An engine's name for the last block of ``path``: not ours, differs per engine kind
-    (w0/w1 share one hashing, w2 another, w3 sends bytes, w4 reuses w0's), and as vLLM's
-    does, per adapter (an adapter's block never shares a base-model block's name)."""
+    """An engine's name for the last block of ``path``: differs per engine kind (w0/w1
+    share one hashing, w2 another, w3 sends bytes, w4 reuses w0's, w5 sends our own, as
+    the mocker does), and as vLLM's does, per adapter (an adapter's block never shares a
+    base-model block's name)."""
+    if worker == "w5":
+        return ref_chain(tokens_of(path), None if lora is None else lora_parent(lora))[-1]
     kind = {"w0": 0, "w1": 0, "w2": 2, "w3": 3, "w4": 0}[worker]
     h = xxhash.xxh64_intdigest(repr((kind, path) if lora is None else (kind, path, lora)).encode())
     return h.to_bytes(8, "big") if kind == 3 else h
@@ -75,12 +78,7 @@ class Reference:
             if event.block_size != B:
                 return
             slot = 2 if event.medium == "CPU" else 1
-            # An adapter's chain starts from its name's hash (docs/api.md, "LoRA adapters").
-            parent = (
-                None
-                if event.lora_name is None
-                else xxhash.xxh3_64_intdigest(b"lora\0" + event.lora_name.encode(), 1337)
-            )
+            parent = None if event.lora_name is None else lora_parent(event.lora_name)
             if event.parent_block_hash is not None:
                 if event.parent_block_hash not in blocks:
                     return
@@ -238,6 +236,11 @@ def stored(path: tuple[int, ...], start: int = 0, worker: str = "w0") -> BlockSt
     )
 
 
+def lora_parent(name: str) -> int:
+    """An adapter's chain starts from its name's hash (docs/api.md, "LoRA adapters")."""
+    return xxhash.xxh3_64_intdigest(b"lora\0" + name.encode(), 1337)
+
+
 def ours(path: tuple[int, ...]) -> list[int]:
     return sequence_hashes(tokens_of(path), B)
 
@@ -322,3 +325,21 @@ def test_find_matches_with_128_workers() -> None:
             expect[f"w{w}"] = run
     assert len(expect) > 100
     assert index.find_matches(prompt) == expect
+
+
+def test_an_engine_naming_blocks_by_our_hashes_is_not_hashed_again() -> None:
+    """The mocker's names are ours: after block 0 checks out, the rest are taken as sent
+    (the brute-force test above covers the same rules for such a worker, w5)."""
+    index = KvIndex(B)
+    for w in ("w0", "w5"):
+        index.add_worker(w)
+        index.apply(w, stored((1, 2, 0), worker=w))
+        index.apply(w, stored((1, 2, 0, 2), start=3, worker=w))
+    assert index.trusted_blocks == 4  # w5's, none of w0's
+    assert index.find_matches(ours((1, 2, 0, 2))) == {"w0": 4, "w5": 4}
+    index.apply("w5", BlockRemoved([engine_hash("w5", (1, 2))]))
+    assert index.find_matches(ours((1, 2, 0, 2))) == {"w0": 4, "w5": 1}
+    # Tokens short of the last block: that block is not taken on the engine's word.
+    short = stored((2, 1), worker="w5")
+    index.apply("w5", BlockStored(short.block_hashes, None, short.token_ids[:-1], B))
+    assert index.find_matches(ours((2, 1))) == {"w5": 1}
