@@ -104,13 +104,19 @@ T = TypeVar("T")
 
 
 class _CountingStore(EmbeddedStore):
-    """Counts write transactions (each takes SQLite's write lock, for every process)."""
+    """Counts write transactions (each takes SQLite's write lock, for every process) and
+    reads."""
 
     transactions = 0
+    reads = 0
 
     def _tx(self, fn: Callable[[sqlite3.Connection], T]) -> T:
         self.transactions += 1
         return super()._tx(fn)
+
+    def _read(self, fn: Callable[[sqlite3.Connection], T]) -> T:
+        self.reads += 1
+        return super()._read(fn)
 
 
 async def test_idle_watches_share_one_poller_and_take_no_write_lock_per_look(
@@ -118,18 +124,24 @@ async def test_idle_watches_share_one_poller_and_take_no_write_lock_per_look(
 ) -> None:
     """Four watches on a quiet store for a second: one reaping transaction per
     REAP_INTERVAL between them (each watch's own transaction 20 times a second before:
-    ~80); a put still reaches every watch, and a lease that lapses is still reaped."""
+    ~80) and no read between those; another connection's put still reaches every watch,
+    and a lease that lapses is still reaped."""
     store = _CountingStore(tmp_path)
     await store.put("w/a", b"1")
     head = (await store.list("w/")).revision
     watches = [store.watch(f"w/{name}", head) for name in "abcd"]
     pending = [asyncio.ensure_future(w.__anext__()) for w in watches]
-    before = store.transactions
+    await asyncio.sleep(0.2)  # the watches' first reads of the log
+    before, reads = store.transactions, store.reads
     await asyncio.sleep(1.0)
     quiet = store.transactions - before
     assert quiet <= 1.0 / store.REAP_INTERVAL + 2, quiet
+    # Between reapings the log does not move: no look at all (~16 a second before).
+    assert store.reads - reads <= 1, store.reads - reads
     assert not any(p.done() for p in pending)
-    await store.put("w/c", b"2")
+    writer = EmbeddedStore(tmp_path)  # its own connection, as another process's
+    await writer.put("w/c", b"2")
+    await writer.close()
     done, _ = await asyncio.wait(pending, timeout=5)
     assert [p.result().key for p in done] == ["w/c"]
     for p in pending:
