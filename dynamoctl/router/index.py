@@ -13,8 +13,8 @@ docs/router.md).
 (vLLM's differ from ours), so it recomputes ours from each ``BlockStored``'s token ids,
 chained from the parent's hash in ours, and keeps per worker the map engine hash → our
 hash that ``BlockRemoved`` (engine hashes only) needs. An engine whose names are ours
-(the mocker) is taken at its word once an event's first block checks out. Rules, each chosen so that the
-index can be incomplete but never claims a block that is not there:
+(the mocker) is taken at its word once an event's first block checks out. Rules, each
+chosen so that the index can be incomplete but never claims a block that is not there:
 
 * A ``BlockStored`` whose parent is unknown to us (stored before we subscribed, removed,
   or dropped itself) is **dropped**: the true hash of a block deep in a sequence depends
