@@ -6,8 +6,9 @@ and load streams. It runs inside the frontend or as ``dynamoctl router``
 (:mod:`dynamoctl.router.standalone`). See docs/router.md.
 """
 
+from dynamoctl.router.approx import ApproxIndex
 from dynamoctl.router.errors import AllWorkersBusy, NoWorkers, RouterError, UnknownMode
-from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
+from dynamoctl.router.index import KvIndex, PrefixIndex
 from dynamoctl.router.policies import Candidate, Policy, mode_names
 from dynamoctl.router.router import Decision, KvRouter
 from dynamoctl.router.service import RouterService

@@ -2,7 +2,7 @@
 it inline on the request path and tests drive it directly.
 
 State per worker: its cached blocks (a :class:`~dynamoctl.router.index.KvIndex` fed by
-KV events, or an :class:`~dynamoctl.router.index.ApproxIndex` learnt from decisions),
+KV events, or an :class:`~dynamoctl.router.approx.ApproxIndex` learnt from decisions),
 the load this router booked on it (:class:`~dynamoctl.router.load.ActiveLoad`), and the
 last :class:`~dynamoctl.wire.engine.LoadMetrics` it reported. Bookings react at once and
 drive the ``kv`` cost; reports drive busy detection and the load-only modes (see
@@ -19,8 +19,9 @@ from dataclasses import dataclass
 from dynamoctl.kv.hash_cache import HashCache
 from dynamoctl.kv.hashing import adapter_parent
 from dynamoctl.kv.tiers import DEFAULT_DISK_CREDIT, DEFAULT_HOST_CREDIT, Tier, tier_of
+from dynamoctl.router.approx import ApproxIndex
 from dynamoctl.router.errors import AllWorkersBusy, NoWorkers
-from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
+from dynamoctl.router.index import KvIndex, PrefixIndex
 from dynamoctl.router.load import ActiveLoad, Booking
 from dynamoctl.router.policies import (
     Candidate,

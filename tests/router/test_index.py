@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dynamoctl.kv.hashing import sequence_hashes
-from dynamoctl.router.index import ApproxIndex, KvIndex, PrefixIndex
+from dynamoctl.router.approx import ApproxIndex
+from dynamoctl.router.index import KvIndex, PrefixIndex
 from dynamoctl.wire.kv_events import (
     AllBlocksCleared,
     BlockRemoved,
