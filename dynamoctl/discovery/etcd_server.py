@@ -126,8 +126,17 @@ class ManagedEtcd:
             *tls,
         ]  # fmt: skip
 
+    @property
+    def running(self) -> bool:
+        """Whether the etcd process this started is alive."""
+        return self._proc is not None and self._proc.poll() is None
+
     def start(self, timeout: float = 15.0) -> ManagedEtcd:
-        """Start etcd and wait until ``/health`` says so; raises with the log tail if not."""
+        """Start etcd and wait until ``/health`` says so; raises with the log tail if not.
+        A second start while it runs is refused: the new process could not bind the
+        ports, and the running one would be left without an owner."""
+        if self.running:
+            raise RuntimeError(f"etcd at {self.endpoint} is already running")
         binary = shutil.which(self._binary)
         if binary is None:
             raise FileNotFoundError(
@@ -201,7 +210,8 @@ class ManagedEtcd:
             return "(no log)"
 
     def __enter__(self) -> ManagedEtcd:
-        return self.start()
+        """Start it, unless ``start()`` (with its own timeout) already did."""
+        return self if self.running else self.start()
 
     def __exit__(
         self,

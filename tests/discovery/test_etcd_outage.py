@@ -146,6 +146,19 @@ def test_managed_etcd_reports_a_missing_binary() -> None:
         ManagedEtcd(binary="etcd-does-not-exist").start()
 
 
+def test_a_started_etcd_entered_as_a_context_is_not_started_again(
+    etcd_server: ManagedEtcd,
+) -> None:
+    """conftest's ``with ManagedEtcd(...).start(timeout=60) as server``: entering used to
+    start a second etcd on the same ports, which failed the session whenever it exited
+    (bind: address in use) before the first health check, and orphaned the first."""
+    assert etcd_server.running
+    pid = etcd_server.pid
+    with pytest.raises(RuntimeError, match="already running"):
+        etcd_server.start()
+    assert etcd_server.__enter__() is etcd_server and etcd_server.pid == pid
+
+
 def test_lease_ttl_below_etcd_floor_is_refused() -> None:
     with pytest.raises(ValueError, match="lease_ttl must be >= 2"):
         Discovery(store_from_url("embedded:///tmp/never-used"), lease_ttl=1)
