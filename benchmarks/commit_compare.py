@@ -34,7 +34,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dynamo_compare import REPO, WORKLOADS, dynamoctl_commands, serve_and_load
+from dynamo_compare import REPO, WORKLOADS, dynamo_commands, dynamoctl_commands, serve_and_load
 
 T = TypeVar("T")
 
@@ -98,6 +98,53 @@ def alternating(
                 runs[name].append(run(trees[name]))
                 print(f"run {i} {name:10s} {runs[name][-1]}", flush=True)
     return runs
+
+
+DYNAMO = "dynamo-1.6.1"
+"""The name Dynamo's rows go under beside dynamoctl commits."""
+
+
+def commands_for(tmp: str, tree: Path | None, venv: Path) -> tuple[list[list[str]], dict[str, str]]:
+    """dynamo_compare.py's deployment: dynamoctl from ``tree``, or Dynamo from ``venv``
+    when ``tree`` is None."""
+    if tree is None:
+        return dynamo_commands(tmp, venv)
+    commands, env = dynamoctl_commands(tmp)
+    return commands, {**env, **tree_env(tree)}
+
+
+def alternating_systems(
+    commits: list[str],
+    with_dynamo: bool,
+    rounds: int,
+    run: Callable[[Path | None], dict[str, float]],
+    prefix: str,
+) -> dict[str, list[dict[str, float]]]:
+    """``run`` on each commit's tree and, with ``with_dynamo``, on Dynamo (tree None), for
+    ``rounds`` rounds in an order reversed every other round, so that drift on the
+    machine hits every system; the rows by system."""
+    runs: dict[str, list[dict[str, float]]] = {}
+    with worktrees(*commits, prefix=prefix) as trees:
+        systems: list[tuple[str, Path | None]] = [(c, trees[c]) for c in commits]
+        if with_dynamo:
+            systems.append((DYNAMO, None))
+        for round_ in range(rounds):
+            for name, tree in systems if round_ % 2 == 0 else systems[::-1]:
+                row = run(tree)
+                runs.setdefault(name, []).append(row)
+                print(f"round {round_} {name:<14} {json.dumps(row)}", flush=True)
+    return runs
+
+
+def medians(runs: dict[str, list[dict[str, float]]], digits: int) -> dict[str, dict[str, float]]:
+    """Each system's median of rounds, field by field (printed too)."""
+    out = {
+        name: {k: round(statistics.median(r[k] for r in rows), digits) for k in rows[0]}
+        for name, rows in runs.items()
+    }
+    for name, row in out.items():
+        print(f"median {name:<14} {json.dumps(row)}")
+    return out
 
 
 def measure(

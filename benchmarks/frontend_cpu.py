@@ -26,7 +26,6 @@ import argparse
 import http.client
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -34,7 +33,7 @@ import time
 from pathlib import Path
 
 import agentic
-from commit_compare import tree_env, worktrees
+from commit_compare import DYNAMO, alternating_systems, commands_for, medians
 from dynamo_compare import (
     MODEL,
     MULTITURN,
@@ -42,8 +41,6 @@ from dynamo_compare import (
     PORT,
     REPO,
     cpu_seconds,
-    dynamo_commands,
-    dynamoctl_commands,
     main_thread_seconds,
     serving,
 )
@@ -68,14 +65,10 @@ def client(first: int, conversations: int) -> None:
             conn.close()
 
 
-def measure(system: str, tree: Path | None, venv: Path, conversations: int) -> dict[str, float]:
-    """One deployment of ``system`` (dynamoctl from ``tree``, or Dynamo): CPU per request."""
+def measure(tree: Path | None, venv: Path, conversations: int) -> dict[str, float]:
+    """One deployment (dynamoctl from ``tree``, or Dynamo): CPU per request."""
     with tempfile.TemporaryDirectory() as tmp:
-        if tree is None:
-            commands, env = dynamo_commands(tmp, venv)
-        else:
-            commands, env = dynamoctl_commands(tmp)
-            env = {**env, **tree_env(tree)}
+        commands, env = commands_for(tmp, tree, venv)
         with serving(f"fe-cpu-{os.getpid()}", commands, env, tmp) as (prefix, frontend, _):
             seeds = (os.getpid() << 32) + int(time.time() * 1000) % (1 << 30)
 
@@ -115,23 +108,14 @@ def main() -> None:
         return
     commits = args.commits.split(",")
     load_before = os.getloadavg()
-    runs: dict[str, list[dict[str, float]]] = {}
-    with worktrees(*commits, prefix="frontend-cpu-") as trees:
-        systems: list[tuple[str, Path | None]] = [(c, trees[c]) for c in commits]
-        if not args.no_dynamo:
-            systems.append(("dynamo-1.6.1", None))
-        for round_ in range(args.rounds):
-            order = systems if round_ % 2 == 0 else list(reversed(systems))
-            for name, tree in order:
-                row = measure(name, tree, args.dynamo_venv, args.conversations)
-                runs.setdefault(name, []).append(row)
-                print(f"round {round_} {name:<14} {json.dumps(row)}", flush=True)
-    medians = {
-        name: {k: round(statistics.median(r[k] for r in rows), 3) for k in rows[0]}
-        for name, rows in runs.items()
-    }
-    for name, row in medians.items():
-        print(f"median {name:<14} {json.dumps(row)}")
+    runs = alternating_systems(
+        commits,
+        not args.no_dynamo,
+        args.rounds,
+        lambda tree: measure(tree, args.dynamo_venv, args.conversations),
+        "frontend-cpu-",
+    )
+    by_system = medians(runs, 3)
     report = {
         "machine": machine(),
         "load_average_1_5_15": {"before": load_before, "after": os.getloadavg()},
@@ -139,12 +123,12 @@ def main() -> None:
         f"(history, new, answer tokens: {MULTITURN})",
         "conversations": args.conversations,
         "rounds": runs,
-        "medians": medians,
+        "medians": by_system,
     }
-    if "dynamo-1.6.1" in medians:
-        theirs = medians["dynamo-1.6.1"]["frontend_cpu_ms_per_req"]
+    if DYNAMO in by_system:
+        theirs = by_system[DYNAMO]["frontend_cpu_ms_per_req"]
         report["cpu_per_req_over_dynamo"] = {
-            c: round(medians[c]["frontend_cpu_ms_per_req"] / theirs, 3) for c in commits
+            c: round(by_system[c]["frontend_cpu_ms_per_req"] / theirs, 3) for c in commits
         }
         print("CPU per request over Dynamo's:", report["cpu_per_req_over_dynamo"])
     args.out.write_text(json.dumps(report, indent=1) + "\n")

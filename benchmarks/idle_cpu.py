@@ -19,24 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from pathlib import Path
 
-from commit_compare import tree_env, worktrees
-from dynamo_compare import REPO, cpu_seconds, dynamo_commands, dynamoctl_commands, serving
+from commit_compare import alternating_systems, commands_for, medians
+from dynamo_compare import REPO, cpu_seconds, serving
 from machine import machine
 
 
 def measure(tree: Path | None, venv: Path, settle: float, seconds: float) -> dict[str, float]:
     """One deployment (dynamoctl from ``tree``, or Dynamo): CPU per second at rest."""
     with tempfile.TemporaryDirectory() as tmp:
-        if tree is None:
-            commands, env = dynamo_commands(tmp, venv)
-        else:
-            commands, env = dynamoctl_commands(tmp)
-            env = {**env, **tree_env(tree)}
+        commands, env = commands_for(tmp, tree, venv)
         with serving(f"idle-cpu-{os.getpid()}", commands, env, tmp) as (_, frontend, workers):
             time.sleep(settle)
             before = [cpu_seconds(p) for p in (frontend, *workers)]
@@ -60,29 +55,20 @@ def main() -> None:
     )
     args = parser.parse_args()
     commits = args.commits.split(",")
-    runs: dict[str, list[dict[str, float]]] = {}
-    with worktrees(*commits, prefix="idle-cpu-") as trees:
-        systems: list[tuple[str, Path | None]] = [(c, trees[c]) for c in commits]
-        if not args.no_dynamo:
-            systems.append(("dynamo-1.6.1", None))
-        for round_ in range(args.rounds):
-            order = systems if round_ % 2 == 0 else list(reversed(systems))
-            for name, tree in order:
-                row = measure(tree, args.dynamo_venv, args.settle, args.seconds)
-                runs.setdefault(name, []).append(row)
-                print(f"round {round_} {name:<14} {json.dumps(row)}", flush=True)
-    medians = {
-        name: {k: round(statistics.median(r[k] for r in rows), 2) for k in rows[0]}
-        for name, rows in runs.items()
-    }
-    for name, row in medians.items():
-        print(f"median {name:<14} {json.dumps(row)}")
+    runs = alternating_systems(
+        commits,
+        not args.no_dynamo,
+        args.rounds,
+        lambda tree: measure(tree, args.dynamo_venv, args.settle, args.seconds),
+        "idle-cpu-",
+    )
+    by_system = medians(runs, 2)
     report = {
         "machine": machine(),
         "seconds": args.seconds,
         "settle_seconds": args.settle,
         "rounds": runs,
-        "medians": medians,
+        "medians": by_system,
     }
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(f"wrote {args.out}")
