@@ -404,10 +404,14 @@ class KvIndex(PrefixIndex):
         bs = self.block_size
         blocks, tokens = event.block_hashes, event.token_ids
         count = min(len(blocks), len(tokens) // bs)
-        if count and blocks[0] == sequence_hashes(tokens[:bs], bs, parent)[0]:
+        if not count:
+            return []
+        first = sequence_hashes(tokens[:bs], bs, parent)[0]
+        if blocks[0] == first:
             self.trusted_blocks += count
             return cast(list[int], blocks[:count])  # ints: block 0 is one of ours
-        return sequence_hashes(tokens[: len(blocks) * bs], bs, parent)
+        # Another engine's names: the rest of the chain continues from block 0's hash.
+        return [first, *sequence_hashes(tokens[bs : count * bs], bs, first)]
 
     def _age_out(
         self,
