@@ -75,7 +75,12 @@ def _within_slack(measured: list[float], wanted: list[float]) -> bool:
 async def test_goodput_counts_requests_within_targets(fake_server: FakeServer) -> None:
     # TTFTs 20, 60, 100 ms meet a 120 ms target; 140 and 180 do not.
     cfg = config(fake_server, slo=Slo(ttft_ms=120, itl_ms=ITL_MS + 30))
-    s = (await run_bench(cfg, console=Console(quiet=True))).runs[0].summary
+    # A loaded machine can only make a request late (100 ms past 120: failed once in CI),
+    # never early: as above, the best of up to three runs.
+    for _ in range(3):
+        s = (await run_bench(cfg, console=Console(quiet=True))).runs[0].summary
+        if s.goodput_fraction == pytest.approx(0.6):
+            break
     assert s.goodput_fraction == pytest.approx(0.6)
     assert s.goodput == pytest.approx(0.6 * REQUESTS / s.duration_s, rel=1e-2)
 
